@@ -1,0 +1,1 @@
+"""mla_core's CUDA C++ backend: Python side of the kernels in csrc/ (built with ninja on first use)."""

@@ -1,0 +1,1 @@
+"""Reference decode (to be written)."""

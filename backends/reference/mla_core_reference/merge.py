@@ -1,0 +1,1 @@
+"""Reference merge (to be written)."""

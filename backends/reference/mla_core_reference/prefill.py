@@ -1,0 +1,1 @@
+"""Reference prefill (to be written)."""

@@ -1,0 +1,1 @@
+"""Reference rope (to be written)."""

@@ -1,0 +1,1 @@
+"""Reference sparse (to be written)."""

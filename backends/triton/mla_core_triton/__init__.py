@@ -1,0 +1,1 @@
+"""mla_core's Triton backend (CUDA; the CPU through ``TRITON_INTERPRET=1``)."""

@@ -1,0 +1,177 @@
+"""The one definition of mla_core's numerics (shared/DESIGN.md, "Numerics contract").
+
+Every backend computes the function these helpers define; kernels re-implement the same rounding
+on the device but take their constants from here, and every test compares against these helpers.
+All helpers work on any device and return float32 tensors (the carrier), never low-precision dtypes.
+
+Formats
+    "fp8":   FP8 E4M3, per-tensor scale ``amax / 448`` (amax None -> scale 1.0), round to nearest even.
+    "nvfp4": E2M1 values in blocks of 16 along one axis, each block with an E4M3 scale, and a global
+             scale ``g = amax / (6 * 448)`` (amax None -> g = 1.0).
+"""
+from __future__ import annotations
+
+import torch
+
+QUANT_FORMATS = ("fp8", "nvfp4")
+"""Fake-quant formats every quantized argument accepts (besides None)."""
+
+E4M3_MAX = 448.0
+"""Largest finite FP8 E4M3 (fn) magnitude."""
+E2M1_MAX = 6.0
+"""Largest E2M1 magnitude."""
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+"""Non-negative E2M1 values, by code (code 0..7)."""
+NVFP4_BLOCK = 16
+"""Elements per NVFP4 block (along the quantized axis)."""
+
+DECODE_P_TILE = 32
+"""Keys per P tile in decode: the running max is updated once per 32-key tile at absolute positions."""
+DEFAULT_PREFILL_BLOCK_N = 64
+"""Default prefill key tile (``block_n``), which is also prefill's P tile."""
+MAX_KV_SPLITS = 32
+"""Largest decode split count (``num_kv_splits`` is 1..32)."""
+
+
+def check_format(fmt: str | None) -> None:
+    """Raise ValueError unless ``fmt`` is None or one of :data:`QUANT_FORMATS`."""
+    if fmt is not None and fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown quant format {fmt!r} (supported: None, 'fp8', 'nvfp4')")
+
+
+def fp8_scale(amax: float | None) -> float:
+    """Per-tensor FP8 scale: ``amax / 448``; 1.0 when amax is None."""
+    return 1.0 if amax is None else float(amax) / E4M3_MAX
+
+
+def nvfp4_global_scale(amax: float | None) -> float:
+    """NVFP4 global scale ``g = amax / (6 * 448)``; 1.0 when amax is None."""
+    return 1.0 if amax is None else float(amax) / (E2M1_MAX * E4M3_MAX)
+
+
+def round_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 values to FP8 E4M3, nearest even, saturating at ±448 (NaN stays NaN)."""
+    x = x.float()
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def round_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 values to E2M1, nearest with ties to the even code, saturating at ±6.
+
+    Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. NaN stays NaN.
+    """
+    x = x.float()
+    a = x.abs()
+    # Each threshold is the midpoint between neighbouring values; <= sends the tie down (even code
+    # below), < sends it up (even code above).
+    r = torch.where(a <= 0.25, 0.0,
+        torch.where(a < 0.75, 0.5,
+        torch.where(a <= 1.25, 1.0,
+        torch.where(a < 1.75, 1.5,
+        torch.where(a <= 2.5, 2.0,
+        torch.where(a < 3.5, 3.0,
+        torch.where(a <= 5.0, 4.0, 6.0)))))))
+    r = torch.copysign(r, x)
+    return torch.where(torch.isnan(x), x, r)
+
+
+def qdq_fp8(x: torch.Tensor, amax: float | None = None) -> torch.Tensor:
+    """FP8 E4M3 per-tensor fake quantization: ``e4m3(clamp(x / s, ±448)) * s`` with ``s = amax / 448``.
+
+    Args: x any shape, any float dtype; amax per-tensor amax (None -> s = 1.0).
+    Returns: float32 tensor of x's shape.
+    """
+    s = fp8_scale(amax)
+    return round_e4m3(x.float() / s) * s
+
+
+def nvfp4_block_scales(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
+    """Dequantized NVFP4 block scales ``s = e4m3(max|x_block| / 6 / g) * g`` along ``dim``.
+
+    Blocks are 16 consecutive elements from index 0; a last partial block (the open tail) holds only
+    the elements that exist. Returns float32, x's shape with ``dim`` replaced by ceil(n / 16).
+    A block holding a NaN gets a NaN scale.
+    """
+    g = nvfp4_global_scale(amax)
+    xt = x.float().movedim(dim, -1)
+    n = xt.shape[-1]
+    nb = -(-n // NVFP4_BLOCK)
+    pad = nb * NVFP4_BLOCK - n
+    if pad:
+        xt = torch.nn.functional.pad(xt, (0, pad))  # zeros never raise a block maximum
+    blocks = xt.reshape(*xt.shape[:-1], nb, NVFP4_BLOCK)
+    bmax = blocks.abs().amax(dim=-1)
+    bmax = torch.where(torch.isnan(blocks).any(dim=-1), float("nan"), bmax)
+    s = round_e4m3(bmax / E2M1_MAX / g) * g
+    return s.movedim(-1, dim)
+
+
+def qdq_nvfp4(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
+    """NVFP4 fake quantization along ``dim``: ``e2m1(x / s) * s`` per 16-block (0 where s == 0).
+
+    Args: x any shape, any float dtype; amax per-tensor amax (None -> g = 1.0); dim the blocked axis.
+    Returns: float32 tensor of x's shape. A block holding a NaN becomes all NaN.
+    """
+    s = nvfp4_block_scales(x, amax, dim)
+    n = x.shape[dim]
+    s_full = s.movedim(dim, -1).repeat_interleave(NVFP4_BLOCK, dim=-1)[..., :n].movedim(-1, dim)
+    xf = x.float()
+    safe = torch.where(s_full == 0, 1.0, s_full)
+    q = round_e2m1(xf / safe) * s_full
+    return torch.where(s_full == 0, 0.0, q)
+
+
+def qdq(x: torch.Tensor, fmt: str | None, amax: float | None = None, dim: int = -1) -> torch.Tensor:
+    """Fake-quantize ``x`` in ``fmt`` (None: return x as float32 unchanged); NVFP4 blocks along ``dim``."""
+    if fmt is None:
+        return x.float()
+    if fmt == "fp8":
+        return qdq_fp8(x, amax)
+    if fmt == "nvfp4":
+        return qdq_nvfp4(x, amax, dim)
+    check_format(fmt)
+    raise AssertionError("unreachable")
+
+
+def qdq_p(p: torch.Tensor, fmt: str | None, amax: float, v_dtype: torch.dtype, dim: int = -1) -> torch.Tensor:
+    """Quantize unnormalized softmax probabilities P for the P·V product.
+
+    None: P rounded to V's dtype. "fp8": per-tensor FP8 of the float32 P. "nvfp4": P first rounded to
+    V's dtype, then NVFP4 in blocks of 16 keys along ``dim`` (blocks at absolute key positions: the
+    caller passes P tiles that start at a multiple of 16). Returns float32.
+    """
+    if fmt is None:
+        return p.to(v_dtype).float()
+    if fmt == "fp8":
+        return qdq_fp8(p, amax)
+    return qdq_nvfp4(p.to(v_dtype), amax, dim)
+
+
+def decode_tiles_per_split(seq_len: int, num_kv_splits: int) -> int:
+    """``ceil(ceil(L / 32) / num_kv_splits)``: 32-key tiles per decode split (0 when L == 0)."""
+    return -(-(-(-seq_len // DECODE_P_TILE)) // num_kv_splits)
+
+
+def decode_split_bounds(seq_len: int, num_kv_splits: int) -> list[tuple[int, int]]:
+    """Key ranges ``[lo, hi)`` of the decode splits for one request; empty splits are left out.
+
+    Split i covers ``[32*i*t, min(32*(i+1)*t, L))`` with ``t = decode_tiles_per_split(L, splits)``.
+    """
+    t = decode_tiles_per_split(seq_len, num_kv_splits)
+    bounds = []
+    for i in range(num_kv_splits):
+        lo, hi = DECODE_P_TILE * i * t, min(DECODE_P_TILE * (i + 1) * t, seq_len)
+        if lo < hi:
+            bounds.append((lo, hi))
+    return bounds
+
+
+def merge_lse(lse_a: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """``log(exp(a) + exp(b))`` elementwise, with -inf + -inf = -inf (float32)."""
+    return torch.logaddexp(lse_a.float(), lse_b.float())
+
+
+def bucket_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1): how batch sizes and lengths are bucketed in keys."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+

@@ -1,0 +1,599 @@
+"""Op specs: argument validation, the validated call objects backends receive, and their ``Problem``.
+
+Every public op validates here, before any kernel runs, and raises :class:`MLAInputError` naming the
+argument, what it got and what it needs. Metadata checks (shapes, dtypes, devices, strides) are
+always on and never synchronize with the device. Content checks (lengths against capacity, table
+entries in range, ``pos_ids`` in range) read tensor values; they run in eager calls unless
+``MLA_CORE_CHECKS=metadata`` and never during CUDA graph capture.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import numerics
+from .errors import MLAInputError
+from .problem import Problem, dtype_name
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+FP8 = torch.float8_e4m3fn
+ENV_CHECKS = "MLA_CORE_CHECKS"
+AUTO = "auto"
+
+
+# --------------------------------------------------------------------------------------------------
+# small validators
+
+
+def _names(dtypes) -> str:
+    return ", ".join(dtype_name(d) for d in dtypes)
+
+
+def check_tensor(name: str, x: Any, ndim: int | tuple[int, ...], dtypes=None) -> torch.Tensor:
+    """``x`` is a tensor of rank ``ndim`` (or one of them), dtype in ``dtypes``, last dimension contiguous."""
+    if not isinstance(x, torch.Tensor):
+        raise MLAInputError(f"{name}: got {type(x).__name__}, needs a torch.Tensor")
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if x.dim() not in ndims:
+        raise MLAInputError(f"{name}: got rank {x.dim()} (shape {tuple(x.shape)}), needs rank {' or '.join(map(str, ndims))}")
+    if dtypes is not None and x.dtype not in dtypes:
+        raise MLAInputError(f"{name}: got dtype {dtype_name(x.dtype)}, needs one of {_names(dtypes)}")
+    if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise MLAInputError(f"{name}: last dimension is not contiguous (strides {tuple(x.stride())}); pass x.contiguous()")
+    return x
+
+
+def check_shape(name: str, x: torch.Tensor, shape: tuple) -> None:
+    """``x.shape`` equals ``shape``; None entries in ``shape`` match any size."""
+    if len(x.shape) != len(shape) or any(s is not None and s != d for s, d in zip(shape, x.shape)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise MLAInputError(f"{name}: got shape {list(x.shape)}, needs {want}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    """Every given tensor is on one device; returns it."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for n, t in items[1:]:
+        if t.device != first.device:
+            raise MLAInputError(f"{n}: got device {t.device}, needs the device of {first_name} ({first.device})")
+    return first.device
+
+
+def check_int(name: str, v: Any, lo: int, hi: int | None = None) -> int:
+    """``v`` is an int (not bool) in ``[lo, hi]``."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise MLAInputError(f"{name}: got {v!r}, needs an int")
+    if v < lo or (hi is not None and v > hi):
+        raise MLAInputError(f"{name}: got {v}, needs {lo}..{hi}" if hi is not None else f"{name}: got {v}, needs >= {lo}")
+    return v
+
+
+def check_positive_float(name: str, v: Any, allow_none: bool = False) -> float | None:
+    """``v`` is a finite positive real number (or None when allowed)."""
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise MLAInputError(f"{name}: got {v!r}, needs a finite positive float" + (" or None" if allow_none else ""))
+    v = float(v)
+    if not math.isfinite(v) or v <= 0:
+        raise MLAInputError(f"{name}: got {v}, needs a finite positive float" + (" or None" if allow_none else ""))
+    return v
+
+
+def check_format(name: str, fmt: Any) -> str | None:
+    """``fmt`` is None or one of :data:`mla_core.numerics.QUANT_FORMATS`."""
+    if fmt is not None and fmt not in numerics.QUANT_FORMATS:
+        raise MLAInputError(f"{name}: got {fmt!r}, needs None, 'fp8' or 'nvfp4'")
+    return fmt
+
+
+def check_dtype_arg(name: str, dtype: Any, allowed) -> torch.dtype:
+    if dtype not in allowed:
+        raise MLAInputError(f"{name}: got {dtype!r}, needs one of {_names(allowed)}")
+    return dtype
+
+
+def content_checks_enabled(*tensors: torch.Tensor) -> bool:
+    """Whether value checks (which read device memory) run for this call."""
+    if os.environ.get(ENV_CHECKS, "all") == "metadata":
+        return False
+    if any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def _cu_seqlens(name: str, cu: torch.Tensor, total: int, batch: int) -> torch.Tensor:
+    c = cu.to("cpu", torch.int64)
+    if int(c[0]) != 0:
+        raise MLAInputError(f"{name}: got first entry {int(c[0])}, needs 0")
+    lens = c[1:] - c[:-1]
+    if batch and int(lens.min()) < 0:
+        raise MLAInputError(f"{name}: got decreasing entries {c.tolist()[:16]}, needs non-decreasing cumulative lengths")
+    if int(c[-1]) != total:
+        raise MLAInputError(f"{name}: got last entry {int(c[-1])}, needs the packed token count {total}")
+    return lens
+
+
+# --------------------------------------------------------------------------------------------------
+# decode
+
+
+@dataclass
+class DecodeCall:
+    """Validated arguments of :func:`mla_core.mla_decode`.
+
+    q [batch, heads, kv_lora_rank + rope_dim] (bf16/fp16, or fp32 carrier); latent_cache
+    [num_pages, page_size, kv_lora_rank + rope_dim]; block_table [batch, max_pages]; seq_lens [batch];
+    ``num_kv_splits`` an int, or None for "auto" (the config or a heuristic picks it: see
+    :func:`decode_num_splits`); out / lse: None (allocate) or tensors to write.
+    """
+
+    q: torch.Tensor
+    latent_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    softmax_scale: float
+    kv_lora_rank: int
+    rope_dim: int
+    page_size: int
+    num_kv_splits: int | None
+    k_qdq: str | None
+    k_amax: float | None
+    v_qdq: str | None
+    v_amax: float | None
+    p_qdq: str | None
+    p_amax: float
+    return_lse: bool
+    out_dtype: torch.dtype
+
+
+def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 132) -> int:
+    """Split count for one decode call: the caller's int; for "auto" the config's, else enough to fill the GPU."""
+    if call.num_kv_splits is not None:
+        return call.num_kv_splits
+    if "num_kv_splits" in config:
+        return int(config["num_kv_splits"])
+    batch, heads = call.q.shape[0], call.q.shape[1]
+    head_groups = max(1, -(-heads // 64))
+    max_tiles = max(1, -(-(call.block_table.shape[1] * call.page_size) // numerics.DECODE_P_TILE))
+    want = max(1, -(-2 * sm_count // max(1, batch * head_groups)))
+    return max(1, min(numerics.MAX_KV_SPLITS, want, max_tiles))
+
+
+def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, kv_lora_rank, qk_rope_head_dim,
+                    page_size, num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq, p_qdq_amax,
+                    return_lse, out_dtype) -> tuple[Problem, DecodeCall]:
+    check_tensor("latent_cache", latent_cache, 3, FLOAT_DTYPES)
+    check_tensor("q", q, 3, (latent_cache.dtype, torch.float32))
+    check_tensor("block_table", block_table, 2, INDEX_DTYPES)
+    check_tensor("b_seq_len", b_seq_len, 1, INDEX_DTYPES)
+    device = check_same_device(q=q, latent_cache=latent_cache, block_table=block_table, b_seq_len=b_seq_len)
+    check_int("kv_lora_rank", kv_lora_rank, 1)
+    check_int("qk_rope_head_dim", qk_rope_head_dim, 0)
+    dim = kv_lora_rank + qk_rope_head_dim
+    batch, heads = q.shape[0], q.shape[1]
+    check_shape("q", q, (None, None, dim))
+    if heads < 1:
+        raise MLAInputError(f"q: got {heads} heads, needs at least 1")
+    num_pages, cache_page = latent_cache.shape[0], latent_cache.shape[1]
+    check_shape("latent_cache", latent_cache, (None, None, dim))
+    if cache_page < 1:
+        raise MLAInputError(f"latent_cache: got page size {cache_page}, needs at least 1")
+    if page_size is None:
+        page_size = cache_page
+    check_int("page_size", page_size, 1)
+    if page_size != cache_page:
+        raise MLAInputError(f"page_size: got {page_size}, needs latent_cache.shape[1] = {cache_page}")
+    check_shape("block_table", block_table, (batch, None))
+    check_shape("b_seq_len", b_seq_len, (batch,))
+    softmax_scale = check_positive_float("softmax_scale", softmax_scale)
+    if num_kv_splits == AUTO:
+        splits = None
+    else:
+        splits = check_int("num_kv_splits", num_kv_splits, 1, numerics.MAX_KV_SPLITS)
+    k_qdq, v_qdq, p_qdq = check_format("k_qdq", k_qdq), check_format("v_qdq", v_qdq), check_format("p_qdq", p_qdq)
+    k_amax = check_positive_float("k_qdq_amax", k_qdq_amax, allow_none=True)
+    v_amax = check_positive_float("v_qdq_amax", v_qdq_amax, allow_none=True)
+    p_amax = check_positive_float("p_qdq_amax", p_qdq_amax)
+    if not isinstance(return_lse, bool):
+        raise MLAInputError(f"return_lse: got {return_lse!r}, needs a bool")
+    out_dtype = latent_cache.dtype if out_dtype is None else check_dtype_arg("out_dtype", out_dtype, FLOAT_DTYPES)
+    capacity = block_table.shape[1] * page_size
+    if batch and content_checks_enabled(b_seq_len):
+        lens = b_seq_len.to("cpu", torch.int64)
+        lo, hi = int(lens.min()), int(lens.max())
+        if lo < 0 or hi > capacity:
+            bad = lo if lo < 0 else hi
+            raise MLAInputError(f"b_seq_len: got a length {bad}, needs 0..{capacity} "
+                                f"(block_table.shape[1] * page_size = {block_table.shape[1]} * {page_size})")
+        used = (lens + page_size - 1) // page_size
+        cols = torch.arange(block_table.shape[1])
+        reached = cols[None, :] < used[:, None]
+        entries = block_table.to("cpu", torch.int64)[reached]
+        if entries.numel() and (int(entries.min()) < 0 or int(entries.max()) >= num_pages):
+            bad = int(entries.min()) if int(entries.min()) < 0 else int(entries.max())
+            raise MLAInputError(f"block_table: got page index {bad} within a request's length, needs 0..{num_pages - 1} "
+                                "(the latent_cache page count)")
+    features = {"lse"} if return_lse else set()
+    if q.dtype == torch.float32 and latent_cache.dtype != torch.float32:
+        features.add("fp32_q")
+    problem = Problem.make(
+        "decode", device.type, features,
+        dtype=dtype_name(latent_cache.dtype), q_dtype=dtype_name(q.dtype), out_dtype=dtype_name(out_dtype),
+        heads=heads, kv_lora_rank=kv_lora_rank, rope_dim=qk_rope_head_dim, page_size=page_size,
+        num_kv_splits=AUTO if splits is None else splits,
+        k_qdq=k_qdq, v_qdq=v_qdq, p_qdq=p_qdq,
+        batch=numerics.bucket_pow2(batch), max_len=numerics.bucket_pow2(capacity))
+    call = DecodeCall(q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim,
+                      page_size, splits, k_qdq, k_amax, v_qdq, v_amax, p_qdq, p_amax, return_lse, out_dtype)
+    return problem, call
+
+
+# --------------------------------------------------------------------------------------------------
+# prefill
+
+
+@dataclass
+class PrefillCall:
+    """Validated arguments of :func:`mla_core.mla_prefill`.
+
+    q [total_q, heads, qk_dim]; k [total_k, kv_heads, qk_dim]; v [total_k, kv_heads, v_dim];
+    cu_seqlens_q / cu_seqlens_k [batch + 1]; quant formats and amaxes per operand; N:M sparsity
+    (``sparsity_n`` 0 = off); ``block_n`` is also the P tile (numerics), ``block_m`` only speed.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    softmax_scale: float
+    causal: bool
+    return_lse: bool
+    q_quant: str | None
+    k_quant: str | None
+    p_quant: str | None
+    v_quant: str | None
+    q_amax: float | None
+    k_amax: float | None
+    p_amax: float
+    v_amax: float | None
+    sparsity_n: int
+    sparsity_m: int
+    dense_sink_tokens: int
+    dense_recent_tokens: int
+    block_m: int
+    block_n: int
+
+
+def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, return_lse, *,
+                     q_quant, k_quant, p_quant, v_quant, q_amax, k_amax, p_amax, v_amax, sparsity_n, sparsity_m,
+                     dense_sink_tokens, dense_recent_tokens, block_m, block_n) -> tuple[Problem, PrefillCall]:
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("k", k, 3, (q.dtype,))
+    check_tensor("v", v, 3, (q.dtype,))
+    check_tensor("cu_seqlens_q", cu_seqlens_q, 1, INDEX_DTYPES)
+    check_tensor("cu_seqlens_k", cu_seqlens_k, 1, INDEX_DTYPES)
+    device = check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    total_q, heads, qk_dim = q.shape
+    total_k, kv_heads = k.shape[0], k.shape[1]
+    if heads < 1 or qk_dim < 1:
+        raise MLAInputError(f"q: got shape {list(q.shape)}, needs at least one head and one feature")
+    check_shape("k", k, (None, None, qk_dim))
+    if kv_heads < 1 or heads % kv_heads:
+        raise MLAInputError(f"k: got {kv_heads} kv heads, needs a divisor of q's {heads} heads")
+    check_shape("v", v, (total_k, kv_heads, None))
+    if v.shape[2] < 1:
+        raise MLAInputError("v: got head dim 0, needs at least 1")
+    if cu_seqlens_q.shape[0] < 1:
+        raise MLAInputError("cu_seqlens_q: got an empty tensor, needs [batch + 1] entries")
+    batch = cu_seqlens_q.shape[0] - 1
+    check_shape("cu_seqlens_k", cu_seqlens_k, (batch + 1,))
+    check_int("max_seqlen_q", max_seqlen_q, 0)
+    softmax_scale = qk_dim ** -0.5 if softmax_scale is None else check_positive_float("softmax_scale", softmax_scale)
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise MLAInputError(f"{name}: got {flag!r}, needs a bool")
+    q_quant, k_quant = check_format("q_quant", q_quant), check_format("k_quant", k_quant)
+    p_quant, v_quant = check_format("p_quant", p_quant), check_format("v_quant", v_quant)
+    q_amax = check_positive_float("q_amax", q_amax, allow_none=True)
+    k_amax = check_positive_float("k_amax", k_amax, allow_none=True)
+    p_amax = check_positive_float("p_amax", p_amax)
+    v_amax = check_positive_float("v_amax", v_amax, allow_none=True)
+    if sparsity_m not in (4, 8) or isinstance(sparsity_m, bool):
+        raise MLAInputError(f"sparsity_m: got {sparsity_m!r}, needs 4 or 8")
+    check_int("sparsity_n", sparsity_n, 0, sparsity_m)
+    check_int("dense_sink_tokens", dense_sink_tokens, 0)
+    check_int("dense_recent_tokens", dense_recent_tokens, 0)
+    for name, tile in (("block_m", block_m), ("block_n", block_n)):
+        check_int(name, tile, 16, 256)
+        if tile % 16:
+            raise MLAInputError(f"{name}: got {tile}, needs a multiple of 16 in 16..256")
+    if content_checks_enabled(cu_seqlens_q):
+        q_lens = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, batch)
+        _cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, batch)
+        if batch and int(q_lens.max()) > max_seqlen_q:
+            raise MLAInputError(f"max_seqlen_q: got {max_seqlen_q}, needs at least the longest query sequence ({int(q_lens.max())})")
+    features = set()
+    if return_lse:
+        features.add("lse")
+    if sparsity_n and sparsity_n < sparsity_m:
+        features.add("nm_sparsity")
+    if kv_heads != heads:
+        features.add("gqa")
+    problem = Problem.make(
+        "prefill", device.type, features,
+        dtype=dtype_name(q.dtype), heads=heads, kv_heads=kv_heads, qk_dim=qk_dim, v_dim=v.shape[2],
+        causal=int(causal), q_quant=q_quant, k_quant=k_quant, p_quant=p_quant, v_quant=v_quant,
+        block_n=block_n, sparsity_m=sparsity_m if "nm_sparsity" in features else 0,
+        batch=numerics.bucket_pow2(batch), max_seqlen_q=numerics.bucket_pow2(max_seqlen_q),
+        total_k=numerics.bucket_pow2(total_k))
+    call = PrefillCall(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, return_lse,
+                       q_quant, k_quant, p_quant, v_quant, q_amax, k_amax, p_amax, v_amax, sparsity_n, sparsity_m,
+                       dense_sink_tokens, dense_recent_tokens, block_m, block_n)
+    return problem, call
+
+
+# --------------------------------------------------------------------------------------------------
+# merge
+
+
+@dataclass
+class MergeCall:
+    """Validated arguments of :func:`mla_core.merge_attn_states`: outputs [tokens, heads, dim], lse [heads, tokens] fp32."""
+
+    prefix_output: torch.Tensor
+    prefix_lse: torch.Tensor
+    suffix_output: torch.Tensor
+    suffix_lse: torch.Tensor
+    output: torch.Tensor | None
+    output_lse: torch.Tensor | None
+
+
+def validate_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, output, output_lse) -> tuple[Problem, MergeCall]:
+    check_tensor("prefix_output", prefix_output, 3, FLOAT_DTYPES)
+    tokens, heads, dim = prefix_output.shape
+    check_tensor("suffix_output", suffix_output, 3, (prefix_output.dtype,))
+    check_shape("suffix_output", suffix_output, (tokens, heads, dim))
+    check_tensor("prefix_lse", prefix_lse, 2, (torch.float32,))
+    check_shape("prefix_lse", prefix_lse, (heads, tokens))
+    check_tensor("suffix_lse", suffix_lse, 2, (torch.float32,))
+    check_shape("suffix_lse", suffix_lse, (heads, tokens))
+    if output is not None:
+        check_tensor("output", output, 3, FLOAT_DTYPES)
+        check_shape("output", output, (tokens, heads, dim))
+    if output_lse is not None:
+        check_tensor("output_lse", output_lse, 2, (torch.float32,))
+        check_shape("output_lse", output_lse, (heads, tokens))
+    device = check_same_device(prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
+                               suffix_lse=suffix_lse, output=output, output_lse=output_lse)
+    out_dtype = prefix_output.dtype if output is None else output.dtype
+    problem = Problem.make("merge", device.type, dtype=dtype_name(prefix_output.dtype), out_dtype=dtype_name(out_dtype),
+                           heads=heads, head_dim=dim, tokens=numerics.bucket_pow2(tokens))
+    return problem, MergeCall(prefix_output, prefix_lse, suffix_output, suffix_lse, output, output_lse)
+
+
+# --------------------------------------------------------------------------------------------------
+# fused RoPE + FP8 quantization
+
+
+@dataclass
+class RopeQuantizeCall:
+    """Validated arguments of :func:`mla_core.mla_rope_quantize_fp8`.
+
+    q_rope [nnz, heads, rope]; k_rope [nnz, rope]; q_nope [nnz, heads, nope]; k_nope [nnz, nope];
+    cos_sin_cache [max_pos, rope] (cos in [:rope/2], sin in [rope/2:]); pos_ids [nnz]; the four
+    outputs are FP8 E4M3 tensors of the inputs' shapes (None: allocate).
+    """
+
+    q_rope: torch.Tensor
+    k_rope: torch.Tensor
+    q_nope: torch.Tensor
+    k_nope: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    pos_ids: torch.Tensor
+    is_neox: bool
+    quant_scale_q: float
+    quant_scale_kv: float
+    q_rope_out: torch.Tensor | None
+    k_rope_out: torch.Tensor | None
+    q_nope_out: torch.Tensor | None
+    k_nope_out: torch.Tensor | None
+
+
+def validate_rope_quantize(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+                           quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out,
+                           k_nope_out) -> tuple[Problem, RopeQuantizeCall]:
+    halfs = (torch.bfloat16, torch.float16)
+    check_tensor("q_rope", q_rope, 3, halfs)
+    nnz, heads, rope = q_rope.shape
+    check_tensor("k_rope", k_rope, 2, (q_rope.dtype,))
+    check_shape("k_rope", k_rope, (nnz, rope))
+    check_tensor("q_nope", q_nope, 3, (q_rope.dtype,))
+    check_shape("q_nope", q_nope, (nnz, heads, None))
+    nope = q_nope.shape[2]
+    check_tensor("k_nope", k_nope, 2, (q_rope.dtype,))
+    check_shape("k_nope", k_nope, (nnz, nope))
+    if rope < 2 or rope % 2:
+        raise MLAInputError(f"q_rope: got rope width {rope}, needs an even width >= 2 (64 for DeepSeek)")
+    check_tensor("cos_sin_cache", cos_sin_cache, 2, (torch.float32, torch.bfloat16))
+    check_shape("cos_sin_cache", cos_sin_cache, (None, rope))
+    if not cos_sin_cache.is_contiguous():
+        raise MLAInputError("cos_sin_cache: is not contiguous; pass cos_sin_cache.contiguous()")
+    check_tensor("pos_ids", pos_ids, 1, INDEX_DTYPES)
+    check_shape("pos_ids", pos_ids, (nnz,))
+    if not isinstance(is_neox, bool):
+        raise MLAInputError(f"is_neox: got {is_neox!r}, needs a bool")
+    outs = {"q_rope_out": (q_rope_out, q_rope.shape), "k_rope_out": (k_rope_out, k_rope.shape),
+            "q_nope_out": (q_nope_out, q_nope.shape), "k_nope_out": (k_nope_out, k_nope.shape)}
+    if quantize_dtype is None:
+        quantize_dtype = next((o.dtype for o, _ in outs.values() if isinstance(o, torch.Tensor)), FP8)
+    check_dtype_arg("quantize_dtype", quantize_dtype, (FP8,))
+    for name, (o, shape) in outs.items():
+        if o is not None:
+            check_tensor(name, o, len(shape), (FP8,))
+            check_shape(name, o, tuple(shape))
+    quant_scale_q = check_positive_float("quant_scale_q", quant_scale_q)
+    quant_scale_kv = check_positive_float("quant_scale_kv", quant_scale_kv)
+    device = check_same_device(q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope, cos_sin_cache=cos_sin_cache,
+                               pos_ids=pos_ids, **{n: o for n, (o, _) in outs.items()})
+    if nnz and content_checks_enabled(pos_ids):
+        p = pos_ids.to("cpu", torch.int64)
+        lo, hi = int(p.min()), int(p.max())
+        if lo < 0 or hi >= cos_sin_cache.shape[0]:
+            raise MLAInputError(f"pos_ids: got position {lo if lo < 0 else hi}, needs 0..{cos_sin_cache.shape[0] - 1} "
+                                "(rows of cos_sin_cache)")
+    problem = Problem.make("rope_quantize_fp8", device.type, dtype=dtype_name(q_rope.dtype),
+                           cos_dtype=dtype_name(cos_sin_cache.dtype), heads=heads, rope_dim=rope, nope_dim=nope,
+                           neox=int(is_neox), tokens=numerics.bucket_pow2(nnz))
+    call = RopeQuantizeCall(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quant_scale_q,
+                            quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out)
+    return problem, call
+
+
+# --------------------------------------------------------------------------------------------------
+# FP8 top-k sparse decode
+
+SPARSE_LATENT = 512
+SPARSE_ROPE = 64
+SPARSE_TOPK_MULTIPLE = 64
+
+
+@dataclass(frozen=True)
+class SparseDecodeMetadata:
+    """Reusable schedule of :func:`mla_core.sparse_mla_fp8_decode` for one query shape, top-k and ``seq_lens``.
+
+    ``valid_lens`` [batch] int32 (on the query's device) holds ``min(seq_lens, top_k)``; ``max_valid``
+    the largest. Prepare a new object whenever seq_lens values, the query shape or top-k change.
+    """
+
+    batch: int
+    q_len: int
+    heads: int
+    top_k: int
+    valid_lens: torch.Tensor
+    max_valid: int
+
+
+def make_sparse_metadata(query: torch.Tensor, seq_lens: torch.Tensor | None, top_k: int) -> SparseDecodeMetadata:
+    batch, q_len, heads = query.shape[0], query.shape[1], query.shape[2]
+    if seq_lens is None:
+        valid = torch.full((batch,), top_k, dtype=torch.int32, device=query.device)
+        max_valid = top_k if batch else 0
+    else:
+        valid = seq_lens.to(torch.int32).clamp(0, top_k)
+        max_valid = int(valid.max()) if batch else 0
+    return SparseDecodeMetadata(batch, q_len, heads, top_k, valid, max_valid)
+
+
+@dataclass
+class SparseDecodeCall:
+    """Validated arguments of :func:`mla_core.sparse_mla_fp8_decode`.
+
+    query [batch, q_len, heads, 576] FP8; kv_cache [pages * page_size, 576] FP8 (a flat view of the
+    cache: indices are physical token rows); indices [batch, q_len, top_k] int32 (-1 = none);
+    ``metadata`` holds the valid length per request; scores are ``q·k * bmm1_scale``, the output
+    ``softmax · V * bmm2_scale`` with V the first 512 values; out [batch, q_len, heads, 512] bf16,
+    lse [batch, q_len, heads] fp32 (natural log).
+    """
+
+    query: torch.Tensor
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    metadata: SparseDecodeMetadata
+    bmm1_scale: float
+    bmm2_scale: float
+    out: torch.Tensor | None
+    lse: torch.Tensor | None
+    return_lse: bool
+
+
+def _host_scalar(name: str, v: Any) -> float:
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1 or v.is_cuda:
+            raise MLAInputError(f"{name}: got a tensor of shape {list(v.shape)} on {v.device}, needs a host scalar")
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        raise MLAInputError(f"{name}: got {v!r}, needs a finite float")
+    return float(v)
+
+
+def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables, seq_lens,
+                           sparse_mla_top_k, out, bmm1_scale, bmm2_scale, lse, return_lse,
+                           metadata) -> tuple[Problem, SparseDecodeCall]:
+    check_tensor("query", query, 4, (FP8,))
+    batch, q_len, heads, dim = query.shape
+    if kv_lora_rank != SPARSE_LATENT:
+        raise MLAInputError(f"kv_lora_rank: got {kv_lora_rank!r}, needs {SPARSE_LATENT}")
+    if qk_rope_head_dim != SPARSE_ROPE:
+        raise MLAInputError(f"qk_rope_head_dim: got {qk_rope_head_dim!r}, needs {SPARSE_ROPE}")
+    full = SPARSE_LATENT + SPARSE_ROPE
+    check_shape("query", query, (None, None, None, full))
+    if not query.is_contiguous():
+        raise MLAInputError("query: is not contiguous; pass query.contiguous()")
+    check_tensor("kv_cache", kv_cache, (3, 4), (FP8,))
+    if kv_cache.dim() == 4:
+        check_shape("kv_cache", kv_cache, (None, 1, None, full))
+    else:
+        check_shape("kv_cache", kv_cache, (None, None, full))
+    if not kv_cache.is_contiguous():
+        raise MLAInputError("kv_cache: is not contiguous; pass kv_cache.contiguous()")
+    rows = kv_cache.numel() // full
+    if isinstance(sparse_mla_top_k, bool) or not isinstance(sparse_mla_top_k, int) or sparse_mla_top_k <= 0 \
+            or sparse_mla_top_k % SPARSE_TOPK_MULTIPLE:
+        raise MLAInputError(f"sparse_mla_top_k: got {sparse_mla_top_k!r}, needs a positive multiple of {SPARSE_TOPK_MULTIPLE}")
+    check_tensor("block_tables", block_tables, 3, (torch.int32,))
+    check_shape("block_tables", block_tables, (batch, q_len, sparse_mla_top_k))
+    if seq_lens is not None:
+        check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+        check_shape("seq_lens", seq_lens, (batch,))
+    if out is not None:
+        check_tensor("out", out, 4, (torch.bfloat16,))
+        check_shape("out", out, (batch, q_len, heads, SPARSE_LATENT))
+        if not out.is_contiguous():
+            raise MLAInputError("out: is not contiguous; pass a contiguous buffer")
+    if lse is not None:
+        check_tensor("lse", lse, (2, 3), (torch.float32,))
+        check_shape("lse", lse, (batch * q_len, heads) if lse.dim() == 2 else (batch, q_len, heads))
+        if not lse.is_contiguous():
+            raise MLAInputError("lse: is not contiguous; pass a contiguous buffer")
+    b1, b2 = _host_scalar("bmm1_scale", bmm1_scale), _host_scalar("bmm2_scale", bmm2_scale)
+    if not isinstance(return_lse, bool):
+        raise MLAInputError(f"return_lse: got {return_lse!r}, needs a bool")
+    device = check_same_device(query=query, kv_cache=kv_cache, block_tables=block_tables, seq_lens=seq_lens,
+                               out=out, lse=lse)
+    if metadata is not None:
+        if not isinstance(metadata, SparseDecodeMetadata):
+            raise MLAInputError(f"metadata: got {type(metadata).__name__}, needs the object get_sparse_decode_metadata() returns")
+        want = (batch, q_len, heads, sparse_mla_top_k)
+        got = (metadata.batch, metadata.q_len, metadata.heads, metadata.top_k)
+        if got != want or metadata.valid_lens.device != device:
+            raise MLAInputError(f"metadata: prepared for (batch, q_len, heads, top_k) = {got} on {metadata.valid_lens.device}, "
+                                f"needs {want} on {device}; call get_sparse_decode_metadata() again")
+    if content_checks_enabled(query):
+        if seq_lens is not None and batch:
+            s = seq_lens.to("cpu", torch.int64)
+            if int(s.min()) < 0 or int(s.max()) > sparse_mla_top_k:
+                bad = int(s.min()) if int(s.min()) < 0 else int(s.max())
+                raise MLAInputError(f"seq_lens: got {bad}, needs 0..{sparse_mla_top_k} (sparse_mla_top_k)")
+        idx = block_tables.to("cpu", torch.int64)
+        valid = (torch.arange(sparse_mla_top_k)[None, None, :] <
+                 (s[:, None, None] if seq_lens is not None else torch.full((batch, 1, 1), sparse_mla_top_k)))
+        used = idx[valid & (idx != -1)]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
+            bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
+            raise MLAInputError(f"block_tables: got token index {bad}, needs -1 or 0..{rows - 1} (kv_cache rows)")
+    if metadata is None:
+        metadata = make_sparse_metadata(query, seq_lens, sparse_mla_top_k)
+    features = {"lse"} if (return_lse or lse is not None) else set()
+    problem = Problem.make("sparse_decode", device.type, features, heads=heads, q_len=q_len, top_k=sparse_mla_top_k,
+                           kv_lora_rank=SPARSE_LATENT, rope_dim=SPARSE_ROPE, batch=numerics.bucket_pow2(batch))
+    call = SparseDecodeCall(query, kv_cache.view(rows, full), block_tables, metadata, b1, b2, out, lse, return_lse)
+    return problem, call
