@@ -1,17 +1,36 @@
-"""The Triton backend object. Kernels land with the Triton issue; until then it declares no ops."""
+"""The Triton backend object: capabilities, configs and the entry to each op's launcher.
+
+Kernel modules (``decode.py``, ``prefill.py``, ``merge.py``) import triton; this module does not, so
+the backend can say "triton is not installed" instead of failing to load.
+"""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
 import mla_core
+from mla_core import OpCapability
+
+_FORMATS = frozenset({None, "fp8", "nvfp4"})
+_FLOAT = frozenset({"bfloat16", "float16", "float32"})
 
 
 class TritonBackend(mla_core.Backend):
     name = "triton"
     priority = 200
-    description = "Triton kernels: fused fake-quant MLA decode, prefill and merge (not yet implemented)"
-    capabilities = {}
+    description = "Triton kernels: fused fake-quant MLA decode (split-KV, paged), varlen prefill, merge"
+    capabilities = {
+        "decode": OpCapability(
+            limits={"dtype": _FLOAT, "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS,
+                    "heads": range(1, 129)},
+            features=frozenset({"lse", "fp32_q"}), notes="any page size >= 1; heads 1..128"),
+        "prefill": OpCapability(
+            limits={"dtype": _FLOAT, "q_quant": _FORMATS, "k_quant": _FORMATS, "p_quant": _FORMATS,
+                    "v_quant": _FORMATS},
+            features=frozenset({"lse", "nm_sparsity", "gqa"}), notes="causal and non-causal, varlen, GQA/MQA"),
+        "merge": OpCapability(limits={"dtype": _FLOAT}),
+    }
 
     @property
     def version(self) -> str:
@@ -30,3 +49,18 @@ class TritonBackend(mla_core.Backend):
         if importlib.util.find_spec("triton") is None:
             return "the triton package is not installed (pip install 'mla-core[triton]')"
         return None
+
+    def _kernels(self, op: str):
+        return importlib.import_module(f"{__package__}.{op}")
+
+    def configs(self, problem):
+        return self._kernels(problem.op).configs(problem)
+
+    def decode(self, call, config):
+        return self._kernels("decode").run(call, config)
+
+    def prefill(self, call, config):
+        return self._kernels("prefill").run(call, config)
+
+    def merge(self, call, config):
+        return self._kernels("merge").run(call, config)
