@@ -1,0 +1,27 @@
+"""Test-session setup shared by every test file.
+
+On a machine without CUDA, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` must be in
+the environment before any ``@triton.jit`` function is defined, so it is set here, before test modules
+import the backends. GPU tests are marked ``gpu`` and deselected by default (pyproject addopts); run them
+on the device with ``pytest -m gpu``.
+"""
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, os.path.dirname(__file__))  # test helpers (reference_math.py) import as plain modules
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with `pytest -m gpu` on the device)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
