@@ -158,15 +158,7 @@ def get_sparse_decode_metadata(query, seq_lens, sparse_mla_top_k) -> SparseDecod
     Returns:
         A :class:`~mla_core.specs.SparseDecodeMetadata`; reuse it while seq_lens, the query shape and top-k stay the same.
     """
-    specs.check_tensor("query", query, 4, (specs.FP8,))
-    if isinstance(sparse_mla_top_k, bool) or not isinstance(sparse_mla_top_k, int) or sparse_mla_top_k <= 0 \
-            or sparse_mla_top_k % specs.SPARSE_TOPK_MULTIPLE:
-        raise specs.MLAInputError(f"sparse_mla_top_k: got {sparse_mla_top_k!r}, needs a positive multiple of 64")
-    if seq_lens is not None:
-        specs.check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
-        specs.check_shape("seq_lens", seq_lens, (query.shape[0],))
-        specs.check_same_device(query=query, seq_lens=seq_lens)
-    return specs.make_sparse_metadata(query, seq_lens, sparse_mla_top_k)
+    return specs.validate_sparse_metadata(query, seq_lens, sparse_mla_top_k)
 
 
 get_batch_decode_metadata_mla = get_sparse_decode_metadata

@@ -44,8 +44,16 @@ def check_tensor(name: str, x: Any, ndim: int | tuple[int, ...], dtypes=None) ->
     if dtypes is not None and x.dtype not in dtypes:
         raise MLAInputError(f"{name}: got dtype {dtype_name(x.dtype)}, needs one of {_names(dtypes)}")
     if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
-        raise MLAInputError(f"{name}: last dimension is not contiguous (strides {tuple(x.stride())}); pass x.contiguous()")
+        raise MLAInputError(f"{name}: got strides {tuple(x.stride())} (last dimension not contiguous), needs stride 1 "
+                            f"in the last dimension; pass {name}.contiguous()")
     return x
+
+
+def check_contiguous(name: str, x: torch.Tensor) -> None:
+    """``x`` is contiguous in every dimension."""
+    if not x.is_contiguous():
+        raise MLAInputError(f"{name}: got a non-contiguous tensor (shape {list(x.shape)}, strides {tuple(x.stride())}), "
+                            f"needs a contiguous one; pass {name}.contiguous()")
 
 
 def check_shape(name: str, x: torch.Tensor, shape: tuple) -> None:
@@ -425,8 +433,7 @@ def validate_rope_quantize(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_id
         raise MLAInputError(f"q_rope: got rope width {rope}, needs an even width >= 2 (64 for DeepSeek)")
     check_tensor("cos_sin_cache", cos_sin_cache, 2, (torch.float32, torch.bfloat16))
     check_shape("cos_sin_cache", cos_sin_cache, (None, rope))
-    if not cos_sin_cache.is_contiguous():
-        raise MLAInputError("cos_sin_cache: is not contiguous; pass cos_sin_cache.contiguous()")
+    check_contiguous("cos_sin_cache", cos_sin_cache)
     check_tensor("pos_ids", pos_ids, 1, INDEX_DTYPES)
     check_shape("pos_ids", pos_ids, (nnz,))
     if not isinstance(is_neox, bool):
@@ -515,9 +522,39 @@ class SparseDecodeCall:
     return_lse: bool
 
 
+def check_top_k(top_k: Any) -> int:
+    """``sparse_mla_top_k`` is a positive int multiple of 64."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0 or top_k % SPARSE_TOPK_MULTIPLE:
+        raise MLAInputError(f"sparse_mla_top_k: got {top_k!r}, needs a positive multiple of {SPARSE_TOPK_MULTIPLE}")
+    return top_k
+
+
+def _check_sparse_lens(seq_lens: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Content check: every sparse length is in 0..top_k; returns them as a CPU int64 tensor."""
+    s = seq_lens.to("cpu", torch.int64)
+    if s.numel() and (int(s.min()) < 0 or int(s.max()) > top_k):
+        bad = int(s.min()) if int(s.min()) < 0 else int(s.max())
+        raise MLAInputError(f"seq_lens: got {bad}, needs 0..{top_k} (sparse_mla_top_k)")
+    return s
+
+
+def validate_sparse_metadata(query: Any, seq_lens: Any, top_k: Any) -> SparseDecodeMetadata:
+    """Validate :func:`mla_core.get_sparse_decode_metadata`'s arguments and build the metadata."""
+    check_tensor("query", query, 4, (FP8,))
+    check_shape("query", query, (None, None, None, SPARSE_LATENT + SPARSE_ROPE))
+    check_top_k(top_k)
+    if seq_lens is not None:
+        check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+        check_shape("seq_lens", seq_lens, (query.shape[0],))
+        check_same_device(query=query, seq_lens=seq_lens)
+        if content_checks_enabled(seq_lens):
+            _check_sparse_lens(seq_lens, top_k)
+    return make_sparse_metadata(query, seq_lens, top_k)
+
+
 def _host_scalar(name: str, v: Any) -> float:
     if isinstance(v, torch.Tensor):
-        if v.numel() != 1 or v.is_cuda:
+        if v.numel() != 1 or v.device.type != "cpu":
             raise MLAInputError(f"{name}: got a tensor of shape {list(v.shape)} on {v.device}, needs a host scalar")
         v = v.item()
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
@@ -536,34 +573,29 @@ def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_r
         raise MLAInputError(f"qk_rope_head_dim: got {qk_rope_head_dim!r}, needs {SPARSE_ROPE}")
     full = SPARSE_LATENT + SPARSE_ROPE
     check_shape("query", query, (None, None, None, full))
-    if not query.is_contiguous():
-        raise MLAInputError("query: is not contiguous; pass query.contiguous()")
+    check_contiguous("query", query)
     check_tensor("kv_cache", kv_cache, (3, 4), (FP8,))
     if kv_cache.dim() == 4:
         check_shape("kv_cache", kv_cache, (None, 1, None, full))
     else:
         check_shape("kv_cache", kv_cache, (None, None, full))
-    if not kv_cache.is_contiguous():
-        raise MLAInputError("kv_cache: is not contiguous; pass kv_cache.contiguous()")
+    check_contiguous("kv_cache", kv_cache)
     rows = kv_cache.numel() // full
-    if isinstance(sparse_mla_top_k, bool) or not isinstance(sparse_mla_top_k, int) or sparse_mla_top_k <= 0 \
-            or sparse_mla_top_k % SPARSE_TOPK_MULTIPLE:
-        raise MLAInputError(f"sparse_mla_top_k: got {sparse_mla_top_k!r}, needs a positive multiple of {SPARSE_TOPK_MULTIPLE}")
+    check_top_k(sparse_mla_top_k)
     check_tensor("block_tables", block_tables, 3, (torch.int32,))
     check_shape("block_tables", block_tables, (batch, q_len, sparse_mla_top_k))
+    check_contiguous("block_tables", block_tables)
     if seq_lens is not None:
         check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
         check_shape("seq_lens", seq_lens, (batch,))
     if out is not None:
         check_tensor("out", out, 4, (torch.bfloat16,))
         check_shape("out", out, (batch, q_len, heads, SPARSE_LATENT))
-        if not out.is_contiguous():
-            raise MLAInputError("out: is not contiguous; pass a contiguous buffer")
+        check_contiguous("out", out)
     if lse is not None:
         check_tensor("lse", lse, (2, 3), (torch.float32,))
         check_shape("lse", lse, (batch * q_len, heads) if lse.dim() == 2 else (batch, q_len, heads))
-        if not lse.is_contiguous():
-            raise MLAInputError("lse: is not contiguous; pass a contiguous buffer")
+        check_contiguous("lse", lse)
     b1, b2 = _host_scalar("bmm1_scale", bmm1_scale), _host_scalar("bmm2_scale", bmm2_scale)
     if not isinstance(return_lse, bool):
         raise MLAInputError(f"return_lse: got {return_lse!r}, needs a bool")
@@ -575,17 +607,15 @@ def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_r
         want = (batch, q_len, heads, sparse_mla_top_k)
         got = (metadata.batch, metadata.q_len, metadata.heads, metadata.top_k)
         if got != want or metadata.valid_lens.device != device:
-            raise MLAInputError(f"metadata: prepared for (batch, q_len, heads, top_k) = {got} on {metadata.valid_lens.device}, "
-                                f"needs {want} on {device}; call get_sparse_decode_metadata() again")
+            raise MLAInputError(f"metadata: got metadata prepared for (batch, q_len, heads, top_k) = {got} on "
+                                f"{metadata.valid_lens.device}, needs {want} on {device}; call get_sparse_decode_metadata() again")
     if content_checks_enabled(query):
-        if seq_lens is not None and batch:
-            s = seq_lens.to("cpu", torch.int64)
-            if int(s.min()) < 0 or int(s.max()) > sparse_mla_top_k:
-                bad = int(s.min()) if int(s.min()) < 0 else int(s.max())
-                raise MLAInputError(f"seq_lens: got {bad}, needs 0..{sparse_mla_top_k} (sparse_mla_top_k)")
+        if seq_lens is not None:
+            s = _check_sparse_lens(seq_lens, sparse_mla_top_k)
+        else:
+            s = torch.full((batch,), sparse_mla_top_k, dtype=torch.int64)
         idx = block_tables.to("cpu", torch.int64)
-        valid = (torch.arange(sparse_mla_top_k)[None, None, :] <
-                 (s[:, None, None] if seq_lens is not None else torch.full((batch, 1, 1), sparse_mla_top_k)))
+        valid = torch.arange(sparse_mla_top_k)[None, None, :] < s[:, None, None]
         used = idx[valid & (idx != -1)]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
             bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
