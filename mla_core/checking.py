@@ -1,0 +1,130 @@
+"""Cross-backend checks: every available backend against the reference on small random problems.
+
+Used by ``mla-core check`` and ``mla-core demo``; the same comparisons the tests make, packaged for users
+who want to see that a backend computes the reference's function on their machine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import ops, samples, specs
+from .plugins import backends, get_backend
+
+REFERENCE = "reference"
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 over finite reference entries; inf when out has a NaN there.
+
+    Reference entries of -inf (LSE of empty rows) must be matched exactly.
+    """
+    out, ref = out.double().cpu(), ref.double().cpu()
+    finite = torch.isfinite(ref)
+    if not torch.equal(out[~finite].nan_to_num(), ref[~finite].nan_to_num()):
+        return float("inf")
+    o, r = out[finite], ref[finite]
+    if torch.isnan(o).any():
+        return float("inf")
+    denom = r.norm().item()
+    return (o - r).norm().item() / denom if denom else (o - r).norm().item()
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """DESIGN.md's relative-L2 tolerance for an output dtype: fp32 1e-5, else 1e-2."""
+    return 1e-5 if dtype == torch.float32 else 1e-2
+
+
+@dataclass
+class Case:
+    """One named check: an op, its problem's name, and a function that runs it on a backend."""
+
+    op: str
+    name: str
+    run: Callable[[str], tuple[torch.Tensor, ...]]
+    problem: object
+
+
+def cases(device: str) -> list[Case]:
+    """The small problems ``mla-core check`` runs on ``device``."""
+    out = []
+    for recipe in (None, "fp8", "nvfp4"):
+        kw = samples.decode_inputs([0, 1, 17, 100], heads=16, page_size=16, device=device, seed=1)
+        q = {"k_qdq": recipe, "v_qdq": recipe, "p_qdq": recipe}
+        out.append(Case("decode", f"decode bf16 heads=16 lens=[0,1,17,100] page=16 kvp={recipe or 'none'}",
+                        lambda b, kw=kw, q=q: ops.mla_decode(**kw, **q, num_kv_splits=8, backend=b),
+                        specs.validate_decode(**kw, page_size=None, num_kv_splits=8, **q, k_qdq_amax=None,
+                                              v_qdq_amax=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)[0]))
+        pk = samples.prefill_inputs([0, 33, 70], [5, 40, 70], heads=4, qk_dim=192, v_dim=128, device=device, seed=2)
+        pq = {"q_quant": recipe, "k_quant": recipe, "p_quant": recipe, "v_quant": recipe}
+        out.append(Case("prefill", f"prefill bf16 causal heads=4 192/128 q=[0,33,70] k=[5,40,70] qkvp={recipe or 'none'}",
+                        lambda b, pk=pk, pq=pq: ops.mla_prefill(**pk, causal=True, return_lse=True, **pq, backend=b),
+                        _prefill_problem(pk, pq)))
+    mk = samples.merge_inputs(37, heads=4, head_dim=128, device=device, seed=3)
+    out.append(Case("merge", "merge bf16 tokens=37 heads=4 dim=128",
+                    lambda b: ops.merge_attn_states(**mk, backend=b), specs.validate_merge(**mk, output=None, output_lse=None)[0]))
+    rk = samples.rope_inputs(19, heads=4, device=device, seed=4)
+    for neox in (True, False):
+        out.append(Case("rope_quantize_fp8", f"rope+fp8 bf16 nnz=19 heads=4 neox={neox}",
+                        lambda b, neox=neox: ops.mla_rope_quantize_fp8(**rk, is_neox=neox, backend=b),
+                        _rope_problem(rk, neox)))
+    sk = samples.sparse_decode_inputs(3, q_len=2, heads=16, top_k=128, device=device, seed=5)
+    out.append(Case("sparse_decode", "sparse fp8 batch=3 q_len=2 heads=16 top_k=128",
+                    lambda b: ops.sparse_mla_fp8_decode(**sk, return_lse=True, backend=b), _sparse_problem(sk)))
+    return out
+
+
+def _prefill_problem(pk, pq):
+    return specs.validate_prefill(**pk, softmax_scale=None, causal=True, return_lse=True, **pq, q_amax=None,
+                                  k_amax=None, p_amax=1.0, v_amax=None, sparsity_n=0, sparsity_m=4,
+                                  dense_sink_tokens=0, dense_recent_tokens=64, block_m=64, block_n=64)[0]
+
+
+def _rope_problem(rk, neox):
+    return specs.validate_rope_quantize(**rk, is_neox=neox, quantize_dtype=None, quant_scale_q=1.0, quant_scale_kv=1.0,
+                                        q_rope_out=None, k_rope_out=None, q_nope_out=None, k_nope_out=None)[0]
+
+
+def _sparse_problem(sk):
+    return specs.validate_sparse_decode(sk["query"], sk["kv_cache"], 128, 512, 64, sk["block_tables"], sk["seq_lens"],
+                                        sk["sparse_mla_top_k"], None, sk["bmm1_scale"], sk["bmm2_scale"], None, True,
+                                        None)[0]
+
+
+def _as_tuple(result) -> tuple[torch.Tensor, ...]:
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    return tuple(t for t in result if t is not None)
+
+
+def compare(result, expected) -> float:
+    """Largest relative L2 error over the tensors two op results hold (FP8 tensors compared as float)."""
+    errs = [rel_l2(o.float(), r.float()) for o, r in zip(_as_tuple(result), _as_tuple(expected))]
+    return max(errs) if errs else 0.0
+
+
+def check(device: str, only: list[str] | None = None) -> list[dict]:
+    """Run :func:`cases` on every available non-reference backend; one row per (backend, case)."""
+    rows = []
+    all_cases = cases(device)
+    expected = {c.name: c.run(REFERENCE) for c in all_cases}
+    names = only or [n for n in sorted(backends()) if n != REFERENCE]
+    for name in names:
+        backend = get_backend(name)
+        for case in all_cases:
+            why = backend.why_not(case.problem)
+            row = {"backend": name, "op": case.op, "case": case.name}
+            if why:
+                rows.append({**row, "status": "skip", "error": None, "reason": "; ".join(why)})
+                continue
+            try:
+                err = compare(case.run(name), expected[case.name])
+            except Exception as exc:  # a crashing backend is a failed check, reported, not fatal
+                rows.append({**row, "status": "FAIL", "error": None, "reason": f"{type(exc).__name__}: {exc}"})
+                continue
+            out_dtype = _as_tuple(expected[case.name])[0].dtype
+            tol = tolerance(out_dtype)
+            rows.append({**row, "status": "pass" if err < tol else "FAIL", "error": err, "reason": f"tolerance {tol:g}"})
+    return rows

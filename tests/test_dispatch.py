@@ -1,0 +1,103 @@
+"""Dispatch: overrides, priority, NoBackendError, in-memory choices."""
+import pytest
+import torch
+
+import mla_core
+from mla_core import dispatch, plugins, samples, specs
+
+
+class _Fake(mla_core.Backend):
+    device_types = frozenset({"cpu"})
+
+    def __init__(self, name, priority, caps):
+        self.name, self.priority, self.capabilities, self.calls = name, priority, caps, 0
+
+    def merge(self, call, config):
+        self.calls += 1
+        return mla_core.get_backend("reference").merge(call, config)
+
+
+@pytest.fixture
+def fakes():
+    hi = _Fake("fake_high", 1000, {"merge": mla_core.OpCapability(limits={"dtype": {"float32"}})})
+    lo = _Fake("fake_low", 500, {"merge": mla_core.OpCapability()})
+
+    class Plugin:
+        @mla_core.hookimpl
+        def mla_core_backends(self):
+            return [hi, lo]
+
+    mla_core.register_plugin(Plugin(), "fakes")
+    yield hi, lo
+    plugins.reload()
+
+
+def _merge_args(dtype=torch.float32):
+    return samples.merge_inputs(5, heads=2, head_dim=8, dtype=dtype, seed=1)
+
+
+def test_highest_priority_valid_backend_wins_and_reasons_are_kept(fakes):
+    hi, lo = fakes
+    mla_core.merge_attn_states(**_merge_args(torch.float32))
+    assert (hi.calls, lo.calls) == (1, 0)
+    mla_core.merge_attn_states(**_merge_args(torch.bfloat16))  # fake_high declares float32 only
+    assert (hi.calls, lo.calls) == (1, 1)
+    problem, _ = specs.validate_merge(**_merge_args(torch.bfloat16), output=None, output_lse=None)
+    assert dispatch.explain(problem)["fake_high"] == ["dtype=bfloat16 (supported: float32)"]
+
+
+def test_overrides_argument_context_and_env(fakes, monkeypatch):
+    hi, lo = fakes
+    mla_core.merge_attn_states(**_merge_args(), backend="fake_low")
+    assert lo.calls == 1
+    with mla_core.use_backend("fake_low"):
+        mla_core.merge_attn_states(**_merge_args())
+    assert lo.calls == 2
+    monkeypatch.setenv("MLA_CORE_BACKEND", "fake_low")
+    mla_core.merge_attn_states(**_merge_args())
+    assert lo.calls == 3
+    mla_core.merge_attn_states(**_merge_args(), backend="fake_high")  # the argument beats the env
+    assert hi.calls == 1
+
+
+def test_unknown_backend_names_are_errors_listing_known_ones():
+    with pytest.raises(mla_core.MLAInputError, match=r"backend: got 'nope'.*known: .*reference"):
+        mla_core.merge_attn_states(**_merge_args(), backend="nope")
+    with pytest.raises(mla_core.MLAInputError, match="known"):
+        with mla_core.use_backend("nope"):
+            pass
+
+
+def test_forced_backend_that_cannot_run_the_problem_says_why(fakes):
+    with pytest.raises(mla_core.NoBackendError, match=r"fake_high.*\n.*dtype=bfloat16"):
+        mla_core.merge_attn_states(**_merge_args(torch.bfloat16), backend="fake_high")
+
+
+def test_no_backend_error_lists_every_backend_with_reasons(monkeypatch):
+    class Nothing(mla_core.Backend):
+        name = "nothing"
+
+    monkeypatch.setattr(plugins.registry(), "backends", {"nothing": Nothing()})
+    dispatch.clear_memory()
+    try:
+        with pytest.raises(mla_core.NoBackendError) as info:
+            mla_core.merge_attn_states(**_merge_args())
+        assert "`nothing` is not usable because" in str(info.value)
+        assert "op 'merge' not implemented" in str(info.value)
+    finally:
+        dispatch.clear_memory()
+
+
+def test_choice_is_remembered_in_memory(fakes):
+    problem, _ = specs.validate_merge(**_merge_args(), output=None, output_lse=None)
+    first = dispatch.choose(problem)
+    assert dispatch.choose(problem) is first
+
+
+def test_problem_key_round_trips():
+    args = samples.decode_inputs([3, 40], heads=4, page_size=16)
+    problem, _ = specs.validate_decode(**args, page_size=None, num_kv_splits="auto", k_qdq="fp8", k_qdq_amax=None,
+                                       v_qdq=None, v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0, return_lse=True,
+                                       out_dtype=None)
+    assert mla_core.Problem.from_key(problem.key()) == problem
+    assert problem["max_len"] == 64 and problem["batch"] == 2
