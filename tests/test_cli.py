@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mla_core import cli
+from mla_core import cli, dispatch
 
 
 def _run(capsys, *argv) -> tuple[int, str]:
@@ -42,6 +42,7 @@ def test_check_json_reports_every_case(capsys):
 
 def test_demo_runs_on_cpu_with_the_reference(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as a user without a GPU would run it
+    dispatch.clear_memory()
     code, out = _run(capsys, "demo", "--json", "--device", "cpu")
     data = json.loads(out)
     assert code == 0
