@@ -203,7 +203,7 @@ def sparse_mla_fp8_decode(query, kv_cache, workspace_buffer, qk_nope_head_dim, k
                                                  lse, return_lse, metadata)
     name = None if backend is None or backend in FLASHINFER_BACKEND_NAMES else backend
     out, lse_out = _run(problem, call, name)
-    if lse is not None and lse.dim() == 2:
+    if lse is not None:  # the caller's buffer, in the layout it was given (a backend may return a 3-D view of it)
         lse_out = lse
     return (out, lse_out) if return_lse else out
 

@@ -35,7 +35,8 @@ def sparse_decode_reference(call: SparseDecodeCall):
         if rows == 0:  # nothing can be valid, and an empty cache has no row to gather
             keys = torch.zeros(q_len, top_k, kv.shape[1], dtype=torch.float32, device=kv.device)
         else:
-            keys = kv[torch.where(valid, ib, 0)].float()  # [q_len, top_k, 576]
+            # Invalid slots gather row 0 and are then zeroed: their values (NaN even) must not reach 0 * V.
+            keys = torch.where(valid[..., None], kv[torch.where(valid, ib, 0)].float(), 0.0)  # [q_len, top_k, 576]
         scores = torch.einsum("qhd,qkd->qhk", query[b].float(), keys) * call.bmm1_scale
         scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
         m = scores.amax(dim=-1, keepdim=True)
