@@ -1,0 +1,293 @@
+"""Triton MLA decode: split-KV over the paged latent cache with fused fake quantization.
+
+Stage 1 (``_decode_split_kernel``), one program per (head group, split, request): loads 32-key tiles of
+the latent cache through the block table, fake-quantizes K along features and V along tokens on read,
+runs ``S = q·Kᵀ`` and ``acc += P·V`` on tensor cores for a group of ``block_h`` heads (one K/V read
+feeds every head of the group), and keeps the online softmax with the running max updated once per
+32-key tile (the contract's P schedule; ``sub_tiles`` unrolls several tiles per loop step without
+changing it). Quantized operands enter the dots unscaled (FP8 codes, ``e2m1 * block code``), exact in
+bf16/fp16; the per-tensor scales multiply the fp32 scores and the final accumulator.
+Stage 2 (``_decode_combine_kernel``) merges the splits through their log-sum-exp; with one split,
+stage 1 writes the output directly.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_core import numerics
+from mla_core.specs import DecodeCall, decode_num_splits
+
+from .quant import fp8_unscaled, nvfp4_unscaled, round_bf16_rne, split3_bf16
+
+_FMT = {None: 0, "fp8": 1, "nvfp4": 2}
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+_TILE = numerics.DECODE_P_TILE
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ b in fp32. UPCAST: the interpreter's bf16 dot multiplies raw bits, so go through fp32."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _qk(q_a, q_b, q_c, k, acc, Q_SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + q @ kᵀ; with Q_SPLIT the fp32 q arrives as three exact bf16 parts (three tensor-core dots)."""
+    kt = tl.trans(k)
+    acc = _mma(q_a, kt, acc, UPCAST, IEEE)
+    if Q_SPLIT:
+        acc = _mma(q_b, kt, acc, UPCAST, IEEE)
+        acc = _mma(q_c, kt, acc, UPCAST, IEEE)
+    return acc
+
+
+@triton.jit
+def _decode_split_kernel(
+        q_ptr, cache_ptr, bt_ptr, lens_ptr, part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
+        stride_qb, stride_qh, stride_cpage, stride_ctok, stride_btb, stride_btc,
+        heads, num_pages, num_splits, qk_scale, k_scale, v_scale, p_scale, out_scale,
+        NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+        PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, SUB_TILES: tl.constexpr,
+        K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr,
+        K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, Q_SPLIT: tl.constexpr, IEEE: tl.constexpr,
+        UPCAST: tl.constexpr, HW_CVT: tl.constexpr, P_BF16_RNE: tl.constexpr, DIRECT: tl.constexpr,
+        WRITE_LSE: tl.constexpr):
+    TILE: tl.constexpr = 32
+    hg = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2)
+
+    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    tiles_total = tl.cdiv(seq_len, TILE)
+    tiles_per_split = tl.cdiv(tiles_total, num_splits)
+    lo = split * tiles_per_split * TILE
+    hi = tl.minimum(lo + tiles_per_split * TILE, seq_len)
+
+    offs_h = hg * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < heads
+    offs_n = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    offs_t = tl.arange(0, TILE)
+
+    q_row = q_ptr + b.to(tl.int64) * stride_qb + offs_h[:, None].to(tl.int64) * stride_qh
+    q_nope = tl.load(q_row + offs_n[None, :], mask=mask_h[:, None] & (offs_n[None, :] < NOPE), other=0.0)
+    q_rope = tl.load(q_row + NOPE + offs_r[None, :], mask=mask_h[:, None] & (offs_r[None, :] < ROPE), other=0.0)
+    if Q_SPLIT:
+        qn_a, qn_b, qn_c = split3_bf16(q_nope.to(tl.float32))
+        qr_a, qr_b, qr_c = split3_bf16(q_rope.to(tl.float32))
+    else:
+        qn_a = q_nope.to(DOT_DTYPE)
+        qr_a = q_rope.to(DOT_DTYPE)
+        qn_b = qn_a
+        qn_c = qn_a
+        qr_b = qr_a
+        qr_c = qr_a
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the log2-domain scores
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+
+    for start in range(lo, hi, TILE * SUB_TILES):
+        for sub in tl.static_range(SUB_TILES):
+            tok = start + sub * TILE + offs_t
+            in_split = tok < hi
+            # only table entries a length reaches are read; pages outside the cache are absent keys
+            page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btc, mask=in_split, other=-1).to(tl.int64)
+            valid = in_split & (page >= 0) & (page < num_pages)
+            row = cache_ptr + page * stride_cpage + (tok % PAGE_SIZE).to(tl.int64) * stride_ctok
+            kn = tl.load(row[:, None] + offs_n[None, :], mask=valid[:, None] & (offs_n[None, :] < NOPE), other=0.0)
+            kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE),
+                         other=0.0)
+
+            # K: fake-quantized along the features (nope and rope blocks never straddle: NOPE % 16 == 0)
+            if K_FMT == 1:
+                kn_d = fp8_unscaled(kn.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
+                kr_d = fp8_unscaled(kr.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
+            elif K_FMT == 2:
+                kn_d = nvfp4_unscaled(kn.to(tl.float32), k_scale, TILE, D_NOPE, 1, HW_CVT).to(DOT_DTYPE)
+                kr_d = nvfp4_unscaled(kr.to(tl.float32), k_scale, TILE, D_ROPE, 1, HW_CVT).to(DOT_DTYPE)
+            else:
+                kn_d = kn.to(DOT_DTYPE)
+                kr_d = kr.to(DOT_DTYPE)
+            s = tl.zeros([BLOCK_H, TILE], tl.float32)
+            s = _qk(qn_a, qn_b, qn_c, kn_d, s, Q_SPLIT, UPCAST, IEEE)
+            s = _qk(qr_a, qr_b, qr_c, kr_d, s, Q_SPLIT, UPCAST, IEEE)
+            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+
+            # online softmax, running max updated once per 32-key tile
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: no NaN from -inf - -inf
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+
+            # P quantized after the row sum (unscaled; the per-tensor P scale is in out_scale)
+            if P_FMT == 1:
+                p_d = fp8_unscaled(p, p_scale, True, HW_CVT)
+            else:
+                if P_BF16_RNE:
+                    p_v = round_bf16_rne(p)
+                else:
+                    p_v = p.to(V_DTYPE).to(tl.float32)
+                if P_FMT == 2:
+                    p_d = nvfp4_unscaled(p_v, p_scale, BLOCK_H, TILE, 1, HW_CVT)
+                else:
+                    p_d = p_v
+            # V = the first NOPE latent values, fake-quantized along tokens (16-token blocks at absolute
+            # positions: tiles start at multiples of 32; absent tokens load 0 and never raise a block max)
+            if V_FMT == 1:
+                v_d = fp8_unscaled(kn.to(tl.float32), v_scale, V_HAS_SCALE, HW_CVT)
+            elif V_FMT == 2:
+                v_d = nvfp4_unscaled(kn.to(tl.float32), v_scale, TILE, D_NOPE, 0, HW_CVT)
+            else:
+                v_d = kn
+            acc = _mma(p_d.to(DOT_DTYPE), v_d.to(DOT_DTYPE), acc * alpha[:, None], UPCAST, IEEE)
+
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    o = acc * (out_scale / l_safe)[:, None]
+    o = tl.where(has_keys[:, None], o, 0.0)
+    lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    mask_o = mask_h[:, None] & (offs_n[None, :] < NOPE)
+    if DIRECT:
+        dst = out_ptr + (b * heads + offs_h[:, None]).to(tl.int64) * NOPE + offs_n[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mask_o)
+        if WRITE_LSE:
+            tl.store(lse_ptr + b * heads + offs_h, lse, mask=mask_h)
+    else:
+        row_id = (b * heads + offs_h).to(tl.int64) * num_splits + split
+        tl.store(part_o_ptr + row_id[:, None] * NOPE + offs_n[None, :], o, mask=mask_o)
+        tl.store(part_lse_ptr + row_id, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, num_splits,
+                           NOPE: tl.constexpr, D_NOPE: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """One program per (request, head): o = sum_i exp(lse_i - lse) * o_i, lse = logsumexp(lse_i)."""
+    row = tl.program_id(0).to(tl.int64)  # b * heads + h
+    offs = tl.arange(0, D_NOPE)
+    mask = offs < NOPE
+    lse_max = tl.full([], float("-inf"), tl.float32)
+    for i in range(num_splits):
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + row * num_splits + i))
+    safe_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.zeros([], tl.float32)
+    acc = tl.zeros([D_NOPE], tl.float32)
+    for i in range(num_splits):
+        w = tl.exp(tl.load(part_lse_ptr + row * num_splits + i) - safe_max)  # empty split: exp(-inf) = 0
+        acc += w * tl.load(part_o_ptr + (row * num_splits + i) * NOPE + offs, mask=mask, other=0.0)
+        total += w
+    has = total > 0
+    o = tl.where(has, acc / tl.where(has, total, 1.0), 0.0)
+    tl.store(out_ptr + row * NOPE + offs, o.to(out_ptr.dtype.element_ty), mask=mask)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, tl.where(has, safe_max + tl.log(tl.where(has, total, 1.0)), float("-inf")))
+
+
+_TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+def configs(problem) -> list[dict]:
+    """Launch choices: heads per program, 32-key tiles per loop step, warps, stages (+ splits for "auto")."""
+    heads = problem["heads"]
+    fp32_work = problem["dtype"] == "float32" or problem.get("q_dtype") == "float32"
+    top = min(64, _pow2(heads))
+    if fp32_work:
+        top = min(top, 32)  # fp32 operands (or three q parts) need more registers per head
+    groups = [h for h in (64, 32, 16) if h <= top]
+    default_h = groups[0]
+    out = [{"block_h": default_h, "sub_tiles": 1, "num_warps": 8 if default_h == 64 else 4, "num_stages": 2}]
+    for bh in groups:
+        for warps in (4, 8):
+            for stages in (1, 2, 3):
+                for sub in (1, 2):
+                    c = {"block_h": bh, "sub_tiles": sub, "num_warps": warps, "num_stages": stages}
+                    if c != out[0] and not (bh == 16 and warps == 8):
+                        out.append(c)
+    if problem.get("num_kv_splits") == "auto":
+        out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
+    return out
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def run(call: DecodeCall, config: dict):
+    """Decode: returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] fp32 or None)."""
+    q, cache = call.q, call.latent_cache
+    batch, heads, _ = q.shape
+    nope, rope = call.kv_lora_rank, call.rope_dim
+    device = q.device
+    on_gpu = device.type == "cuda"
+    out = torch.empty(batch, heads, nope, dtype=call.out_dtype, device=device)
+    lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
+    if batch == 0:
+        return out, lse
+    splits = decode_num_splits(call, config, _sm_count(device))
+    block_h = min(int(config.get("block_h", 16)), _pow2(heads))
+    sub_tiles = int(config.get("sub_tiles", 1))
+
+    cache_dtype = cache.dtype
+    q_split = q.dtype == torch.float32 and cache_dtype == torch.bfloat16
+    if cache_dtype == torch.float32 or (q.dtype == torch.float32 and cache_dtype == torch.float16):
+        dot_dtype = tl.float32  # fp16 parts of an fp32 q could underflow: fall back to fp32 FMA dots
+    else:
+        dot_dtype = _TL_DTYPE[cache_dtype]
+
+    k_fmt, v_fmt, p_fmt = _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq]
+    k_scale = {0: 1.0, 1: numerics.fp8_scale(call.k_amax), 2: numerics.nvfp4_global_scale(call.k_amax)}[k_fmt]
+    v_scale = {0: 1.0, 1: numerics.fp8_scale(call.v_amax), 2: numerics.nvfp4_global_scale(call.v_amax)}[v_fmt]
+    p_scale = {0: 1.0, 1: numerics.fp8_scale(call.p_amax), 2: numerics.nvfp4_global_scale(call.p_amax)}[p_fmt]
+    interpreting = not on_gpu
+
+    direct = splits == 1
+    if direct:
+        part_o = part_lse = out  # unused
+    else:
+        part_o = torch.empty(batch * heads * splits * nope, dtype=torch.float32, device=device)
+        part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
+    grid = (triton.cdiv(heads, block_h), splits, batch)
+    _decode_split_kernel[grid](
+        q, cache, call.block_table, call.seq_lens, part_o, part_lse, out, lse if lse is not None else out,
+        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
+        call.block_table.stride(0), call.block_table.stride(1),
+        heads, cache.shape[0], splits,
+        float(call.softmax_scale) * k_scale * _LOG2E, k_scale, v_scale, p_scale, v_scale * p_scale,
+        NOPE=nope, ROPE=rope, D_NOPE=_pow2(nope), D_ROPE=_pow2(rope), PAGE_SIZE=call.page_size,
+        BLOCK_H=block_h, SUB_TILES=sub_tiles, K_FMT=k_fmt, V_FMT=v_fmt, P_FMT=p_fmt,
+        K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0,
+        DOT_DTYPE=dot_dtype, V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
+        IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16, HW_CVT=on_gpu,
+        P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
+        num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
+    if not direct:
+        _decode_combine_kernel[(batch * heads,)](
+            part_o, part_lse, out, lse if lse is not None else out, splits,
+            NOPE=nope, D_NOPE=_pow2(nope), WRITE_LSE=lse is not None, num_warps=4)
+    return out, lse
