@@ -1,19 +1,412 @@
-"""Autotuner and on-disk cache of dispatch choices (shared/DESIGN.md, "Autotuner and cache").
+"""Autotuner: time every valid ``(backend, config)`` of a problem, keep the fastest correct one (shared/DESIGN.md).
 
-Placeholder interface until the autotuner lands: :func:`lookup` finds no tuned choice, so dispatch
-falls back to the priority rule.
+:func:`lookup` is what dispatch asks on an in-memory miss. Order: the user cache, then the shipped
+``autotune_cache/`` files (:mod:`mla_core.cache`), then -- only with ``MLA_CORE_AUTOTUNE=on`` and never
+during CUDA graph capture -- :func:`tune`; ``None`` lets dispatch apply the priority rule.
+
+``MLA_CORE_AUTOTUNE``: ``off`` (priority rule only; caches not read), ``cached`` (default: use cached
+choices, never tune implicitly; ``mla-core warmup`` fills the cache), ``on`` (tune on a miss).
+
+Tuning builds random inputs of the problem's shape on its device (:mod:`mla_core.problems`), rotating
+through enough copies that together they overflow the L2 cache; each candidate is warmed up, then
+timed in several repeats (CUDA events on a GPU, ``perf_counter`` on the CPU) and its median per-call
+time kept. The fastest candidate's output is compared once with the reference backend's on the same
+inputs; a fast but wrong candidate is rejected (warning, and recorded) and the next one is checked.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
+import torch
+
+from . import cache, checking, problems
 from .problem import Problem
 
 if TYPE_CHECKING:
     from .backend import Backend
     from .dispatch import Choice
 
+ENV_MODE = "MLA_CORE_AUTOTUNE"
+MODES = ("off", "cached", "on")
+DEFAULT_MODE = "cached"
+REFERENCE = checking.REFERENCE
+SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
+"""Decode split counts tried when the caller passed ``num_kv_splits="auto"`` and a backend's configs name none."""
+MAX_INPUT_SETS = 32
+"""Most copies of the inputs rotated through while timing (small shapes; large ones overflow L2 alone)."""
+
+log = logging.getLogger("mla_core.autotune")
+
+
+class AutotuneWarning(UserWarning):
+    """The tuner rejected a candidate (wrong output) or could not tune a problem; dispatch carried on."""
+
+
+def mode() -> str:
+    """``MLA_CORE_AUTOTUNE`` (``off`` | ``cached`` | ``on``); an unknown value warns and means the default."""
+    value = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
+    if value not in MODES:
+        warnings.warn(f"{ENV_MODE}={value!r} is not one of {', '.join(MODES)}; using {DEFAULT_MODE!r}",
+                      AutotuneWarning, stacklevel=3)
+        return DEFAULT_MODE
+    return value
+
+
+def capturing(device_type: str) -> bool:
+    """Whether the current CUDA stream is being captured into a graph (no decisions may be made then)."""
+    return device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class Candidate:
+    """One timed ``(backend, config)``: median microseconds per call, or the error that stopped it."""
+
+    backend: str
+    config: dict[str, Any]
+    us: float | None = None
+    error: str | None = None
+
+    def label(self) -> str:
+        return self.backend + (" " + json.dumps(self.config, sort_keys=True) if self.config else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {"backend": self.backend, "config": self.config}
+        if self.us is not None:
+            d["us"] = round(self.us, 3)
+        if self.error is not None:
+            d["error"] = self.error
+        return d
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` measured for one problem."""
+
+    problem: Problem
+    device: str
+    candidates: list[Candidate]
+    winner: Candidate | None
+    default: Candidate | None
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    check: str = ""
+    versions: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def runner_up(self) -> Candidate | None:
+        """The fastest timed candidate other than the winner (any backend)."""
+        rest = [c for c in self.candidates if c.us is not None and c is not self.winner]
+        return min(rest, key=lambda c: c.us) if rest else None
+
+    @property
+    def speedup(self) -> float | None:
+        """Priority-default time over winner time (1.0 when the default won)."""
+        if self.winner is None or self.default is None or self.default.us is None:
+            return None
+        return self.default.us / self.winner.us
+
+    def entry(self) -> dict[str, Any]:
+        """The JSON cache entry (docs/autotune.md)."""
+        assert self.winner is not None
+        return {"backend": self.winner.backend, "config": self.winner.config, "us": round(self.winner.us, 3),
+                "versions": self.versions,
+                "default": self.default.as_dict() if self.default else None,
+                "speedup": round(self.speedup, 3) if self.speedup else None,
+                "candidates": [c.as_dict() for c in self.candidates], "rejected": self.rejected, "check": self.check,
+                "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+# --------------------------------------------------------------------------------------------------
+# tuning
+
+
+def candidate_configs(backend: "Backend", problem: Problem) -> list[dict[str, Any]]:
+    """The backend's configs; for a decode with ``num_kv_splits="auto"`` each one also carries a split count.
+
+    Splits are only ever tuned on that explicit opt-in: otherwise the count is part of the problem.
+    """
+    configs = [dict(c) for c in backend.configs(problem)]
+    if problem.op != "decode" or problem.get("num_kv_splits") != "auto":
+        return [{k: v for k, v in c.items() if k != "num_kv_splits"} for c in configs]
+    tiles = max(1, math.ceil(problem["max_len"] / 32))
+    out = []
+    for config in configs:
+        if "num_kv_splits" in config:
+            out.append(config)
+        else:
+            out.extend({**config, "num_kv_splits": s} for s in SPLIT_CHOICES if s <= tiles)
+    return [c for i, c in enumerate(out) if c not in out[:i]]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _l2_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20))
+    return 0  # CPU timings serve tests; no rotation
+
+
+def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, warmup: int = 3, repeats: int = 7,
+            target_s: float = 5e-4) -> float:
+    """Median microseconds per call of ``run`` cycling through ``calls``.
+
+    After ``warmup`` calls, each of ``repeats`` repeats times enough calls to last about ``target_s``
+    (CUDA events on a GPU, perf_counter on the CPU) and divides by their number.
+    """
+    turn = 0
+
+    def step():
+        nonlocal turn
+        run(calls[turn % len(calls)])
+        turn += 1
+
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(max(1, warmup)):
+        step()
+    _sync(device)
+    per_call = (time.perf_counter() - start) / max(1, warmup)
+    inner = max(1, min(200, round(target_s / max(per_call, 1e-7))))
+    samples = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+        for begin, end in events:
+            begin.record()
+            for _ in range(inner):
+                step()
+            end.record()
+        torch.cuda.synchronize(device)
+        samples = [begin.elapsed_time(end) * 1e3 / inner for begin, end in events]
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                step()
+            samples.append((time.perf_counter() - t0) * 1e6 / inner)
+    return statistics.median(samples)
+
+
+def _outputs(result) -> tuple[torch.Tensor, ...]:
+    """Clones of the tensors an op returned (None entries dropped), safe from later runs reusing buffers."""
+    tensors = (result,) if isinstance(result, torch.Tensor) else tuple(t for t in result if t is not None)
+    return tuple(t.detach().clone() for t in tensors)
+
+
+def _checked_run(backend: "Backend", problem: Problem, call: Any, config: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    for buf in problems.output_buffers(call):  # a kernel that skips part of its output must not pass on stale data
+        buf.fill_(float("nan"))
+    return _outputs(backend.run(problem, call, config))
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torch.device | str | None = None,
+         reference: str | None = None, warmup: int = 3, repeats: int = 7, seed: int = 0) -> TuneResult:
+    """Time every valid ``(backend, config)`` of ``problem`` and pick the fastest whose output matches the reference.
+
+    ``reference``: the backend that judges correctness (default :data:`REFERENCE`, ``"reference"``).
+    ``valid``: the candidate backends, highest priority first (default: every backend that can run
+    ``problem``); the first one's first config is the priority default the speed-up is measured
+    against. ``device``: where to run (default: the problem's device type, the current CUDA device).
+    Nothing is written to the cache (see :func:`record`). Raises RuntimeError during CUDA graph capture.
+    """
+    from .dispatch import candidates as valid_backends
+    from .plugins import backends
+    if capturing(problem.device):
+        raise RuntimeError("mla_core never tunes during CUDA graph capture; warm the cache up before capturing")
+    started = time.perf_counter()
+    reference = reference or REFERENCE
+    if valid is None:
+        valid = valid_backends(problem)[0]
+    device = torch.device(device if device is not None else problem.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    dev_name = cache.device_name(device.type, device.index)
+    first = problems.make_call(problem, device, seed)
+    sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * _l2_bytes(device) / max(1, problems.call_nbytes(first)))))
+    calls = [first] + [problems.make_call(problem, device, seed + i) for i in range(1, sets)]
+
+    timed: list[Candidate] = []
+    default = None
+    for rank, backend in enumerate(valid):
+        try:
+            configs = candidate_configs(backend, problem)
+        except Exception as exc:  # a broken backend is reported in the entry, not fatal
+            timed.append(Candidate(backend.name, {}, error=f"configs() failed: {_error(exc)}"))
+            continue
+        for i, config in enumerate(configs):
+            cand = Candidate(backend.name, config)
+            try:
+                cand.us = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats)
+            except Exception as exc:
+                cand.error = _error(exc)
+            timed.append(cand)
+            if rank == 0 and i == 0:
+                default = cand
+
+    by_name = {b.name: b for b in valid}
+    ref_backend = backends().get(reference)
+    ref_out: tuple[torch.Tensor, ...] | None = None
+    winner, rejected, check = None, [], ""
+    for cand in sorted((c for c in timed if c.us is not None), key=lambda c: c.us):
+        if cand.backend == reference:
+            winner, check = cand, "is the reference"
+            break
+        if ref_backend is None or ref_backend.why_not(problem):
+            winner, check = cand, f"unchecked: the {reference!r} backend cannot run this problem"
+            break
+        try:
+            out = _checked_run(by_name[cand.backend], problem, first, cand.config)
+            ref_config = {k: v for k, v in cand.config.items() if k == "num_kv_splits"}  # splits change numerics
+            if ref_out is None or ref_config:
+                ref_out = _checked_run(ref_backend, problem, first, ref_config)
+            err = checking.compare(out, ref_out)
+            tol = checking.tolerance(ref_out[0].dtype) if ref_out else 0.0
+        except Exception as exc:
+            rejected.append({**cand.as_dict(), "reason": f"check run failed: {_error(exc)}"})
+            continue
+        if err < tol:
+            winner, check = cand, f"rel L2 {err:.2e} against {reference} (tolerance {tol:g})"
+            break
+        reason = f"output differs from {reference}: rel L2 {err:.3g} >= tolerance {tol:g}"
+        rejected.append({**cand.as_dict(), "reason": reason})
+        warnings.warn(f"mla_core autotune rejected {cand.label()} for {problem.key()}: {reason}", AutotuneWarning,
+                      stacklevel=2)
+
+    versions = cache.versions(by_name[winner.backend], dev_name) if winner else {}
+    result = TuneResult(problem, dev_name, timed, winner, default, rejected, check, versions,
+                        time.perf_counter() - started)
+    log.info("tuned %s: %s", problem.key(), winner.label() if winner else "no candidate")
+    return result
+
+
+def record(result: TuneResult) -> bool:
+    """Write a tune result's winner into the user cache (True when it reached the disk)."""
+    if result.winner is None:
+        return False
+    return cache.store(result.device, {result.problem.key(): result.entry()})
+
+
+# --------------------------------------------------------------------------------------------------
+# dispatch's entry point
+
+
+def _choice(backend: "Backend", config: dict[str, Any], source: str) -> "Choice":
+    from .dispatch import Choice
+    return Choice(backend, dict(config), source)
+
 
 def lookup(problem: Problem, valid: "list[Backend]") -> "Choice | None":
-    """A cached or freshly tuned choice among ``valid`` backends for ``problem``, or None."""
-    return None
+    """A cached or freshly tuned choice among ``valid`` backends for ``problem``, or None (priority rule)."""
+    current = mode()
+    if current == "off":
+        return None
+    by_name = {b.name: b for b in valid}
+    key = problem.key()
+    dev_name = cache.device_name(problem.device)
+    for source, read in (("cache", cache.user_entries), ("shipped", cache.shipped_entries)):
+        entry = read(dev_name).get(key)
+        backend = by_name.get(entry["backend"]) if entry else None
+        if backend is not None and cache.is_current(entry, backend, dev_name):
+            return _choice(backend, entry["config"], source)
+    if current != "on" or capturing(problem.device):
+        return None
+    try:
+        result = tune(problem, valid)
+    except problems.ProblemInputsError as exc:
+        warnings.warn(f"mla_core autotune cannot tune {key}: {exc}; using the priority rule", AutotuneWarning,
+                      stacklevel=3)
+        return None
+    if result.winner is None:
+        warnings.warn(f"mla_core autotune found no working candidate for {key}; using the priority rule",
+                      AutotuneWarning, stacklevel=3)
+        return None
+    record(result)
+    return _choice(by_name[result.winner.backend], result.winner.config, "tuned")
+
+
+# --------------------------------------------------------------------------------------------------
+# many processes
+
+
+def _local_choices() -> dict[str, dict[str, Any]]:
+    """Every choice this process would use: current user-cache entries and the in-memory dispatch choices."""
+    from .dispatch import _memory
+    from .plugins import backends
+    loaded = backends()
+    out: dict[str, dict[str, Any]] = {}
+    for (override, problem), choice in list(_memory.items()):
+        if override is None and choice.source != "override":
+            out[problem.key()] = {"backend": choice.backend.name, "config": choice.config, "source": choice.source}
+    for dev_type in {"cuda", "cpu"} | {Problem.from_key(k).device for k in out}:
+        dev_name = cache.device_name(dev_type)
+        for key, entry in cache.user_entries(dev_name).items():
+            backend = loaded.get(entry["backend"])
+            if key.split("|", 2)[1] == dev_type and backend is not None and cache.is_current(entry, backend, dev_name):
+                out.setdefault(key, entry)
+    return out
+
+
+def install(entries: dict[str, dict[str, Any]], source: str = "synced") -> int:
+    """Make ``entries`` (key -> entry) this process's choices: dispatch memory, and the user cache for full entries.
+
+    Entries whose backend is not loaded here or cannot run the problem are skipped with a warning.
+    Returns the number installed.
+    """
+    from .dispatch import _memory
+    from .plugins import backends
+    loaded = backends()
+    to_store: dict[str, dict[str, dict]] = {}
+    count = 0
+    for key, entry in entries.items():
+        problem = Problem.from_key(key)
+        backend = loaded.get(entry.get("backend"))
+        if backend is None or backend.why_not(problem):
+            warnings.warn(f"mla_core autotune: cannot use {entry.get('backend')!r} for {key} here", AutotuneWarning,
+                          stacklevel=2)
+            continue
+        _memory[(None, problem)] = _choice(backend, entry.get("config") or {}, source)
+        count += 1
+        if "versions" in entry:
+            to_store.setdefault(cache.device_name(problem.device), {})[key] = entry
+    for dev_name, new in to_store.items():
+        cache.store(dev_name, new)
+    return count
+
+
+def sync(group=None) -> int:
+    """Make every rank of ``group`` (default: the world) use rank 0's choices; returns how many were received.
+
+    Rank 0 sends every choice it would use (current user-cache entries and its in-memory decisions);
+    the other ranks install them in memory and merge them into their user cache. A no-op (returns 0)
+    when torch.distributed is not initialized. Every rank of the group must call it.
+    """
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    rank = dist.get_rank(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    # JSON text travels, so a receiver parses data, never unpickles a structure another process built.
+    payload = [json.dumps(_local_choices()) if rank == 0 else None]
+    dist.broadcast_object_list(payload, src=src, group=group)
+    entries = json.loads(payload[0])
+    if rank == 0:
+        return len(entries)
+    return install(entries)

@@ -1,0 +1,236 @@
+"""``mla-core warmup`` and ``mla-core cache show|clear|export|import``: the autotuner's commands.
+
+:func:`add_parsers` adds them to the ``mla-core`` subparsers; each handler takes the parsed args and
+returns the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from . import autotune, cache, warmup
+
+NO_GPU = ("mla-core warmup: no CUDA GPU is visible, so there is nothing to tune on. Run it on the machine that will "
+          "serve the model, or pass --device cpu to tune the CPU backends (useful for tests).")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(allowed):
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"got {text!r}; choose from {', '.join(allowed)} (comma-separated)")
+        return names
+    return parse
+
+
+def _splits(text: str) -> tuple:
+    out = []
+    for v in text.split(","):
+        v = v.strip()
+        if v == "auto":
+            out.append("auto")
+        elif v.isdigit() and 1 <= int(v) <= 32:
+            out.append(int(v))
+        else:
+            raise argparse.ArgumentTypeError(f"num_kv_splits: got {v!r}, needs 1..32 or auto")
+    return tuple(out)
+
+
+def _current_device_name(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    return cache.device_name("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# --------------------------------------------------------------------------------------------------
+# warmup
+
+
+def cmd_warmup(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else None)
+    if device is None or (device == "cuda" and not torch.cuda.is_available()):
+        print(NO_GPU, file=sys.stderr)
+        return 2
+    grid = warmup.Grid(model=args.model, tp=args.tp, recipes=args.recipes, ops=args.ops, batches=args.batch,
+                       lengths=args.lengths, prefill_lengths=args.prefill_lengths, num_kv_splits=args.num_kv_splits,
+                       heads=args.heads, page_size=args.page_size, device=device)
+    problems = warmup.preset_problems(grid)
+    rank = int(os.environ.get("RANK", "0"))
+
+    def progress(items):
+        if args.no_progress or rank != 0:
+            return items
+        from tqdm import tqdm
+        return tqdm(items, desc="mla-core warmup", unit="shape", file=sys.stderr)
+
+    rows, wall = warmup.timed_run(problems, force=args.force, progress=progress, repeats=args.repeats)
+    if rank != 0:
+        return 0 if all(r.status != "failed" for r in rows) else 1
+    dev_name = cache.device_name(device)
+    if args.json:
+        print(json.dumps({"device": dev_name, "wall_s": round(wall, 2), "cache_file": str(cache.user_file(dev_name)),
+                          "problems": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        header, table = warmup.summary(rows)
+        print(_table(header, table))
+        counts = {s: sum(r.status == s for r in rows) for s in ("tuned", "cached", "failed")}
+        print(f"\n{len(rows)} shapes on {dev_name} in {wall:.1f} s: {counts['tuned']} tuned, {counts['cached']} already "
+              f"cached, {counts['failed']} failed; cache: {cache.user_file(dev_name)}")
+    return 0 if all(r.status != "failed" for r in rows) else 1
+
+
+# --------------------------------------------------------------------------------------------------
+# cache
+
+
+def _entry_row(key: str, entry: dict, dev_name: str) -> dict:
+    from .plugins import backends
+    backend = backends().get(entry.get("backend"))
+    current = backend is not None and cache.is_current(entry, backend, dev_name)
+    return {"problem": key, "backend": entry.get("backend"), "config": entry.get("config"), "us": entry.get("us"),
+            "speedup_over_default": entry.get("speedup"), "current": current,
+            "versions": entry.get("versions"), "tuned_at": entry.get("tuned_at")}
+
+
+def cmd_cache_show(args) -> int:
+    devices = [args.device] if args.device else cache.devices()
+    report = {"cache_dir": str(cache.user_dir()), "autotune": autotune.mode(), "devices": {}}
+    for dev_name in devices:
+        entries = cache.user_entries(dev_name)
+        report["devices"][dev_name] = {"file": str(cache.user_file(dev_name)),
+                                       "entries": [_entry_row(k, e, dev_name) for k, e in sorted(entries.items())]}
+        if args.shipped:
+            shipped = cache.shipped_entries(dev_name)
+            report["devices"][dev_name]["shipped"] = [_entry_row(k, e, dev_name) for k, e in sorted(shipped.items())]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"autotune cache {report['cache_dir']} (MLA_CORE_AUTOTUNE={report['autotune']})")
+    if not devices:
+        print("no cached choices yet (run `mla-core warmup`)")
+    for dev_name, info in report["devices"].items():
+        for label, rows in (("user", info["entries"]), ("shipped", info.get("shipped"))):
+            if rows is None:
+                continue
+            print(f"\n{dev_name} ({label}: {len(rows)} entries)")
+            if rows:
+                print(_table(["problem", "backend", "config", "us", "vs default", "status"],
+                             [[r["problem"], r["backend"], json.dumps(r["config"], sort_keys=True),
+                               "-" if r["us"] is None else f"{r['us']:.1f}",
+                               "-" if not r["speedup_over_default"] else f"{r['speedup_over_default']:.2f}x",
+                               "current" if r["current"] else "stale (other versions: ignored)"] for r in rows]))
+    return 0
+
+
+def cmd_cache_clear(args) -> int:
+    removed = cache.clear(args.device)
+    if args.json:
+        print(json.dumps({"removed": [str(p) for p in removed]}, indent=2))
+    else:
+        print("\n".join(f"removed {p}" for p in removed) or f"nothing to clear in {cache.user_dir()}")
+    return 0
+
+
+def cmd_cache_export(args) -> int:
+    dev_name = _current_device_name(args.device)
+    entries = cache.user_entries(dev_name)
+    text = cache.dump(dev_name, entries)
+    if args.path == "-":
+        sys.stdout.write(text)
+        return 0
+    Path(args.path).write_text(text)
+    if args.json:
+        print(json.dumps({"device": dev_name, "path": args.path, "entries": len(entries)}))
+    else:
+        print(f"exported {len(entries)} entries of {dev_name} to {args.path}")
+    return 0 if entries else 1
+
+
+def cmd_cache_import(args) -> int:
+    try:
+        text = sys.stdin.read() if args.path == "-" else Path(args.path).read_text()
+        dev_name, entries = cache.load_export(text)
+    except (OSError, ValueError) as exc:
+        print(f"mla-core cache import: {args.path} is not an mla_core autotune cache file ({exc})", file=sys.stderr)
+        return 2
+    written = cache.store(dev_name, entries)
+    if args.json:
+        print(json.dumps({"device": dev_name, "entries": len(entries), "file": str(cache.user_file(dev_name)),
+                          "written": written}))
+    else:
+        print(f"imported {len(entries)} entries for {dev_name} into {cache.user_file(dev_name)}"
+              + ("" if written else " (directory not writable: kept in memory only)"))
+    return 0 if written else 1
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def add_parsers(subparsers) -> None:
+    """Add ``warmup`` and ``cache`` to the ``mla-core`` subparsers (handlers in ``func``, returning an exit code)."""
+    p = subparsers.add_parser(
+        "warmup", help="tune a model's shapes ahead of time and fill the autotune cache",
+        description="Tunes every (backend, config) for a model's decode / prefill / merge shapes and records the "
+                    "fastest correct one in the autotune cache, then prints a table (shape, winner, runner-up, "
+                    "speed-up over the priority default). Under torchrun the ranks split the shapes and share "
+                    "the results. Needs a GPU unless --device cpu is given.")
+    p.add_argument("--model", default="deepseek-v3", choices=sorted(warmup.MODELS), help="model preset")
+    p.add_argument("--tp", type=_ints, default=(8,), help="tensor-parallel sizes, e.g. 8 or 1,2,4,8 (heads = 128/tp)")
+    p.add_argument("--heads", type=_ints, help="explicit head counts (instead of --tp)")
+    p.add_argument("--recipes", type=_names(tuple(warmup.RECIPES)), default=tuple(warmup.RECIPES),
+                   help="quant recipes: bf16, fp8 (K/V/P FP8), nvfp4 (K/V/P NVFP4); default all")
+    p.add_argument("--ops", type=_names(warmup.OPS), default=warmup.OPS, help="ops to tune (default decode,prefill,merge)")
+    p.add_argument("--batch", type=_ints, help="decode batch sizes (default: the preset's grid)")
+    p.add_argument("--lengths", type=_ints, help="decode KV lengths (default: the preset's grid)")
+    p.add_argument("--prefill-lengths", type=_ints, help="prefill / merge token counts (default: the preset's grid)")
+    p.add_argument("--num-kv-splits", type=_splits, default=(32,),
+                   help="decode split counts the model passes (default 32, the API default; 'auto' lets the tuner pick)")
+    p.add_argument("--page-size", type=int, help="KV cache page size (default: the preset's, 64)")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="where to tune (default cuda; cpu only when asked)")
+    p.add_argument("--force", action="store_true", help="re-tune shapes already in the cache")
+    p.add_argument("--repeats", type=int, default=7, help="timed repeats per candidate (median kept)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_warmup)
+
+    p = subparsers.add_parser("cache", help="show, clear, export or import the autotune cache",
+                              description="The autotune cache: one JSON file per device under $MLA_CORE_CACHE_DIR "
+                                          "(default $XDG_CACHE_HOME/mla_core or ~/.cache/mla_core).")
+    actions = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    a = actions.add_parser("show", help="list cached choices (stale entries from other versions are marked)")
+    a.add_argument("--device", help="device name, e.g. 'NVIDIA H200' or cpu (default: every cached device)")
+    a.add_argument("--shipped", action="store_true", help="also list the choices shipped with mla_core")
+    a.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    a.set_defaults(func=cmd_cache_show)
+    a = actions.add_parser("clear", help="delete the user cache (one device or all)")
+    a.add_argument("--device", help="device name (default: every device)")
+    a.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    a.set_defaults(func=cmd_cache_clear)
+    a = actions.add_parser("export", help="write one device's cache to a file (e.g. autotune_cache/NVIDIA_H200.json)")
+    a.add_argument("path", help="output file, or - for stdout")
+    a.add_argument("--device", help="device name (default: this machine's GPU, else cpu)")
+    a.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    a.set_defaults(func=cmd_cache_export)
+    a = actions.add_parser("import", help="merge an exported cache file into the user cache")
+    a.add_argument("path", help="a file written by `mla-core cache export`, or - for stdin")
+    a.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    a.set_defaults(func=cmd_cache_import)

@@ -1,0 +1,241 @@
+"""Cache warm-up: the problems a model will run, tuned ahead of time (``mla-core warmup``).
+
+A preset lists a model's problem keys (:func:`preset_problems`): decode over a grid of batch sizes and
+KV lengths, prefill over a grid of lengths, and the merge of prefill chunks, for each quant recipe
+(``bf16``: none; ``fp8``: K, V and P FP8; ``nvfp4``: K, V and P NVFP4). :func:`run` tunes each key
+missing from the cache (:func:`mla_core.autotune.tune`), records it and returns one row per problem for
+the summary table. Under torch.distributed (e.g. ``torchrun``) every rank tunes its share on its own
+GPU, the results are exchanged, and every rank records and uses all of them.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from . import autotune, cache, numerics
+from .problem import Problem
+
+RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
+"""Quant recipe name -> the format of K, V and P (Q stays unquantized)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The attention shape of a model at tensor-parallel size 1 and the grids warm-up covers."""
+
+    name: str
+    heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    qk_nope_dim: int
+    v_head_dim: int
+    page_size: int
+    dtype: str
+    decode_batches: tuple[int, ...]
+    decode_lengths: tuple[int, ...]
+    prefill_lengths: tuple[int, ...]
+
+
+MODELS = {
+    "deepseek-v3": ModelShape(
+        name="deepseek-v3", heads=128, kv_lora_rank=512, rope_dim=64, qk_nope_dim=128, v_head_dim=128, page_size=64,
+        dtype="bfloat16", decode_batches=(1, 8, 32, 128), decode_lengths=(1024, 4096, 16384),
+        prefill_lengths=(1024, 4096)),
+}
+"""Presets by ``--model`` name (DeepSeek-V2/V3/R1 share the MLA shape; V3.2 adds sparse decode)."""
+
+TP_SIZES = (1, 2, 4, 8)
+OPS = ("decode", "prefill", "merge")
+
+
+@dataclass
+class Grid:
+    """What to warm up: one model shape, tensor-parallel sizes, recipes, grids (None: the model's defaults)."""
+
+    model: str = "deepseek-v3"
+    tp: tuple[int, ...] = (8,)
+    recipes: tuple[str, ...] = ("bf16", "fp8", "nvfp4")
+    ops: tuple[str, ...] = OPS
+    batches: tuple[int, ...] | None = None
+    lengths: tuple[int, ...] | None = None
+    prefill_lengths: tuple[int, ...] | None = None
+    num_kv_splits: tuple[Any, ...] = (32,)
+    heads: tuple[int, ...] | None = None
+    page_size: int | None = None
+    dtype: str | None = None
+    device: str = "cuda"
+
+
+def preset_problems(grid: Grid) -> list[Problem]:
+    """Every problem key of ``grid``, in a stable order without duplicates.
+
+    The keys are built exactly as the ops' validation builds them for the model's calls: decode with
+    the API defaults (LSE returned, ``num_kv_splits`` from the grid: 32 unless asked), prefill causal
+    with and without LSE (plain and chunked prefill), merge of [tokens, heads, v_head_dim] chunks.
+    """
+    shape = MODELS[grid.model]
+    dtype = grid.dtype or shape.dtype
+    page = grid.page_size or shape.page_size
+    heads_list = grid.heads or tuple(shape.heads // tp for tp in grid.tp)
+    out: list[Problem] = []
+    for heads in heads_list:
+        for recipe in grid.recipes:
+            fmt = RECIPES[recipe]
+            if "decode" in grid.ops:
+                for batch in _buckets(grid.batches or shape.decode_batches):
+                    for length in _buckets(grid.lengths or shape.decode_lengths):
+                        for splits in grid.num_kv_splits:
+                            out.append(Problem.make(
+                                "decode", grid.device, {"lse"}, dtype=dtype, q_dtype=dtype, out_dtype=dtype,
+                                heads=heads, kv_lora_rank=shape.kv_lora_rank, rope_dim=shape.rope_dim,
+                                page_size=page, num_kv_splits=splits, k_qdq=fmt, v_qdq=fmt, p_qdq=fmt,
+                                batch=batch, max_len=max(length, page)))
+            if "prefill" in grid.ops:
+                for length in _buckets(grid.prefill_lengths or shape.prefill_lengths):
+                    for features in ((), ("lse",)):
+                        out.append(Problem.make(
+                            "prefill", grid.device, features, dtype=dtype, heads=heads, kv_heads=heads,
+                            qk_dim=shape.qk_nope_dim + shape.rope_dim, v_dim=shape.v_head_dim, causal=1,
+                            q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt,
+                            block_n=numerics.DEFAULT_PREFILL_BLOCK_N, sparsity_m=0, batch=1,
+                            max_seqlen_q=length, total_k=length))
+        if "merge" in grid.ops:
+            for length in _buckets(grid.prefill_lengths or shape.prefill_lengths):
+                out.append(Problem.make("merge", grid.device, dtype=dtype, out_dtype=dtype, heads=heads,
+                                        head_dim=shape.v_head_dim, tokens=length))
+    return list(dict.fromkeys(out))
+
+
+def _buckets(values: Iterable[int]) -> list[int]:
+    return sorted({numerics.bucket_pow2(int(v)) for v in values})
+
+
+def describe(problem: Problem) -> str:
+    """A short shape label for tables: ``decode b=32 L=4096 h=16 kvp=fp8``."""
+    p = problem
+    if p.op == "decode":
+        same = p["k_qdq"] == p["v_qdq"] == p["p_qdq"]
+        quant = (p["k_qdq"] or "bf16") if same else f"kvp={p['k_qdq']}/{p['v_qdq']}/{p['p_qdq']}"
+        splits = "" if p["num_kv_splits"] == 32 else f" splits={p['num_kv_splits']}"
+        return f"decode b={p['batch']} L={p['max_len']} h={p['heads']} {quant}{splits}"
+    if p.op == "prefill":
+        same = p["q_quant"] is None and p["k_quant"] == p["v_quant"] == p["p_quant"]
+        quant = (p["k_quant"] or "bf16") if same else "mixed quant"
+        lse = " lse" if "lse" in p.features else ""
+        return f"prefill b={p['batch']} L={p['max_seqlen_q']} h={p['heads']} {quant}{lse}"
+    if p.op == "merge":
+        return f"merge t={p['tokens']} h={p['heads']} d={p['head_dim']}"
+    return p.key()
+
+
+@dataclass
+class Row:
+    """One warm-up summary row: the problem and what was decided (``status``: tuned / cached / failed)."""
+
+    problem: Problem
+    status: str
+    entry: dict[str, Any] | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        entry = self.entry or {}
+        runner = _runner_up(entry)
+        return {"problem": self.problem.key(), "shape": describe(self.problem), "status": self.status,
+                "winner": _label(entry) if entry else None, "us": entry.get("us"),
+                "runner_up": _label(runner) if runner else None, "runner_up_us": runner.get("us") if runner else None,
+                "default": _label(entry["default"]) if entry.get("default") else None,
+                "speedup_over_default": entry.get("speedup"), "rejected": entry.get("rejected", []),
+                "note": self.note}
+
+
+def _label(entry: dict[str, Any]) -> str:
+    from .autotune import Candidate
+    return Candidate(entry["backend"], entry.get("config") or {}).label()
+
+
+def _runner_up(entry: dict[str, Any]) -> dict[str, Any] | None:
+    rest = [c for c in entry.get("candidates", []) if c.get("us") is not None
+            and (c["backend"], c.get("config")) != (entry.get("backend"), entry.get("config"))]
+    return min(rest, key=lambda c: c["us"]) if rest else None
+
+
+def _dist():
+    """``(torch.distributed, rank, world)`` when a process group is (or, under torchrun, can be) running."""
+    import torch
+    import torch.distributed as dist
+    if not dist.is_available():
+        return None, 0, 1
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return None, 0, 1
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist, dist.get_rank(), dist.get_world_size()
+
+
+def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Iterable], Iterable] | None = None,
+        warmup: int = 3, repeats: int = 7) -> list[Row]:
+    """Tune every problem not already in the cache (all of them with ``force``); record and use the winners.
+
+    ``progress`` wraps the iterable of this rank's problems (e.g. ``tqdm``). Under torch.distributed
+    each rank tunes every world-size-th problem, then all results are exchanged so every rank records
+    the same entries and dispatches alike. Returns one :class:`Row` per problem, in order.
+    """
+    dist, rank, world = _dist()
+    mine = [(i, p) for i, p in enumerate(problems) if i % world == rank]
+    results: dict[int, dict[str, Any]] = {}
+    for i, problem in (progress or (lambda it: it))(mine):
+        dev_name = cache.device_name(problem.device)
+        entry = cache.user_entries(dev_name).get(problem.key())
+        if entry is not None and not force and _usable(entry, dev_name):
+            results[i] = {"status": "cached", "entry": entry}
+            continue
+        try:
+            result = autotune.tune(problem, warmup=warmup, repeats=repeats)
+        except Exception as exc:  # one unbuildable or failing shape must not end a long warm-up
+            results[i] = {"status": "failed", "note": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            continue
+        if result.winner is None:
+            errors = sorted({c.error for c in result.candidates if c.error} | {r["reason"] for r in result.rejected})
+            results[i] = {"status": "failed", "note": "; ".join(errors) or "no backend can run it"}
+            continue
+        entry = result.entry()
+        cache.store(result.device, {problem.key(): entry})  # saved as it goes: an interrupted warm-up keeps its work
+        results[i] = {"status": "tuned", "entry": entry, "note": f"{result.wall_s:.1f} s"}
+    if dist is not None and world > 1:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, results)
+        results = {i: r for part in gathered for i, r in part.items()}
+    tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "cached")}
+    autotune.install(tuned, source="tuned")
+    return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""))
+            for i in range(len(problems))]
+
+
+def _usable(entry: dict[str, Any], dev_name: str) -> bool:
+    from .plugins import backends
+    backend = backends().get(entry["backend"])
+    return backend is not None and cache.is_current(entry, backend, dev_name)
+
+
+def summary(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the summary table: shape, status, winner, time, runner-up, speed-up over the default."""
+    header = ["shape", "status", "winner", "us", "runner-up", "us", "vs default"]
+    table = []
+    for row in rows:
+        d = row.as_dict()
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"
+        table.append([d["shape"], d["status"], d["winner"] or row.note or "-", fmt(d["us"]), d["runner_up"] or "-",
+                      fmt(d["runner_up_us"]),
+                      "-" if d["speedup_over_default"] is None else f"{d['speedup_over_default']:.2f}x"])
+    return header, table
+
+
+def timed_run(problems: list[Problem], **kwargs) -> tuple[list[Row], float]:
+    """:func:`run` and its wall time in seconds."""
+    start = time.perf_counter()
+    rows = run(problems, **kwargs)
+    return rows, time.perf_counter() - start

@@ -1,0 +1,78 @@
+"""Fake backends for the autotuner tests: a slow one, a fast one with two configs, a fast-but-wrong one, an exact judge.
+
+All run ``merge`` on the CPU with plain torch math; speed differences are sleeps, so the ranking is
+certain on a loaded 2-core CI machine. ``install()`` registers them once per process (through
+``mla_core.register_plugin``, as a third-party plugin would) and returns them by name.
+"""
+import time
+
+import torch
+
+import mla_core
+from mla_core import OpCapability
+from mla_core.plugins import registry
+
+NAMES = ("tt_slow", "tt_fast", "tt_wrong", "tt_exact")
+
+
+def merge_math(call):
+    lse = torch.logaddexp(call.prefix_lse, call.suffix_lse)
+    wa = torch.exp(call.prefix_lse - lse).nan_to_num(0.0).T[..., None]
+    wb = torch.exp(call.suffix_lse - lse).nan_to_num(0.0).T[..., None]
+    out = (wa * call.prefix_output.float() + wb * call.suffix_output.float())
+    dtype = call.output.dtype if call.output is not None else call.prefix_output.dtype
+    return out.to(dtype), lse
+
+
+class _Fake(mla_core.Backend):
+    device_types = frozenset({"cpu"})
+    capabilities = {"merge": OpCapability()}
+    sleep_s = 0.0
+
+    def configs(self, problem):
+        return [{}]
+
+    def merge(self, call, config):
+        time.sleep(config.get("sleep_s", self.sleep_s))
+        return merge_math(call)
+
+
+class Slow(_Fake):
+    name, version, priority, sleep_s = "tt_slow", "1", 100, 0.004
+
+
+class Fast(_Fake):
+    name, version, priority = "tt_fast", "1", 10
+
+    def configs(self, problem):
+        return [{"sleep_s": 0.002}, {"sleep_s": 0.0005}]
+
+
+class Wrong(_Fake):
+    name, version, priority = "tt_wrong", "1", 1
+
+    def merge(self, call, config):
+        out, lse = merge_math(call)
+        return call.prefix_output.clone(), lse  # fastest, and wrong
+
+
+class Exact(_Fake):
+    name, version, priority, sleep_s = "tt_exact", "1", 0, 0.006
+
+
+class _Plugin:
+    @mla_core.hookimpl
+    def mla_core_backends(self):
+        return [Slow(), Fast(), Wrong(), Exact()]
+
+
+def install() -> dict:
+    """Register the fakes in this process (once) and return them by name."""
+    if "tt_slow" not in registry().backends:
+        mla_core.register_plugin(_Plugin(), name="autotune_fakes")
+    return {n: registry().backends[n] for n in NAMES}
+
+
+def merge_problem(tokens: int = 64, heads: int = 4, head_dim: int = 32) -> mla_core.Problem:
+    return mla_core.Problem.make("merge", "cpu", dtype="float32", out_dtype="float32", heads=heads, head_dim=head_dim,
+                                 tokens=tokens)
