@@ -1,0 +1,384 @@
+"""Varlen MLA prefill attention with fused fake quantization (Triton, FlashAttention-2 style).
+
+One program per (query tile, head, sequence) walks the key tiles of its sequence with an online
+softmax. The kernel's key tile is the caller's ``block_n``, which is also the P tile of the numerics
+(shared/DESIGN.md), so the running maximum is updated exactly once per P tile.
+
+Quantized operands run on tensor cores at full accuracy: a fake-quantized value is ``code * f`` with a
+per-tensor factor ``f`` (FP8: ``amax / 448``; NVFP4: the global scale ``g``) and a ``code`` (an E4M3
+value, or an E2M1 value times an E4M3 block scale) that is exact in bf16/fp16. The kernel multiplies
+codes in the input dtype and applies ``f_q * f_k`` to the scores and ``f_p * f_v`` to the output.
+Q is quantized once per program on load; K and V are quantized either on every read inside the
+attention loop, or once by a pre-pass that writes their codes (config ``kv_prepass``; same numerics,
+the pre-pass avoids re-quantizing K/V in every query tile).
+
+The rounding itself is :mod:`mla_core_triton.quant` (shared with decode): E4M3 on the hardware
+converter on the GPU and in bit arithmetic under the Triton interpreter, whose FP8 cast rounds half-up;
+divisions that feed a rounding use ``div_rn``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+
+from mla_core import numerics
+
+from . import quant
+
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+_FMT_CODE = {None: 0, "fp8": 1, "nvfp4": 2}
+
+
+# ------------------------------------------------------------------------------------------------
+# attention kernel
+
+
+@triton.jit
+def _codes(x, FMT: tl.constexpr, f, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, HW_FP8: tl.constexpr):
+    """Quantization codes of a float32 [R, C] tile in format FMT (0 none, 1 fp8, 2 nvfp4) with factor f.
+
+    NVFP4 blocks run along AXIS from index 0 of the tile; the value is ``code * f``.
+    """
+    if FMT == 1:
+        return quant.fp8_unscaled(x, f, True, HW_FP8)
+    elif FMT == 2:
+        return quant.nvfp4_unscaled(x, f, R, C, AXIS, HW_FP8)
+    else:
+        return x
+
+
+@triton.jit
+def _nm_keep(s, q_pos, kv_pos, q_len, sink, recent, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Which scores of a [BLOCK_M, BLOCK_N] tile survive N:M sparsity (keys grouped by kv_pos // M).
+
+    A score's rank in its group = scores strictly larger + equal scores at a lower index; it is kept
+    when its rank is below N or it is dense (q length 1, a sink key, or a recent key).
+    """
+    s3 = tl.reshape(s, (BLOCK_M, BLOCK_N // SPARSE_M, SPARSE_M))
+    idx = tl.arange(0, SPARSE_M)[None, None, :]
+    rank = tl.zeros((BLOCK_M, BLOCK_N // SPARSE_M, SPARSE_M), tl.int32)
+    for j in tl.static_range(SPARSE_M):
+        sj = tl.max(tl.where(idx == j, s3, float("-inf")), axis=2)[:, :, None]
+        rank += ((sj > s3) | ((sj == s3) & (idx > j))).to(tl.int32)
+    keep = tl.reshape(rank, (BLOCK_M, BLOCK_N)) < SPARSE_N
+    dist = q_pos[:, None] - kv_pos[None, :]
+    dense = (kv_pos[None, :] < sink) | ((dist >= 0) & (dist < recent)) | (q_len == 1)
+    return keep | dense
+
+
+@triton.jit
+def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k, shift, len_q,
+                 stride_kt, stride_vt, score_scale, k_f, v_f, p_f, sink, recent,
+                 da_mask, db_mask, dv_mask,
+                 DT: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DA: tl.constexpr, DB: tl.constexpr, DVP: tl.constexpr,
+                 K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr, MASKED: tl.constexpr,
+                 CAUSAL: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr, HW_FP8: tl.constexpr):
+    """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns the updated (acc, l, m)."""
+    kv_pos = n0 + offs_n
+    k_in = kv_pos < len_k
+    tok = kv_pos.to(tl.int64)
+    if MASKED:
+        k_a = tl.load(k_ptrs_a + tok[:, None] * stride_kt, mask=k_in[:, None] & da_mask[None, :], other=0.0)
+    else:
+        k_a = tl.load(k_ptrs_a + tok[:, None] * stride_kt, mask=da_mask[None, :], other=0.0)
+    k_a = _codes(k_a.to(tl.float32), K_FMT, k_f, BLOCK_N, DA, 1, HW_FP8).to(DT)
+    qk = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
+    if DB > 0:
+        if MASKED:
+            k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=k_in[:, None] & db_mask[None, :], other=0.0)
+        else:
+            k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=db_mask[None, :], other=0.0)
+        k_b = _codes(k_b.to(tl.float32), K_FMT, k_f, BLOCK_N, DB, 1, HW_FP8).to(DT)
+        qk = tl.dot(q_b, tl.trans(k_b), qk, input_precision=DOT_PREC)
+    s = qk * score_scale
+    if MASKED:
+        visible = k_in[None, :]
+        if CAUSAL:
+            visible = visible & (kv_pos[None, :] <= offs_m[:, None] + shift)
+        s = tl.where(visible, s, float("-inf"))
+        if SPARSE_N < SPARSE_M:
+            keep = _nm_keep(s, offs_m + shift, kv_pos, len_q, sink, recent, SPARSE_N, SPARSE_M, BLOCK_M, BLOCK_N)
+            s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: contribute nothing, no NaN
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if P_FMT == 1:
+        p_op = quant.fp8_unscaled(p, p_f, True, HW_FP8).to(DT)
+    elif P_FMT == 2:
+        p_op = quant.nvfp4_unscaled(p.to(DT).to(tl.float32), p_f, BLOCK_M, BLOCK_N, 1, HW_FP8).to(DT)
+    else:
+        p_op = p.to(DT)
+    if MASKED:
+        v = tl.load(v_ptrs + tok[:, None] * stride_vt, mask=k_in[:, None] & dv_mask[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptrs + tok[:, None] * stride_vt, mask=dv_mask[None, :], other=0.0)
+    if V_FMT != 0:
+        v = _codes(v.to(tl.float32), V_FMT, v_f, BLOCK_N, DVP, 0, HW_FP8).to(DT)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p_op, v, acc, input_precision=DOT_PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                    lse_stride_h, score_scale, out_scale, q_f, k_f, v_f, p_f, sink, recent,
+                    HEAD_GROUP: tl.constexpr, DQK: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
+                    DV: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    CAUSAL: tl.constexpr, Q_FMT: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
+                    P_FMT: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr,
+                    RETURN_LSE: tl.constexpr, DOT_PREC: tl.constexpr, HW_FP8: tl.constexpr):
+    """Grid (query tiles, heads, sequences). Writes out [total_q, heads, DV] and lse [heads, total_q]."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq).to(tl.int32)
+    len_q = tl.load(cu_q_ptr + seq + 1).to(tl.int32) - q_start
+    m0 = pid_m * BLOCK_M
+    if m0 >= len_q:
+        return
+    k_start = tl.load(cu_k_ptr + seq).to(tl.int32)
+    len_k = tl.load(cu_k_ptr + seq + 1).to(tl.int32) - k_start
+    shift = len_k - len_q  # query i sits at key position i + shift
+    kv_head = head // HEAD_GROUP
+    DT = q_ptr.dtype.element_ty
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_da = tl.arange(0, DA)
+    da_mask = offs_da < DQK
+    offs_dv = tl.arange(0, DVP)
+    dv_mask = offs_dv < DV
+    q_in = offs_m < len_q
+    q_rows = q_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_qt + head * stride_qh
+    q_a = tl.load(q_rows + offs_da[None, :], mask=q_in[:, None] & da_mask[None, :], other=0.0)
+    q_a = _codes(q_a.to(tl.float32), Q_FMT, q_f, BLOCK_M, DA, 1, HW_FP8).to(DT)
+    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+    k_ptrs_a = k_base + offs_da
+    if DB > 0:
+        offs_db = DA + tl.arange(0, DB)
+        db_mask = offs_db < DQK
+        q_b = tl.load(q_rows + offs_db[None, :], mask=q_in[:, None] & db_mask[None, :], other=0.0)
+        q_b = _codes(q_b.to(tl.float32), Q_FMT, q_f, BLOCK_M, DB, 1, HW_FP8).to(DT)
+        k_ptrs_b = k_base + offs_db
+    else:
+        db_mask = da_mask
+        q_b = q_a
+        k_ptrs_b = k_ptrs_a
+    v_ptrs = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh + offs_dv
+
+    acc = tl.zeros((BLOCK_M, DVP), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+
+    # Key tiles every row of this query tile sees in full need no mask; the rest (the causal
+    # diagonal, the ragged last tile, any tile under N:M sparsity) do. Tiles past the last key
+    # any row sees are skipped: they would contribute nothing.
+    if CAUSAL:
+        hi = tl.minimum(len_k, m0 + BLOCK_M + shift)
+        full_hi = tl.minimum(len_k, m0 + 1 + shift)
+    else:
+        hi = len_k
+        full_hi = len_k
+    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
+    if SPARSE_N < SPARSE_M:
+        full_hi = 0
+    for n0 in range(0, full_hi, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
+                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, sink, recent,
+                                     da_mask, db_mask, dv_mask, DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
+                                     K_FMT, V_FMT, P_FMT, False, CAUSAL, SPARSE_N, SPARSE_M, HW_FP8)
+    for n0 in range(full_hi, hi, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
+                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, sink, recent,
+                                     da_mask, db_mask, dv_mask, DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
+                                     K_FMT, V_FMT, P_FMT, True, CAUSAL, SPARSE_N, SPARSE_M, HW_FP8)
+
+    has_key = l_i > 0.0
+    inv_l = tl.math.div_rn(tl.full((BLOCK_M,), out_scale, tl.float32), tl.where(has_key, l_i, 1.0))
+    o = tl.where(has_key[:, None], acc * inv_l[:, None], 0.0)
+    o_rows = out_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
+    tl.store(o_rows + offs_dv[None, :], o.to(out_ptr.dtype.element_ty), mask=q_in[:, None] & dv_mask[None, :])
+    if RETURN_LSE:
+        lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
+        tl.store(lse_ptr + head.to(tl.int64) * lse_stride_h + q_start + offs_m, lse, mask=q_in)
+
+
+# ------------------------------------------------------------------------------------------------
+# K / V pre-pass: quantization codes written once
+
+
+@triton.jit
+def _k_codes_kernel(k_ptr, c_ptr, total_k, stride_kt, stride_kh, stride_ct, stride_ch, k_f,
+                    DQK: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_T: tl.constexpr,
+                    K_FMT: tl.constexpr, HW_FP8: tl.constexpr):
+    """Grid (token blocks, kv heads): codes of K along features, written in K's dtype."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    head = tl.program_id(1)
+    t_in = tok < total_k
+    rows_k = k_ptr + tok.to(tl.int64)[:, None] * stride_kt + head * stride_kh
+    rows_c = c_ptr + tok.to(tl.int64)[:, None] * stride_ct + head * stride_ch
+    offs_a = tl.arange(0, DA)
+    mask_a = t_in[:, None] & (offs_a < DQK)[None, :]
+    x = tl.load(rows_k + offs_a[None, :], mask=mask_a, other=0.0).to(tl.float32)
+    tl.store(rows_c + offs_a[None, :], _codes(x, K_FMT, k_f, BLOCK_T, DA, 1, HW_FP8).to(c_ptr.dtype.element_ty),
+             mask=mask_a)
+    if DB > 0:
+        offs_b = DA + tl.arange(0, DB)
+        mask_b = t_in[:, None] & (offs_b < DQK)[None, :]
+        x = tl.load(rows_k + offs_b[None, :], mask=mask_b, other=0.0).to(tl.float32)
+        tl.store(rows_c + offs_b[None, :], _codes(x, K_FMT, k_f, BLOCK_T, DB, 1, HW_FP8).to(c_ptr.dtype.element_ty),
+                 mask=mask_b)
+
+
+@triton.jit
+def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, stride_vt, stride_vh, stride_ct, stride_ch, v_f,
+                    DV: tl.constexpr, DVP: tl.constexpr, BLOCK_T: tl.constexpr, V_FMT: tl.constexpr,
+                    HW_FP8: tl.constexpr):
+    """Grid (key blocks, kv heads, sequences): codes of V along keys, blocks from each sequence's first key."""
+    t0 = tl.program_id(0) * BLOCK_T
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    k_start = tl.load(cu_k_ptr + seq).to(tl.int32)
+    len_k = tl.load(cu_k_ptr + seq + 1).to(tl.int32) - k_start
+    if t0 >= len_k:
+        return
+    pos = t0 + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, DVP)
+    mask = (pos < len_k)[:, None] & (offs_d < DV)[None, :]
+    tok = (k_start + pos).to(tl.int64)[:, None]
+    x = tl.load(v_ptr + tok * stride_vt + head * stride_vh + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = _codes(x, V_FMT, v_f, BLOCK_T, DVP, 0, HW_FP8)
+    tl.store(c_ptr + tok * stride_ct + head * stride_ch + offs_d[None, :], y.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# host side
+
+
+def _factor(fmt: str | None, amax: float | None) -> float:
+    """Per-tensor factor that turns codes into values: FP8 scale, NVFP4 global scale, or 1."""
+    if fmt == "fp8":
+        return numerics.fp8_scale(amax)
+    if fmt == "nvfp4":
+        return numerics.nvfp4_global_scale(amax)
+    return 1.0
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _split_dim(d: int) -> tuple[int, int]:
+    """Split a head dim into two power-of-two tile widths (>= 16 each): 192 -> (128, 64), 576 -> (512, 64)."""
+    da = max(16, 1 << (d.bit_length() - 1))
+    rest = d - da
+    return da, (max(16, _pow2_at_least(rest)) if rest > 0 else 0)
+
+
+def _interpreting() -> bool:
+    return bool(knobs.runtime.interpret)
+
+
+def configs(problem) -> list[dict]:
+    """Launch choices for one prefill problem; the first is the default.
+
+    BLOCK_M: query rows per program; num_warps / num_stages: Triton launch options; kv_prepass: write
+    K/V codes once before the attention loop instead of re-quantizing them in every query tile
+    (only meaningful when K or V is quantized). None of these changes numerics.
+    """
+    if problem.device != "cuda":
+        return [{"BLOCK_M": 32, "num_warps": 4, "num_stages": 1, "kv_prepass": True},
+                {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1, "kv_prepass": False}]
+    wide = max(problem.get("qk_dim", 0), problem.get("v_dim", 0)) > 256
+    block_n = problem.get("block_n", numerics.DEFAULT_PREFILL_BLOCK_N)
+    if wide:
+        out = [{"BLOCK_M": 64, "num_warps": 8, "num_stages": 1},
+               {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1},
+               {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}]
+    else:
+        out = [{"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
+               {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
+               {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2},
+               {"BLOCK_M": 128, "num_warps": 4, "num_stages": 2}]
+    if block_n >= 128:
+        out = [dict(c, BLOCK_M=min(c["BLOCK_M"], 64)) for c in out]
+    for c in out:
+        c["kv_prepass"] = True
+    if problem.get("k_quant") or problem.get("v_quant"):
+        out.append(dict(out[0], kv_prepass=False))
+    return out
+
+
+def _prepass_k(k: torch.Tensor, fmt: int, factor: float, hw_fp8: bool) -> torch.Tensor:
+    total_k, kv_heads, dqk = k.shape
+    codes = torch.empty((total_k, kv_heads, dqk), dtype=k.dtype, device=k.device)
+    da, db = _split_dim(dqk)
+    block_t = 32
+    if total_k:
+        _k_codes_kernel[(triton.cdiv(total_k, block_t), kv_heads)](
+            k, codes, total_k, k.stride(0), k.stride(1), codes.stride(0), codes.stride(1), factor,
+            DQK=dqk, DA=da, DB=db, BLOCK_T=block_t, K_FMT=fmt, HW_FP8=hw_fp8, num_warps=4)
+    return codes
+
+
+def _prepass_v(v: torch.Tensor, cu_k: torch.Tensor, batch: int, fmt: int, factor: float, hw_fp8: bool) -> torch.Tensor:
+    total_k, kv_heads, dv = v.shape
+    codes = torch.empty((total_k, kv_heads, dv), dtype=v.dtype, device=v.device)
+    block_t = 32
+    if total_k and batch:
+        # No sequence is longer than total_k; reading the real maximum would synchronize with the GPU.
+        _v_codes_kernel[(triton.cdiv(total_k, block_t), kv_heads, batch)](
+            v, codes, cu_k, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1), factor,
+            DV=dv, DVP=max(16, _pow2_at_least(dv)), BLOCK_T=block_t, V_FMT=fmt, HW_FP8=hw_fp8, num_warps=4)
+    return codes
+
+
+def run(call, config: dict):
+    """Run one validated :class:`mla_core.specs.PrefillCall`.
+
+    Returns ``(out [total_q, heads, v_dim] in v.dtype, lse [heads, total_q] float32 or None)``.
+    """
+    q, k, v = call.q, call.k, call.v
+    total_q, heads, dqk = q.shape
+    kv_heads, dv = k.shape[1], v.shape[2]
+    batch = call.cu_seqlens_q.shape[0] - 1
+    out = torch.empty((total_q, heads, dv), dtype=v.dtype, device=q.device)
+    lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device) if call.return_lse else None
+    if total_q == 0 or batch == 0 or call.max_seqlen_q == 0:
+        return out, lse
+
+    hw_fp8 = q.is_cuda and not _interpreting()
+    block_m = int(config.get("BLOCK_M", call.block_m))
+    block_n = call.block_n
+    q_fmt, k_fmt = _FMT_CODE[call.q_quant], _FMT_CODE[call.k_quant]
+    v_fmt, p_fmt = _FMT_CODE[call.v_quant], _FMT_CODE[call.p_quant]
+    q_f, k_f = _factor(call.q_quant, call.q_amax), _factor(call.k_quant, call.k_amax)
+    v_f, p_f = _factor(call.v_quant, call.v_amax), _factor(call.p_quant, call.p_amax)
+    prepass = bool(config.get("kv_prepass", True))
+    if prepass and k_fmt:
+        k, k_fmt = _prepass_k(k, k_fmt, k_f, hw_fp8), 0
+    if prepass and v_fmt:
+        v, v_fmt = _prepass_v(v, call.cu_seqlens_k, batch, v_fmt, v_f, hw_fp8), 0
+    sparse = 0 < call.sparsity_n < call.sparsity_m  # n == 0 is off, n == m keeps every score
+    sparse_n, sparse_m = (call.sparsity_n, call.sparsity_m) if sparse else (0, 0)
+    da, db = _split_dim(dqk)
+    grid = (triton.cdiv(call.max_seqlen_q, block_m), heads, batch)
+    _prefill_kernel[grid](
+        q, k, v, out, out if lse is None else lse, call.cu_seqlens_q, call.cu_seqlens_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        total_q, call.softmax_scale * LOG2E * q_f * k_f, p_f * v_f, q_f, k_f, v_f, p_f,
+        call.dense_sink_tokens, call.dense_recent_tokens,
+        HEAD_GROUP=heads // kv_heads, DQK=dqk, DA=da, DB=db, DV=dv, DVP=max(16, _pow2_at_least(dv)),
+        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=call.causal, Q_FMT=q_fmt, K_FMT=k_fmt, V_FMT=v_fmt,
+        P_FMT=p_fmt, SPARSE_N=sparse_n, SPARSE_M=sparse_m, RETURN_LSE=call.return_lse,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", HW_FP8=hw_fp8,
+        num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
+    return out, lse
