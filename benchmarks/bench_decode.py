@@ -1,0 +1,126 @@
+"""MLA decode benchmark: triton vs reference on the GPU, against ceilings measured in the same run.
+
+    python benchmarks/bench_decode.py [--quick] [--sweep N] [--splits 32,auto]
+
+Rows: heads × batch × length × recipe (bf16; fp8 = K/V/P FP8; nvfp4 = K/V/P NVFP4) × split count (the
+default 32, and "auto" at batch 1). Page size 64, every request at full length, bf16 cache and q.
+Columns: median µs of CUDA-graph replays with the L2 flushed before each (eager Python-call time beside
+it), GB/s of KV bytes read once (B·L·576·2), TFLOP/s (2·B·H·L·(576+512)), their % of the measured copy
+bandwidth / bf16 matmul rate, the recipe's time over the same shape's bf16 time, and the reference
+backend's time over triton's. The reference syncs with the device (it reads the lengths), so it is timed
+eagerly only, and only up to --ref-max-tokens cached tokens (B·L). JSON goes to $OUT/bench_decode.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import device_info, measure_ceilings, print_table, time_eager, time_graph, write_json  # noqa: E402
+
+os.environ.setdefault("MLA_CORE_CHECKS", "metadata")   # eager times: no content checks (no device sync)
+os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
+
+import mla_core  # noqa: E402
+from mla_core.specs import validate_decode  # noqa: E402
+
+RANK, ROPE, PAGE = 512, 64, 64
+RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4")}
+
+
+def make_inputs(batch, heads, length, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = -(-length // PAGE)
+    cache = torch.randn(batch * pages_per, PAGE, RANK + ROPE, device="cuda", generator=g, dtype=torch.bfloat16)
+    table = torch.randperm(batch * pages_per, device="cuda", generator=g).to(torch.int32).view(batch, pages_per)
+    q = torch.randn(batch, heads, RANK + ROPE, device="cuda", generator=g, dtype=torch.bfloat16)
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    return q, cache, table, lens
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="heads 16/128 × batch 1/32 × length 1024/8192")
+    ap.add_argument("--heads", default="16,128")
+    ap.add_argument("--batch", default="1,32,128")
+    ap.add_argument("--lengths", default="1024,8192,32768")
+    ap.add_argument("--recipes", default="bf16,fp8,nvfp4")
+    ap.add_argument("--splits", default=None, help="split counts for every shape (default: 32, plus auto at batch 1)")
+    ap.add_argument("--sweep", type=int, default=1, help="time the first N triton configs, report the fastest")
+    ap.add_argument("--ref-max-tokens", type=int, default=32 * 8192)
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args()
+    if args.quick:
+        args.batch, args.lengths = "1,32", "1024,8192"
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+
+    from mla_core_triton import decode as kernels
+    ceil = measure_ceilings()
+    print(f"# {device_info()}")
+    print(f"# ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read+write), bf16 matmul {ceil['bf16_tflops']:.0f} TFLOP/s",
+          flush=True)
+    rows = []
+    for heads in ints(args.heads):
+        for batch in ints(args.batch):
+            for length in ints(args.lengths):
+                q, cache, table, lens = make_inputs(batch, heads, length)
+                splits_list = args.splits.split(",") if args.splits else (["32", "auto"] if batch == 1 else ["32"])
+                bf16_us = {}
+                for recipe in args.recipes.split(","):
+                    k, v, p = RECIPES[recipe]
+                    for splits in splits_list:
+                        nsplit = "auto" if splits == "auto" else int(splits)
+                        kw = dict(softmax_scale=(RANK + ROPE) ** -0.5, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                                  num_kv_splits=nsplit, k_qdq=k, v_qdq=v, p_qdq=p)
+                        problem, call = validate_decode(
+                            q, cache, table, lens, page_size=None, k_qdq_amax=None, v_qdq_amax=None,
+                            p_qdq_amax=1.0, return_lse=True, out_dtype=None, **kw)
+                        best = None
+                        for config in kernels.configs(problem)[:args.sweep]:
+                            us = time_graph(lambda: kernels.run(call, config), iters=args.iters)
+                            if best is None or us < best[0]:
+                                best = (us, config)
+                        us, config = best
+                        eager = time_eager(lambda: mla_core.mla_attention_decode(q, cache, table, lens,
+                                                                                   backend="triton", **kw),
+                                           iters=max(5, args.iters // 3))
+                        ref_us = None
+                        if batch * length <= args.ref_max_tokens:
+                            ref_us = time_eager(lambda: mla_core.mla_attention_decode(
+                                q, cache, table, lens, backend="reference", **kw), iters=3, warmup=1)
+                        if recipe == "bf16":
+                            bf16_us[splits] = us
+                        gbps = batch * length * (RANK + ROPE) * 2 / us / 1e3
+                        tflops = 2 * batch * heads * length * (RANK + ROPE + RANK) / us / 1e6
+                        rows.append(dict(
+                            heads=heads, batch=batch, length=length, recipe=recipe, splits=splits,
+                            used_splits=kernels.decode_num_splits(call, config, kernels._sm_count(q.device)),
+                            us=us, eager_us=eager, gbps=gbps, pct_bw=100 * gbps / ceil["copy_gbps"],
+                            tflops=tflops, pct_tc=100 * tflops / ceil["bf16_tflops"],
+                            vs_bf16=us / bf16_us[splits] if splits in bf16_us else None,
+                            ref_us=ref_us, ref_over_triton=ref_us / us if ref_us else None,
+                            config=",".join(f"{k}={v}" for k, v in config.items())))
+                        r = rows[-1]
+                        print(f"H={heads} B={batch} L={length} {recipe} splits={splits}({r['used_splits']}): "
+                              f"{us:.1f} us, {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s"
+                              + (f", ref {ref_us:.0f} us" if ref_us else "") + f" [{r['config']}]", flush=True)
+                del q, cache, table, lens
+                torch.cuda.empty_cache()
+    print()
+    print_table(rows, [("heads", "H", "d"), ("batch", "B", "d"), ("length", "L", "d"), ("recipe", "recipe", "s"),
+                       ("splits", "splits", "s"), ("used_splits", "used", "d"), ("us", "graph us", ".1f"),
+                       ("eager_us", "eager us", ".1f"), ("gbps", "GB/s", ".0f"), ("pct_bw", "%copy", ".0f"),
+                       ("tflops", "TFLOP/s", ".0f"), ("pct_tc", "%mm", ".0f"), ("vs_bf16", "x bf16", ".2f"),
+                       ("ref_us", "ref us (eager)", ".0f"), ("ref_over_triton", "ref/triton", ".1f"),
+                       ("config", "config", "s")])
+    print(f"(reference timed only where B*L <= {args.ref_max_tokens}; '-' elsewhere)")
+    path = write_json("bench_decode.json", {"device": device_info(), "ceilings": ceil, "rows": rows})
+    if path:
+        print(f"# wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Triton decode against the reference backend.
+
+CPU: the kernels run under ``TRITON_INTERPRET=1`` (set by conftest.py) on small widths and fp16/fp32/bf16
+inputs (the kernel's interpreter path avoids the interpreter's bf16 and fp8 traps). GPU (``pytest -m gpu``):
+DeepSeek sizes (kv_lora_rank 512, rope 64, heads 16 and 128, page sizes 1/16/64, lengths up to 32768).
+Unreached cache rows hold NaN and block-table entries past each length hold out-of-range garbage, so a
+kernel that reads them fails. Quantized cases also show the result is far from the unquantized one.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import mla_core
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+cpu = pytest.mark.skipif(not INTERPRETED, reason="CPU variants run the Triton interpreter (TRITON_INTERPRET=1)")
+gpu = pytest.mark.gpu
+RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4")}
+
+
+def make_inputs(lengths, heads, rank, rope, page_size, dtype, q_dtype=None, seed=0, device="cpu"):
+    """q [B, H, rank + rope], a paged cache with each request on shuffled pages, table, lengths.
+
+    Rows no request reaches hold NaN; table entries past ceil(L / page_size) hold garbage (huge, negative).
+    """
+    g = torch.Generator().manual_seed(seed)
+    dim = rank + rope
+    pages_each = [-(-n // page_size) for n in lengths]
+    width = max(pages_each + [0]) + 2
+    num_pages = sum(pages_each) + 2
+    cache = torch.full((num_pages, page_size, dim), float("nan"))
+    order = torch.randperm(num_pages, generator=g)
+    table = torch.empty(len(lengths), width, dtype=torch.int32)
+    table[:, 0::2] = 2 ** 30
+    table[:, 1::2] = -3
+    used = 0
+    for b, (n, pages) in enumerate(zip(lengths, pages_each)):
+        ids = order[used:used + pages]
+        used += pages
+        table[b, :pages] = ids.to(torch.int32)
+        for j, page in enumerate(ids.tolist()):
+            rows = min(page_size, n - j * page_size)
+            cache[page, :rows] = torch.randn(rows, dim, generator=g)
+    q = torch.randn(len(lengths), heads, dim, generator=g).to(q_dtype or dtype)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    return [t.to(device) for t in (q, cache.to(dtype), table, seq_lens)]
+
+
+def rel_l2(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def decode(backend, inputs, rank, rope, **kw):
+    q, cache, table, lens = inputs
+    kw.setdefault("softmax_scale", (rank + rope) ** -0.5)
+    return mla_core.mla_attention_decode(q, cache, table, lens, kv_lora_rank=rank, qk_rope_head_dim=rope,
+                                         backend=backend, **kw)
+
+
+def check(inputs, rank, rope, tol, quantized=False, **kw):
+    """Triton vs reference: out and LSE; with ``quantized`` also far from the unquantized reference."""
+    out, lse = decode("triton", inputs, rank, rope, **kw)
+    ref, ref_lse = decode("reference", inputs, rank, rope, **kw)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    lens = inputs[3].to(out.device)
+    empty = lens == 0
+    assert (out[empty] == 0).all() and (lse[empty] == float("-inf")).all()
+    if (~empty).any():
+        err = rel_l2(out[~empty], ref[~empty])
+        assert err < tol, f"rel L2 {err:.2e} >= {tol}"
+        assert torch.allclose(lse[~empty], ref_lse[~empty], rtol=1e-5, atol=1e-4)
+        if quantized:
+            plain = {k: v for k, v in kw.items() if not k.endswith(("_qdq", "_qdq_amax"))}
+            unq, _ = decode("reference", inputs, rank, rope, **plain)
+            far = rel_l2(out[~empty], unq[~empty])
+            assert far > 10 * max(err, tol / 10), f"quantized output {far:.2e} from the unquantized one"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+
+
+@cpu
+@pytest.mark.parametrize("k_qdq", [None, "fp8", "nvfp4"])
+@pytest.mark.parametrize("v_qdq", [None, "fp8", "nvfp4"])
+@pytest.mark.parametrize("p_qdq", [None, "fp8", "nvfp4"])
+def test_formats_cpu(k_qdq, v_qdq, p_qdq):
+    inputs = make_inputs([33, 100, 0], heads=4, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    quantized = any((k_qdq, v_qdq, p_qdq))
+    check(inputs, 64, 16, 1e-5, quantized=quantized, k_qdq=k_qdq, v_qdq=v_qdq, p_qdq=p_qdq,
+          num_kv_splits=3, out_dtype=torch.float32)
+
+
+@cpu
+@pytest.mark.parametrize("amaxes", [(2.0, 3.5, 0.5), (7.0, 0.7, 1.0)])
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
+def test_amax_cpu(recipe, amaxes):
+    k, v, p = RECIPES[recipe]
+    inputs = make_inputs([17, 100], heads=3, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    check(inputs, 64, 16, 1e-5, quantized=True, k_qdq=k, v_qdq=v, p_qdq=p, k_qdq_amax=amaxes[0],
+          v_qdq_amax=amaxes[1], p_qdq_amax=amaxes[2], out_dtype=torch.float32)
+
+
+@cpu
+@pytest.mark.parametrize("dtype,q_dtype,out_dtype,tol", [
+    (torch.float32, None, None, 1e-5),
+    (torch.float16, torch.float32, torch.float32, 1e-5),
+    (torch.bfloat16, torch.float32, torch.float32, 1e-5),
+    (torch.bfloat16, None, torch.float32, 1e-5),
+    (torch.bfloat16, None, None, 1e-2),
+    (torch.float16, None, torch.bfloat16, 1e-2),
+])
+@pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
+def test_dtypes_cpu(dtype, q_dtype, out_dtype, tol, recipe):
+    k, v, p = RECIPES[recipe]
+    inputs = make_inputs([1, 100], heads=5, rank=64, rope=16, page_size=16, dtype=dtype, q_dtype=q_dtype)
+    out = check(inputs, 64, 16, tol, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, out_dtype=out_dtype)
+    assert out.dtype == (out_dtype or dtype)
+
+
+@cpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("splits", [1, 32, "auto"])
+def test_shapes_cpu(page_size, heads, splits):
+    inputs = make_inputs([0, 1, 17, 33, 100][: 3 if heads == 16 else 5], heads=heads, rank=64, rope=16,
+                         page_size=page_size, dtype=torch.float16, seed=heads + page_size)
+    check(inputs, 64, 16, 1e-5, quantized=True, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="fp8",
+          num_kv_splits=splits, out_dtype=torch.float32)
+
+
+@cpu
+@pytest.mark.parametrize("config", [{"block_h": 16, "sub_tiles": 2, "num_warps": 4, "num_stages": 1},
+                                    {"block_h": 32, "sub_tiles": 3, "num_warps": 8, "num_stages": 2}])
+def test_configs_keep_numerics_cpu(config):
+    """Larger tiles (several 32-key tiles per step) reproduce the 32-key P schedule bit for bit."""
+    from mla_core_triton import decode as kernels
+    from mla_core.specs import validate_decode
+    inputs = make_inputs([100, 70], heads=20, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    kw = dict(softmax_scale=0.1, kv_lora_rank=64, qk_rope_head_dim=16, page_size=None, num_kv_splits=2,
+              k_qdq="nvfp4", k_qdq_amax=None, v_qdq="nvfp4", v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0,
+              return_lse=True, out_dtype=torch.float32)
+    problem, call = validate_decode(*inputs, **kw)
+    base, base_lse = kernels.run(call, kernels.configs(problem)[0])
+    out, lse = kernels.run(call, config)
+    assert torch.equal(out, base) and torch.equal(lse, base_lse)
+
+
+@cpu
+def test_deepseek_width_cpu():
+    inputs = make_inputs([40, 0], heads=16, rank=512, rope=64, page_size=16, dtype=torch.float16)
+    check(inputs, 512, 64, 1e-5, quantized=True, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4",
+          num_kv_splits=2, out_dtype=torch.float32)
+
+
+@cpu
+def test_out_of_range_pages_are_absent_cpu(monkeypatch):
+    """With content checks off, a page index outside the cache within a length acts as absent keys."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    q, cache, table, lens = make_inputs([60, 50], heads=4, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    table[0, 1] = cache.shape[0] + 5
+    table[1, 0] = -1
+    check([q, cache, table, lens], 64, 16, 1e-5, k_qdq="fp8", v_qdq="nvfp4", out_dtype=torch.float32)
+
+
+@cpu
+def test_no_lse_cpu():
+    inputs = make_inputs([30], heads=2, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    out, lse = decode("triton", inputs, 64, 16, return_lse=False)
+    ref, _ = decode("reference", inputs, 64, 16, return_lse=False)
+    assert lse is None and rel_l2(out, ref) < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@gpu
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("page_size,lengths", [(1, [0, 1, 17, 1000]), (16, [33, 8192, 5]), (64, [32768, 100])])
+def test_deepseek_gpu(recipe, heads, page_size, lengths):
+    k, v, p = RECIPES[recipe]
+    inputs = make_inputs(lengths, heads=heads, rank=512, rope=64, page_size=page_size, dtype=torch.bfloat16,
+                         device="cuda")
+    check(inputs, 512, 64, 1e-2, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p)
+    check(inputs, 512, 64, 1e-2, k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits="auto", out_dtype=torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_fp32_q_gpu(recipe, heads):
+    k, v, p = RECIPES[recipe]
+    inputs = make_inputs([3000, 17], heads=heads, rank=512, rope=64, page_size=16, dtype=torch.bfloat16,
+                         q_dtype=torch.float32, device="cuda")
+    check(inputs, 512, 64, 1e-2, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, out_dtype=torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dtypes_gpu(dtype):
+    inputs = make_inputs([2000, 1], heads=16, rank=512, rope=64, page_size=16, dtype=dtype, device="cuda")
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    check(inputs, 512, 64, tol, quantized=True, k_qdq="fp8", v_qdq="nvfp4", p_qdq="nvfp4")
+
+
+@gpu
+def test_configs_gpu():
+    """Every listed config of a 128-head problem compiles and gives the same numbers."""
+    from mla_core_triton import decode as kernels
+    from mla_core.specs import validate_decode
+    inputs = make_inputs([700, 64], heads=128, rank=512, rope=64, page_size=16, dtype=torch.bfloat16,
+                         device="cuda")
+    kw = dict(softmax_scale=0.04, kv_lora_rank=512, qk_rope_head_dim=64, page_size=None, num_kv_splits=4,
+              k_qdq="nvfp4", k_qdq_amax=None, v_qdq="nvfp4", v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0,
+              return_lse=True, out_dtype=torch.float32)
+    problem, call = validate_decode(*inputs, **kw)
+    configs = kernels.configs(problem)
+    base, _ = kernels.run(call, configs[0])
+    for config in configs[1:6]:
+        out, _ = kernels.run(call, config)
+        assert rel_l2(out, base) < 1e-5, config
