@@ -106,8 +106,10 @@ class TuneResult:
 
     @property
     def runner_up(self) -> Candidate | None:
-        """The fastest timed candidate other than the winner (any backend)."""
-        rest = [c for c in self.candidates if c.us is not None and c is not self.winner]
+        """The fastest correct-or-unchecked timed candidate other than the winner (rejected ones excluded)."""
+        bad = [(r["backend"], r["config"]) for r in self.rejected]
+        rest = [c for c in self.candidates
+                if c.us is not None and c is not self.winner and (c.backend, c.config) not in bad]
         return min(rest, key=lambda c: c.us) if rest else None
 
     @property

@@ -156,8 +156,8 @@ def _label(entry: dict[str, Any]) -> str:
 
 
 def _runner_up(entry: dict[str, Any]) -> dict[str, Any] | None:
-    rest = [c for c in entry.get("candidates", []) if c.get("us") is not None
-            and (c["backend"], c.get("config")) != (entry.get("backend"), entry.get("config"))]
+    skip = [(entry.get("backend"), entry.get("config"))] + [(r["backend"], r.get("config")) for r in entry.get("rejected", [])]
+    rest = [c for c in entry.get("candidates", []) if c.get("us") is not None and (c["backend"], c.get("config")) not in skip]
     return min(rest, key=lambda c: c["us"]) if rest else None
 
 

@@ -1,0 +1,180 @@
+"""Autotuner: timing every (backend, config), rejecting fast-but-wrong backends, lookup order, modes, capture."""
+import pytest
+import torch
+
+import autotune_fakes as fakes
+import mla_core
+from mla_core import autotune, cache, dispatch, problems, warmup
+from mla_core.plugins import registry
+from mla_core.problem import Problem
+
+
+@pytest.fixture
+def fake_world(monkeypatch, tmp_path):
+    """Only the fake backends are loaded, tt_exact judges correctness, the user cache is a fresh folder."""
+    fk = fakes.install()
+    monkeypatch.setattr(registry(), "backends", dict(fk))
+    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLA_CORE_AUTOTUNE", raising=False)
+    monkeypatch.setattr(cache, "shipped_dir", lambda: None)
+    dispatch.clear_memory()
+    yield fk
+    dispatch.clear_memory()
+
+
+def _merge_args(tokens=64, heads=4, dim=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return dict(prefix_output=torch.randn(tokens, heads, dim, generator=g), prefix_lse=torch.randn(heads, tokens, generator=g),
+                suffix_output=torch.randn(tokens, heads, dim, generator=g), suffix_lse=torch.randn(heads, tokens, generator=g))
+
+
+def _no_tuning(*args, **kwargs):
+    raise AssertionError("the tuner ran")
+
+
+def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
+    problem = fakes.merge_problem()
+    with pytest.warns(autotune.AutotuneWarning, match="rejected tt_wrong"):
+        result = autotune.tune(problem, list(fake_world.values()))
+    assert [(c.backend, c.config) for c in result.candidates] == [
+        ("tt_slow", {}), ("tt_fast", {"sleep_s": 0.002}), ("tt_fast", {"sleep_s": 0.0005}), ("tt_wrong", {}),
+        ("tt_exact", {})]
+    assert all(c.us is not None and c.us > 0 for c in result.candidates)
+    assert (result.winner.backend, result.winner.config) == ("tt_fast", {"sleep_s": 0.0005})
+    assert result.default.backend == "tt_slow" and result.speedup > 2
+    assert [r["backend"] for r in result.rejected] == ["tt_wrong"] and "differs" in result.rejected[0]["reason"]
+    assert result.runner_up.backend == "tt_fast" and result.runner_up.config == {"sleep_s": 0.002}
+    entry = result.entry()
+    assert entry["versions"]["backend"] == "tt_fast 1" and entry["versions"]["torch"] == torch.__version__
+    assert len(entry["candidates"]) == 5 and entry["rejected"][0]["backend"] == "tt_wrong"
+
+
+def test_failing_candidate_is_recorded_not_fatal(fake_world):
+    class Crash(fakes.Fast):
+        name = "tt_crash"
+
+        def merge(self, call, config):
+            raise RuntimeError("kernel launch failed")
+
+    result = autotune.tune(fakes.merge_problem(), [Crash(), fake_world["tt_slow"]])
+    assert result.winner.backend == "tt_slow"
+    assert all("kernel launch failed" in c.error for c in result.candidates if c.backend == "tt_crash")
+
+
+def test_dispatch_tunes_on_miss_with_mode_on_then_uses_memory_then_disk(fake_world, monkeypatch):
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "on")
+    args = _merge_args()
+    with pytest.warns(autotune.AutotuneWarning):
+        out, lse = mla_core.merge_attn_states(**args)
+    ref_out, ref_lse = fakes.merge_math(type("C", (), {**args, "output": None})())
+    torch.testing.assert_close(out, ref_out)
+    problem = fakes.merge_problem()
+    choice = dispatch.choose(problem)
+    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.0005}, "tuned")
+    # after the first call the key is an in-memory lookup: neither the tuner nor the cache is asked again
+    lookup = autotune.lookup
+    monkeypatch.setattr(autotune, "lookup", _no_tuning)
+    assert dispatch.choose(problem) is choice
+    monkeypatch.setattr(autotune, "lookup", lookup)
+    # a new process (empty memory) finds the choice on disk without tuning
+    monkeypatch.setattr(autotune, "tune", _no_tuning)
+    dispatch.clear_memory()
+    choice = dispatch.choose(problem)
+    assert (choice.backend.name, choice.source) == ("tt_fast", "cache")
+
+
+def test_default_mode_is_cached_and_never_tunes(fake_world, monkeypatch):
+    assert autotune.mode() == "cached"
+    monkeypatch.setattr(autotune, "tune", _no_tuning)
+    assert dispatch.choose(fakes.merge_problem()).source == "priority"
+    mla_core.merge_attn_states(**_merge_args())
+
+
+def _store(problem, backend, config, version_changes=None):
+    dev = cache.device_name(problem.device)
+    versions = {**cache.versions(backend, dev), **(version_changes or {})}
+    cache.store(dev, {problem.key(): {"backend": backend.name, "config": config, "versions": versions}})
+
+
+def test_lookup_order_user_then_shipped_then_priority(fake_world, monkeypatch, tmp_path):
+    problem = fakes.merge_problem()
+    ship = tmp_path / "shipped"
+    ship.mkdir()
+    shipped = {problem.key(): {"backend": "tt_fast", "config": {"sleep_s": 0.002},
+                               "versions": cache.versions(fake_world["tt_fast"], "cpu")}}
+    (ship / "cpu.json").write_text(cache.dump("cpu", shipped))
+    monkeypatch.setattr(cache, "shipped_dir", lambda: ship)
+    choice = dispatch.choose(problem)
+    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.002}, "shipped")
+    _store(problem, fake_world["tt_exact"], {})
+    dispatch.clear_memory()
+    assert (dispatch.choose(problem).backend.name, dispatch.choose(problem).source) == ("tt_exact", "cache")
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")  # off: priority rule only, caches not read
+    dispatch.clear_memory()
+    assert dispatch.choose(problem).source == "priority"
+
+
+def test_entries_from_other_versions_are_ignored(fake_world):
+    problem = fakes.merge_problem()
+    _store(problem, fake_world["tt_fast"], {}, {"torch": "1.0.0"})
+    _store(fakes.merge_problem(tokens=128), fake_world["tt_fast"], {}, {"backend": "tt_fast 0"})
+    assert dispatch.choose(problem).source == "priority"
+    assert dispatch.choose(fakes.merge_problem(tokens=128)).source == "priority"
+
+
+def test_never_tunes_during_cuda_graph_capture(fake_world, monkeypatch):
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "on")
+    monkeypatch.setattr(autotune, "capturing", lambda device_type: True)
+    monkeypatch.setattr(autotune, "measure", _no_tuning)
+    assert autotune.lookup(fakes.merge_problem(), list(fake_world.values())) is None
+    with pytest.raises(RuntimeError, match="graph capture"):
+        autotune.tune(fakes.merge_problem(), list(fake_world.values()))
+
+
+def test_unknown_mode_warns_and_means_cached(monkeypatch):
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "sometimes")
+    with pytest.warns(autotune.AutotuneWarning, match="sometimes"):
+        assert autotune.mode() == "cached"
+
+
+def _decode_problem(splits, p_qdq="fp8", max_len=256):
+    return Problem.make("decode", "cpu", {"lse"}, dtype="float32", q_dtype="float32", out_dtype="float32", heads=4,
+                        kv_lora_rank=64, rope_dim=16, page_size=16, num_kv_splits=splits, k_qdq=None, v_qdq=None,
+                        p_qdq=p_qdq, batch=2, max_len=max_len)
+
+
+def test_split_count_is_tuned_only_on_auto():
+    class Tiles(mla_core.Backend):
+        name = "tt_tiles"
+
+        def configs(self, problem):
+            return [{"block": 32}, {"block": 64, "num_kv_splits": 4}]
+
+    auto = autotune.candidate_configs(Tiles(), _decode_problem("auto", max_len=256))  # 8 tiles of 32 keys
+    assert {"block": 32, "num_kv_splits": 8} in auto and {"block": 64, "num_kv_splits": 4} in auto
+    assert all("num_kv_splits" in c for c in auto) and max(c["num_kv_splits"] for c in auto) == 8
+    fixed = autotune.candidate_configs(Tiles(), _decode_problem(32))
+    assert fixed == [{"block": 32}, {"block": 64}]  # the caller's count is part of the problem: never tuned
+
+
+def test_inputs_rebuild_exactly_their_problem():
+    small = [
+        _decode_problem("auto"), _decode_problem(8, p_qdq="nvfp4"),
+        Problem.make("prefill", "cpu", {"lse", "nm_sparsity", "gqa"}, dtype="float32", heads=4, kv_heads=2, qk_dim=48,
+                     v_dim=32, causal=1, q_quant=None, k_quant="fp8", p_quant="nvfp4", v_quant="nvfp4", block_n=32,
+                     sparsity_m=8, batch=2, max_seqlen_q=32, total_k=64),
+        fakes.merge_problem(),
+        Problem.make("merge", "cpu", dtype="bfloat16", out_dtype="float32", heads=2, head_dim=16, tokens=8),
+        Problem.make("rope_quantize_fp8", "cpu", dtype="bfloat16", cos_dtype="float32", heads=2, rope_dim=16,
+                     nope_dim=32, neox=0, tokens=16),
+        Problem.make("sparse_decode", "cpu", {"lse"}, heads=2, q_len=1, top_k=64, kv_lora_rank=512, rope_dim=64, batch=2),
+    ]
+    preset = warmup.preset_problems(warmup.Grid(tp=(8,), batches=(1,), lengths=(1024,), prefill_lengths=(64,),
+                                                device="cpu"))
+    assert len(preset) == 3 * 3 + 1  # per recipe: decode, prefill, prefill+lse; one merge
+    for problem in small + preset:
+        call = problems.make_call(problem, "cpu", seed=1)
+        assert problems.call_nbytes(call) > 0
+    with pytest.raises(problems.ProblemInputsError):
+        problems.make_call(_decode_problem(32, max_len=8), "cpu")  # a 16-token page cannot make an 8-token bucket

@@ -1,0 +1,177 @@
+"""The on-disk autotune cache: format, merging, 8 concurrent writers, corrupt files, unwritable folders, CLI."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import autotune_fakes as fakes
+import mla_core
+from mla_core import autotune, cache, cli_autotune, dispatch
+from mla_core.plugins import registry
+
+TESTS = os.path.dirname(__file__)
+
+
+@pytest.fixture
+def fake_world(monkeypatch, tmp_path):
+    fk = fakes.install()
+    monkeypatch.setattr(registry(), "backends", dict(fk))
+    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLA_CORE_AUTOTUNE", raising=False)
+    monkeypatch.setattr(cache, "shipped_dir", lambda: None)
+    monkeypatch.setattr(cache, "_warned", set())
+    monkeypatch.setattr(cache, "_unsaved", {})
+    dispatch.clear_memory()
+    yield fk
+    dispatch.clear_memory()
+
+
+def _entry(backend, config=None):
+    return {"backend": backend.name, "config": config or {}, "versions": cache.versions(backend, "cpu")}
+
+
+def test_default_location_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLA_CORE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.user_dir() == tmp_path / "mla_core"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert str(cache.user_dir()).endswith(os.path.join(".cache", "mla_core"))
+    assert cache.file_name("NVIDIA H200") == "NVIDIA_H200.json"
+
+
+def test_store_merges_and_file_is_readable_json(fake_world):
+    a, b = fakes.merge_problem(tokens=8).key(), fakes.merge_problem(tokens=16).key()
+    assert cache.store("cpu", {a: _entry(fake_world["tt_fast"], {"sleep_s": 0.001})})
+    assert cache.store("cpu", {b: _entry(fake_world["tt_slow"])})
+    data = json.loads(cache.user_file("cpu").read_text())
+    assert data["format"] == "mla_core-autotune" and data["schema"] == 1 and data["device"] == "cpu"
+    assert set(data["entries"]) == {a, b} and data["entries"][a]["config"] == {"sleep_s": 0.001}
+    assert data["entries"][a]["versions"]["mla_core"] == mla_core.__version__
+    assert not [p for p in cache.user_dir().iterdir() if p.name.endswith(".tmp")]  # no temporary left behind
+
+
+@pytest.mark.parametrize("garbage", ["{\"format\": \"mla_core-autotune\", \"schema\": 1, \"entr",  # truncated
+                                     "\x00\x01 not json at all", "[1, 2, 3]"])
+def test_corrupt_file_is_reported_moved_aside_and_never_fatal(fake_world, garbage):
+    path = cache.user_file("cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(garbage)
+    with pytest.warns(cache.CacheWarning, match="unreadable"):
+        out, lse = mla_core.merge_attn_states(**_merge_args())  # dispatch reads the cache on this miss
+    assert out.shape == (64, 4, 32)
+    assert dispatch.choose(fakes.merge_problem()).source == "priority"
+    assert not path.exists() and len(list(path.parent.glob("cpu.json.corrupt-*"))) == 1
+    assert cache.store("cpu", {"k": _entry(fake_world["tt_fast"])}) and "k" in cache.user_entries("cpu")
+
+
+def _merge_args():
+    import torch
+    g = torch.Generator().manual_seed(3)
+    return dict(prefix_output=torch.randn(64, 4, 32, generator=g), prefix_lse=torch.randn(4, 64, generator=g),
+                suffix_output=torch.randn(64, 4, 32, generator=g), suffix_lse=torch.randn(4, 64, generator=g))
+
+
+def test_invalid_entries_are_skipped(fake_world):
+    path = cache.user_file("cpu")
+    path.parent.mkdir(parents=True)
+    good = _entry(fake_world["tt_fast"])
+    path.write_text(json.dumps({"format": "mla_core-autotune", "schema": 1, "device": "cpu",
+                                "entries": {"good": good, "bad": {"backend": 3}, "worse": "x"}}))
+    assert cache.user_entries("cpu") == {"good": good}
+
+
+def test_unwritable_directory_degrades_to_memory_with_one_warning(fake_world, monkeypatch, tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(blocker / "mla_core"))  # mkdir fails: the parent is a file
+    problem = fakes.merge_problem()
+    with pytest.warns(cache.CacheWarning, match="not writable") as caught:
+        assert not cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.0005})})
+        assert not cache.store("cpu", {"other": _entry(fake_world["tt_slow"])})
+    assert len([w for w in caught if "not writable" in str(w.message)]) == 1
+    choice = dispatch.choose(problem)  # the in-memory store still answers lookups
+    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.0005}, "cache")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_directory(fake_world, monkeypatch, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(folder))
+    try:
+        with pytest.warns(cache.CacheWarning, match="not writable"):
+            assert not cache.store("cpu", {"k": _entry(fake_world["tt_fast"])})
+        assert "k" in cache.user_entries("cpu")
+    finally:
+        folder.chmod(0o700)
+
+
+WRITER = textwrap.dedent("""
+    import sys, warnings
+    sys.path.insert(0, {tests!r})
+    import autotune_fakes as fakes
+    from mla_core import autotune, cache
+    from mla_core.plugins import registry
+    i = int(sys.argv[1])
+    fk = fakes.install()
+    registry().backends.clear(); registry().backends.update(fk)
+    warnings.simplefilter("ignore")
+    result = autotune.tune(fakes.merge_problem(tokens=2 ** (i + 1)), [fk["tt_slow"], fk["tt_fast"]], reference="tt_exact",
+                           warmup=1, repeats=3)
+    assert autotune.record(result)
+    for j in range(5):
+        cache.store("cpu", {{f"extra|cpu|writer={{i}}|j={{j}}": result.entry()}})
+""")
+
+
+def test_eight_processes_writing_at_once_lose_nothing(tmp_path):
+    env = {**os.environ, "MLA_CORE_CACHE_DIR": str(tmp_path / "shared"), "TRITON_INTERPRET": "1"}
+    script = WRITER.format(tests=TESTS)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], env=env, stderr=subprocess.PIPE, text=True)
+             for i in range(8)]
+    errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(errors)
+    entries = json.loads((tmp_path / "shared" / "cpu.json").read_text())["entries"]
+    want = {fakes.merge_problem(tokens=2 ** (i + 1)).key() for i in range(8)}
+    want |= {f"extra|cpu|writer={i}|j={j}" for i in range(8) for j in range(5)}
+    assert set(entries) == want
+    assert all(entries[k]["backend"] == "tt_fast" for k in want)
+
+
+def _cli(*argv):
+    parser = argparse.ArgumentParser(prog="mla-core")
+    cli_autotune.add_parsers(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def test_cache_cli_show_export_clear_import(fake_world, tmp_path, capsys):
+    problem = fakes.merge_problem()
+    cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.0005}),
+                        "stale": {**_entry(fake_world["tt_slow"]), "versions": {"torch": "0.1"}}})
+    assert _cli("cache", "show", "--json") == 0
+    shown = json.loads(capsys.readouterr().out)
+    rows = {r["problem"]: r for r in shown["devices"]["cpu"]["entries"]}
+    assert rows[problem.key()]["current"] and not rows["stale"]["current"]
+    assert _cli("cache", "show") == 0
+    text = capsys.readouterr().out
+    assert "tt_fast" in text and "stale" in text
+    exported = tmp_path / "export.json"
+    assert _cli("cache", "export", str(exported), "--device", "cpu") == 0
+    assert "exported 2 entries" in capsys.readouterr().out
+    assert _cli("cache", "clear", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == [str(cache.user_file("cpu"))]
+    assert cache.user_entries("cpu") == {}
+    assert _cli("cache", "import", str(exported), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 2
+    assert set(cache.user_entries("cpu")) == {problem.key(), "stale"}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert _cli("cache", "import", str(bad)) == 2
