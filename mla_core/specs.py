@@ -321,9 +321,8 @@ def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
     check_int("dense_sink_tokens", dense_sink_tokens, 0)
     check_int("dense_recent_tokens", dense_recent_tokens, 0)
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
-        check_int(name, tile, 16, 256)
-        if tile % 16:
-            raise MLAInputError(f"{name}: got {tile}, needs a multiple of 16 in 16..256")
+        if isinstance(tile, bool) or not isinstance(tile, int) or not 16 <= tile <= 256 or tile % 16:
+            raise MLAInputError(f"{name}: got {tile!r}, needs an int multiple of 16 in 16..256")
     if content_checks_enabled(cu_seqlens_q):
         q_lens = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, batch)
         _cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, batch)
@@ -440,13 +439,14 @@ def validate_rope_quantize(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_id
         raise MLAInputError(f"is_neox: got {is_neox!r}, needs a bool")
     outs = {"q_rope_out": (q_rope_out, q_rope.shape), "k_rope_out": (k_rope_out, k_rope.shape),
             "q_nope_out": (q_nope_out, q_nope.shape), "k_nope_out": (k_nope_out, k_nope.shape)}
-    if quantize_dtype is None:
-        quantize_dtype = next((o.dtype for o, _ in outs.values() if isinstance(o, torch.Tensor)), FP8)
-    check_dtype_arg("quantize_dtype", quantize_dtype, (FP8,))
+    # Buffers first: a bf16 buffer is reported by its own name, not as an inferred quantize_dtype.
     for name, (o, shape) in outs.items():
         if o is not None:
             check_tensor(name, o, len(shape), (FP8,))
             check_shape(name, o, tuple(shape))
+    if quantize_dtype is None:
+        quantize_dtype = next((o.dtype for o, _ in outs.values() if isinstance(o, torch.Tensor)), FP8)
+    check_dtype_arg("quantize_dtype", quantize_dtype, (FP8,))
     quant_scale_q = check_positive_float("quant_scale_q", quant_scale_q)
     quant_scale_kv = check_positive_float("quant_scale_kv", quant_scale_kv)
     device = check_same_device(q_rope=q_rope, k_rope=k_rope, q_nope=q_nope, k_nope=k_nope, cos_sin_cache=cos_sin_cache,
@@ -594,7 +594,9 @@ def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_r
         check_contiguous("out", out)
     if lse is not None:
         check_tensor("lse", lse, (2, 3), (torch.float32,))
-        check_shape("lse", lse, (batch * q_len, heads) if lse.dim() == 2 else (batch, q_len, heads))
+        if tuple(lse.shape) not in ((batch * q_len, heads), (batch, q_len, heads)):
+            raise MLAInputError(f"lse: got shape {list(lse.shape)}, needs [batch * q_len, heads] = "
+                                f"{[batch * q_len, heads]} or [batch, q_len, heads] = {[batch, q_len, heads]}")
         check_contiguous("lse", lse)
     b1, b2 = _host_scalar("bmm1_scale", bmm1_scale), _host_scalar("bmm2_scale", bmm2_scale)
     if not isinstance(return_lse, bool):
