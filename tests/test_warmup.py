@@ -1,0 +1,81 @@
+"""``mla-core warmup``: presets, the no-GPU message, a CPU run with fake backends, the summary table and JSON."""
+import argparse
+import json
+
+import pytest
+import torch
+
+import autotune_fakes as fakes
+from mla_core import autotune, cache, cli_autotune, dispatch, warmup
+from mla_core.plugins import registry
+
+
+@pytest.fixture
+def fake_world(monkeypatch, tmp_path):
+    fk = fakes.install()
+    monkeypatch.setattr(registry(), "backends", dict(fk))
+    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "shipped_dir", lambda: None)
+    dispatch.clear_memory()
+    yield fk
+    dispatch.clear_memory()
+
+
+def _cli(*argv):
+    parser = argparse.ArgumentParser(prog="mla-core")
+    cli_autotune.add_parsers(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_warmup_without_gpu_says_so(capsys):
+    assert _cli("warmup", "--model", "deepseek-v3", "--tp", "8") == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "--device cpu" in err
+    assert _cli("warmup", "--device", "cuda") == 2
+
+
+def test_presets_cover_tp_sizes_recipes_and_grids():
+    default = warmup.preset_problems(warmup.Grid())
+    shape = warmup.MODELS["deepseek-v3"]
+    decode = [p for p in default if p.op == "decode"]
+    assert {p["heads"] for p in default} == {16}  # TP=8: 128 / 8 heads
+    assert len(decode) == 3 * len(shape.decode_batches) * len(shape.decode_lengths)
+    assert {(p["k_qdq"], p["v_qdq"], p["p_qdq"]) for p in decode} == {(None,) * 3, ("fp8",) * 3, ("nvfp4",) * 3}
+    assert {p["num_kv_splits"] for p in decode} == {32} and all(p["kv_lora_rank"] == 512 for p in decode)
+    prefill = [p for p in default if p.op == "prefill"]
+    assert {(p["qk_dim"], p["v_dim"], p["q_quant"]) for p in prefill} == {(192, 128, None)}
+    every_tp = warmup.preset_problems(warmup.Grid(tp=(1, 2, 4, 8), recipes=("bf16",), ops=("decode",),
+                                                  batches=(3,), lengths=(1000,), num_kv_splits=(32, "auto")))
+    assert sorted({p["heads"] for p in every_tp}) == [16, 32, 64, 128]
+    assert {(p["batch"], p["max_len"]) for p in every_tp} == {(4, 1024)}  # explicit lists are bucketed like keys
+    assert {p["num_kv_splits"] for p in every_tp} == {32, "auto"} and len(every_tp) == 8
+
+
+def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):
+    argv = ["warmup", "--device", "cpu", "--ops", "merge", "--prefill-lengths", "16,32", "--tp", "8",
+            "--no-progress", "--json", "--repeats", "3"]
+    with pytest.warns(autotune.AutotuneWarning, match="rejected tt_wrong"):
+        assert _cli(*argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["status"] for r in report["problems"]] == ["tuned", "tuned"]
+    row = report["problems"][0]
+    assert row["shape"] == "merge t=16 h=16 d=128"
+    assert row["winner"] == 'tt_fast {"sleep_s": 0.0005}' and row["runner_up"] == 'tt_fast {"sleep_s": 0.002}'
+    assert row["default"] == "tt_slow" and row["speedup_over_default"] > 2
+    assert row["rejected"][0]["backend"] == "tt_wrong"
+    assert len(cache.user_entries("cpu")) == 2
+    choice = dispatch.choose(warmup.preset_problems(warmup.Grid(ops=("merge",), prefill_lengths=(16,), device="cpu"))[0])
+    assert choice.backend.name == "tt_fast"
+    # a second run finds everything cached and prints the table
+    assert _cli(*argv[:-3], "--no-progress") == 0
+    out = capsys.readouterr().out
+    assert "runner-up" in out and "vs default" in out and "2 already cached" in out
+
+
+def test_warmup_reports_shapes_no_backend_can_run(fake_world, capsys):
+    assert _cli("warmup", "--device", "cpu", "--ops", "decode", "--batch", "1", "--lengths", "64", "--recipes", "bf16",
+                "--no-progress") == 1
+    assert "failed" in capsys.readouterr().out
