@@ -81,8 +81,12 @@ def main():
                         best = None
                         for config in kernels.configs(problem)[:args.sweep]:
                             us = time_graph(lambda: kernels.run(call, config), iters=args.iters)
+                            res = dict(kernels.LAST_RESOURCES)
+                            if args.sweep > 1:
+                                print(f"  config {config}: {us:.1f} us, regs {res.get('regs')}, spills {res.get('spills')}",
+                                      flush=True)
                             if best is None or us < best[0]:
-                                best = (us, config)
+                                best = (us, dict(config, **{k: v for k, v in res.items() if v is not None}))
                         us, config = best
                         eager = time_eager(lambda: mla_core.mla_attention_decode(q, cache, table, lens,
                                                                                    backend="triton", **kw),

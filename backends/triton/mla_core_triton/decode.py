@@ -227,6 +227,8 @@ def configs(problem) -> list[dict]:
 
 
 _SM_COUNT: dict[int, int] = {}
+LAST_RESOURCES: dict[str, int | None] = {}
+"""Registers per thread and spilled bytes of the last stage-1 launch (benchmarks report them)."""
 
 
 def _sm_count(device: torch.device) -> int:
@@ -273,7 +275,7 @@ def run(call: DecodeCall, config: dict):
         part_o = torch.empty(batch * heads * splits * nope, dtype=torch.float32, device=device)
         part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
     grid = (triton.cdiv(heads, block_h), splits, batch)
-    _decode_split_kernel[grid](
+    compiled = _decode_split_kernel[grid](
         q, cache, call.block_table, call.seq_lens, part_o, part_lse, out, lse if lse is not None else out,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
         call.block_table.stride(0), call.block_table.stride(1),
@@ -286,6 +288,7 @@ def run(call: DecodeCall, config: dict):
         IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16, HW_CVT=on_gpu,
         P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
+    LAST_RESOURCES.update(regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
     if not direct:
         _decode_combine_kernel[(batch * heads,)](
             part_o, part_lse, out, lse if lse is not None else out, splits,
