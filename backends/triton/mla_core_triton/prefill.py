@@ -12,9 +12,10 @@ Q is quantized once per program on load; K and V are quantized either on every r
 attention loop, or once by a pre-pass that writes their codes (config ``kv_prepass``; same numerics,
 the pre-pass avoids re-quantizing K/V in every query tile).
 
-The rounding itself is :mod:`mla_core_triton.quant` (shared with decode): E4M3 on the hardware
-converter on the GPU and in bit arithmetic under the Triton interpreter, whose FP8 cast rounds half-up;
-divisions that feed a rounding use ``div_rn``.
+E4M3 rounding runs on the hardware converter on the GPU (round to nearest even, saturating) and in
+exact float arithmetic under the Triton interpreter, whose FP8 cast rounds half-up. Divisions whose
+result is rounded afterwards use ``div_rn`` (Triton's ``/`` is approximate on the GPU). The helpers
+are prefill's own: mla_core_triton.quant's E2M1 rounding costs more ALU per P element.
 """
 from __future__ import annotations
 
@@ -25,11 +26,79 @@ from triton import knobs
 
 from mla_core import numerics
 
-from . import quant
-
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 _FMT_CODE = {None: 0, "fp8": 1, "nvfp4": 2}
+
+# fp32 round-to-nearest-even to an integer for 0 <= t < 2**22: adding 2**23 leaves no fraction bits.
+_RNE_MAGIC = tl.constexpr(8388608.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# device-side rounding
+
+
+@triton.jit
+def _e4m3(x, HW_FP8: tl.constexpr):
+    """float32 -> nearest-even FP8 E4M3 value (float32), saturating at ±448."""
+    if HW_FP8:
+        y = tl.minimum(tl.maximum(x, -448.0), 448.0)
+        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
+    else:
+        a = tl.minimum(tl.abs(x), 448.0)
+        # spacing 2^(e-3) for a normal value of exponent e; subnormals share e = -6 (spacing 2^-9)
+        e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+        quantum = ((e + 124) << 23).to(tl.float32, bitcast=True)
+        inv_quantum = ((130 - e) << 23).to(tl.float32, bitcast=True)
+        r = ((a * inv_quantum + _RNE_MAGIC) - _RNE_MAGIC) * quantum
+        return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _e2m1(x):
+    """float32 -> nearest E2M1 value (ties to the even code), saturating at ±6.
+
+    E2M1 is evenly spaced by 0.5 below 2, by 1 in [2, 4) and by 2 above, and its even codes are the
+    even multiples of each spacing, so round-half-even on the spacing gives the contract's ties.
+    """
+    a = tl.abs(x)
+    inv_quantum = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
+    quantum = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+    r = tl.minimum(((a * inv_quantum + _RNE_MAGIC) - _RNE_MAGIC) * quantum, 6.0)
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _fp8_codes(x, scale, HW_FP8: tl.constexpr):
+    """FP8 codes ``e4m3(x / scale)`` of a float32 tile; the value is ``code * scale``."""
+    return _e4m3(tl.math.div_rn(x, tl.full(x.shape, scale, tl.float32)), HW_FP8)
+
+
+@triton.jit
+def _nvfp4_codes(x, g, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, HW_FP8: tl.constexpr):
+    """NVFP4 codes of a float32 [R, C] tile, blocks of 16 along AXIS (0 or 1) from index 0.
+
+    code = e2m1(x / s) * e4m3(bmax / 6 / g) with s = e4m3(bmax / 6 / g) * g, so the value is ``code * g``
+    (0 where s is 0). Padding elements must be 0 (they never raise a block maximum).
+    """
+    if AXIS == 1:
+        x3 = tl.reshape(x, (R, C // 16, 16))
+        bmax = tl.max(tl.abs(x3), axis=2)
+    else:
+        x3 = tl.reshape(x, (R // 16, 16, C))
+        bmax = tl.max(tl.abs(x3), axis=1)
+    six = tl.full(bmax.shape, 6.0, tl.float32)
+    block = _e4m3(tl.math.div_rn(tl.math.div_rn(bmax, six), tl.full(bmax.shape, g, tl.float32)), HW_FP8)
+    s = block * g
+    if AXIS == 1:
+        s3 = s[:, :, None]
+        b3 = block[:, :, None]
+    else:
+        s3 = s[:, None, :]
+        b3 = block[:, None, :]
+    safe = tl.where(s3 == 0.0, 1.0, s3)
+    y = tl.where(s3 == 0.0, 0.0, _e2m1(tl.math.div_rn(x3, safe)) * b3)
+    return tl.reshape(y, (R, C))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -43,9 +112,9 @@ def _codes(x, FMT: tl.constexpr, f, R: tl.constexpr, C: tl.constexpr, AXIS: tl.c
     NVFP4 blocks run along AXIS from index 0 of the tile; the value is ``code * f``.
     """
     if FMT == 1:
-        return quant.fp8_unscaled(x, f, True, HW_FP8)
+        return _fp8_codes(x, f, HW_FP8)
     elif FMT == 2:
-        return quant.nvfp4_unscaled(x, f, R, C, AXIS, HW_FP8)
+        return _nvfp4_codes(x, f, R, C, AXIS, HW_FP8)
     else:
         return x
 
@@ -86,14 +155,16 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
         k_a = tl.load(k_ptrs_a + tok[:, None] * stride_kt, mask=k_in[:, None] & da_mask[None, :], other=0.0)
     else:
         k_a = tl.load(k_ptrs_a + tok[:, None] * stride_kt, mask=da_mask[None, :], other=0.0)
-    k_a = _codes(k_a.to(tl.float32), K_FMT, k_f, BLOCK_N, DA, 1, HW_FP8).to(DT)
+    if K_FMT != 0:  # raw operands go straight from the load to the dot, so the loads pipeline
+        k_a = _codes(k_a.to(tl.float32), K_FMT, k_f, BLOCK_N, DA, 1, HW_FP8).to(DT)
     qk = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
     if DB > 0:
         if MASKED:
             k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=k_in[:, None] & db_mask[None, :], other=0.0)
         else:
             k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=db_mask[None, :], other=0.0)
-        k_b = _codes(k_b.to(tl.float32), K_FMT, k_f, BLOCK_N, DB, 1, HW_FP8).to(DT)
+        if K_FMT != 0:
+            k_b = _codes(k_b.to(tl.float32), K_FMT, k_f, BLOCK_N, DB, 1, HW_FP8).to(DT)
         qk = tl.dot(q_b, tl.trans(k_b), qk, input_precision=DOT_PREC)
     s = qk * score_scale
     if MASKED:
@@ -110,9 +181,9 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if P_FMT == 1:
-        p_op = quant.fp8_unscaled(p, p_f, True, HW_FP8).to(DT)
+        p_op = _fp8_codes(p, p_f, HW_FP8).to(DT)
     elif P_FMT == 2:
-        p_op = quant.nvfp4_unscaled(p.to(DT).to(tl.float32), p_f, BLOCK_M, BLOCK_N, 1, HW_FP8).to(DT)
+        p_op = _nvfp4_codes(p.to(DT).to(tl.float32), p_f, BLOCK_M, BLOCK_N, 1, HW_FP8).to(DT)
     else:
         p_op = p.to(DT)
     if MASKED:
@@ -136,7 +207,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                     P_FMT: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr,
                     RETURN_LSE: tl.constexpr, DOT_PREC: tl.constexpr, HW_FP8: tl.constexpr):
     """Grid (query tiles, heads, sequences). Writes out [total_q, heads, DV] and lse [heads, total_q]."""
-    pid_m = tl.program_id(0)
+    # causal: the last query tiles see the most keys; start them first so the short ones fill the tail
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq).to(tl.int32)
@@ -341,6 +413,11 @@ def _prepass_v(v: torch.Tensor, cu_k: torch.Tensor, batch: int, fmt: int, factor
     return codes
 
 
+def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate an output the kernel fully writes (tests replace this to poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def run(call, config: dict):
     """Run one validated :class:`mla_core.specs.PrefillCall`.
 
@@ -350,8 +427,8 @@ def run(call, config: dict):
     total_q, heads, dqk = q.shape
     kv_heads, dv = k.shape[1], v.shape[2]
     batch = call.cu_seqlens_q.shape[0] - 1
-    out = torch.empty((total_q, heads, dv), dtype=v.dtype, device=q.device)
-    lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device) if call.return_lse else None
+    out = _new_output((total_q, heads, dv), v.dtype, q.device)
+    lse = _new_output((heads, total_q), torch.float32, q.device) if call.return_lse else None
     if total_q == 0 or batch == 0 or call.max_seqlen_q == 0:
         return out, lse
 

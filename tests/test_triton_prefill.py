@@ -1,0 +1,211 @@
+"""Triton prefill against the reference backend.
+
+CPU: the kernel runs under ``TRITON_INTERPRET=1`` (set by conftest.py) on small shapes with fp32/fp16
+inputs (the interpreter multiplies bf16 dot operands as raw bits). GPU (``pytest -m gpu``): heads 128,
+dims 192/128 and the absorbed 576/512, lengths up to 16384, bf16. The kernel's outputs are poisoned
+with NaN before it runs (an unwritten element fails), inputs are fresh random values, and every
+quantized case also shows the result is measurably far from the unquantized one.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+
+import mla_core
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from reference_math import rel_l2, same_lse  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+cpu = pytest.mark.skipif(not INTERPRETED, reason="CPU variants run the Triton interpreter (TRITON_INTERPRET=1)")
+FP32_TOL = 1e-5
+HALF_TOL = 1e-2
+# (len_q, len_k) per sequence: an empty sequence, q shorter than k, lengths off the tile grid
+VARLEN = [(17, 40), (0, 0), (40, 70)]
+RECIPES = {"bf16": {}, "fp8": dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "fp8"),
+           "nvfp4": dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "nvfp4")}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every output the triton kernel gets starts as NaN."""
+    from mla_core_triton import prefill
+    monkeypatch.setattr(prefill, "_new_output",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+
+
+def make_inputs(seqs, heads, kv_heads, qk_dim, v_dim, dtype=torch.float32, seed=0, device="cpu", strided=False):
+    """Packed q/k/v with standard-normal values, cu_seqlens and max_seqlen_q.
+
+    ``strided``: q, k and v are views into one wider buffer per token (leading strides not dense).
+    """
+    g = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(s[0] for s in seqs), sum(s[1] for s in seqs)
+    q = torch.randn(total_q, heads, qk_dim + (8 if strided else 0), generator=g)[..., :qk_dim]
+    kv = torch.randn(total_k, kv_heads, qk_dim + v_dim, generator=g)
+    k, v = kv[..., :qk_dim], kv[..., qk_dim:]
+    if not strided:
+        k, v = k.contiguous(), v.contiguous()
+    cu_q = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32)
+    cu_k = torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32)
+    q, k, v = (t.to(device=device, dtype=dtype) if t.dtype != dtype or device != "cpu" else t for t in (q, k, v))
+    return [q, k, v, cu_q.to(device), cu_k.to(device), max(s[0] for s in seqs)]
+
+
+def run_pair(inputs, causal=True, **kw):
+    """(triton out, lse), (reference out, lse) for the same call; the reference runs first."""
+    ref = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference", **kw)
+    out = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="triton", **kw)
+    return out, ref
+
+
+def check(out, ref, tol):
+    assert out[0].shape == ref[0].shape and out[0].dtype == ref[0].dtype
+    assert out[1].shape == ref[1].shape and out[1].dtype == torch.float32
+    err = rel_l2(out[0], ref[0])
+    assert err < tol, f"relative L2 {err:.3g} >= {tol}"
+    assert same_lse(out[1], ref[1], max(tol, 1e-5) * 10)
+    return err
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU (Triton interpreter)
+
+
+@cpu
+@pytest.mark.parametrize("causal,kv_heads,block_n", [(True, 4, 16), (True, 2, 32), (True, 1, 64), (False, 4, 64),
+                                                    (False, 2, 16), (False, 1, 32)])
+def test_fp32_varlen(causal, kv_heads, block_n):
+    inputs = make_inputs(VARLEN, 4, kv_heads, 32, 16, seed=block_n + kv_heads, strided=kv_heads == 2)
+    check(*run_pair(inputs, causal=causal, block_n=block_n), FP32_TOL)
+
+
+@cpu
+def test_rows_with_no_visible_key_and_empty_keys():
+    # sequence 0: 10 queries over 4 keys, causal rows 0..5 see nothing; sequence 1: queries, no keys
+    inputs = make_inputs([(10, 4), (3, 0), (1, 17)], 2, 2, 16, 16, seed=1)
+    out, ref = run_pair(inputs, causal=True, block_n=16)
+    check(out, ref, FP32_TOL)
+    empty = list(range(6)) + [10, 11, 12]
+    assert torch.all(out[0][empty] == 0) and torch.all(out[1][:, empty] == float("-inf"))
+    assert torch.isfinite(out[1][:, 6:10]).all() and torch.isfinite(out[1][:, 13]).all()
+
+
+@cpu
+def test_without_lse_and_with_float16():
+    q, k, v, cu_q, cu_k, max_q = make_inputs(VARLEN, 2, 1, 32, 16, dtype=torch.float16, seed=5)
+    ref = mla_core.mla_prefill(q, k, v, cu_q, cu_k, max_q, backend="reference")
+    out = mla_core.mla_prefill(q, k, v, cu_q, cu_k, max_q, backend="triton")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16
+    assert rel_l2(out, ref) < HALF_TOL
+
+
+QUANT_CASES = [(op, fmt) for op in ("q", "k", "p", "v") for fmt in ("fp8", "nvfp4")]
+
+
+@cpu
+@pytest.mark.parametrize("op,fmt", QUANT_CASES, ids=[f"{o}-{f}" for o, f in QUANT_CASES])
+def test_each_operand_quantized(op, fmt):
+    # amaxes other than the defaults exercise the per-tensor factors; P's amax 0.5 saturates large P
+    amax = {"q": 4.0, "k": 3.0, "p": 0.5, "v": 3.5}[op]
+    inputs = make_inputs(VARLEN, 2, 1, 32, 32, seed=len(op) + len(fmt) * 7 + ord(op[0]))
+    kw = {f"{op}_quant": fmt, f"{op}_amax": amax, "block_n": 32}
+    out, ref = run_pair(inputs, causal=True, **kw)
+    check(out, ref, FP32_TOL)
+    plain = mla_core.mla_prefill(*inputs, causal=True, backend="reference", block_n=32)
+    assert rel_l2(out[0], plain) > 1e-3, "the quantization did not happen"
+
+
+@cpu
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("config", [0, 1], ids=["prepass", "fused"])
+def test_recipes_both_configs_float16(recipe, config):
+    """Every operand quantized, fp16 inputs, K/V codes from the pre-pass and quantized inside the loop."""
+    from mla_core_triton import prefill
+    inputs = make_inputs([(20, 36), (33, 33)], 4, 2, 48, 32, dtype=torch.float16, seed=11)
+    kw = dict(RECIPES[recipe], block_n=16, v_amax=4.0, k_amax=4.0)
+    problem, call = mla_core.specs.validate_prefill(*inputs, None, True, True, q_amax=None, p_amax=1.0,
+                                                   sparsity_n=0, sparsity_m=4, dense_sink_tokens=0,
+                                                   dense_recent_tokens=64, block_m=64, **kw)
+    cfg = prefill.configs(problem)[config]
+    assert cfg["kv_prepass"] == (config == 0)
+    out = prefill.run(call, cfg)
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference", **kw)
+    check(out, ref, HALF_TOL)
+    assert rel_l2(out[0], ref[0]) < 2e-3  # fp16 output rounding only
+    plain = mla_core.mla_prefill(*inputs, causal=True, backend="reference", block_n=16)
+    assert rel_l2(out[0], plain) > 2e-2
+
+
+NM_CASES = [(2, 4, 0, 4, True, 16), (2, 4, 3, 0, False, 32), (4, 8, 5, 9, True, 64), (3, 8, 0, 0, False, 16),
+            (1, 4, 2, 6, True, 32)]
+
+
+@cpu
+@pytest.mark.parametrize("n,m,sinks,recent,causal,block_n", NM_CASES)
+def test_nm_sparsity(n, m, sinks, recent, causal, block_n):
+    # a one-query sequence stays dense
+    inputs = make_inputs([(17, 40), (1, 30), (40, 70)], 2, 2, 32, 16, seed=n * 10 + m)
+    kw = dict(sparsity_n=n, sparsity_m=m, dense_sink_tokens=sinks, dense_recent_tokens=recent, block_n=block_n)
+    out, ref = run_pair(inputs, causal=causal, **kw)
+    check(out, ref, FP32_TOL)
+    dense = mla_core.mla_prefill(*inputs, causal=causal, backend="reference", block_n=block_n)
+    assert rel_l2(out[0], dense) > 1e-2, "the sparsity did not happen"
+
+
+@cpu
+def test_mla_head_dims_nvfp4():
+    """192/128 (two K tile widths, 128 + 64) with every operand NVFP4, GQA."""
+    inputs = make_inputs([(9, 9), (4, 20)], 4, 2, 192, 128, seed=2)
+    out, ref = run_pair(inputs, causal=True, block_n=16, **RECIPES["nvfp4"])
+    check(out, ref, FP32_TOL)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+
+
+def _gpu_case(seqs, heads, kv_heads, qk_dim, v_dim, recipe, causal=True, seed=0, **kw):
+    inputs = make_inputs(seqs, heads, kv_heads, qk_dim, v_dim, dtype=torch.bfloat16, seed=seed, device="cuda")
+    kw = dict(RECIPES[recipe], **kw)
+    out, ref = run_pair(inputs, causal=causal, **kw)
+    check(out, ref, HALF_TOL)
+    if recipe != "bf16":
+        plain = mla_core.mla_prefill(*inputs, causal=causal, backend="triton", block_n=kw.get("block_n", 64))
+        assert rel_l2(out[0], plain) > 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+def test_gpu_mla_dims_4096(recipe):
+    _gpu_case([(4096, 4096), (1000, 3000), (0, 5)], 128, 128, 192, 128, recipe)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
+def test_gpu_long_16384(recipe):
+    _gpu_case([(16384, 16384)], 16, 16, 192, 128, recipe, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+def test_gpu_block_n_and_gqa(causal, block_n):
+    _gpu_case([(777, 2048), (1, 100), (300, 300)], 128, 16, 192, 128, "fp8", causal=causal, block_n=block_n, seed=block_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_absorbed_576_512(heads):
+    _gpu_case([(1024, 2048), (64, 64)], heads, 1, 576, 512, "nvfp4", seed=heads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,m", [(2, 4), (4, 8)])
+def test_gpu_nm_sparsity(n, m):
+    _gpu_case([(2048, 4096), (1, 64)], 128, 128, 192, 128, "bf16", sparsity_n=n, sparsity_m=m, dense_sink_tokens=16,
+              dense_recent_tokens=64, seed=n + m)
