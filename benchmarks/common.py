@@ -65,11 +65,11 @@ def measure_ceilings(copy_bytes: int = 1 << 30, mm: int = 8192) -> dict[str, flo
     """Device copy bandwidth (GB/s, read + write) and sustained bf16 matmul TFLOP/s, measured now."""
     src = torch.empty(copy_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    copy_us = time_graph(lambda: dst.copy_(src), iters=20, flush=False)
+    copy_us = time_graph(lambda: dst.copy_(src), iters=50, warmup=20, flush=False)
     a = torch.randn(mm, mm, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(mm, mm, dtype=torch.bfloat16, device="cuda")
     c = torch.empty(mm, mm, dtype=torch.bfloat16, device="cuda")
-    mm_us = time_graph(lambda: torch.matmul(a, b, out=c), iters=20, flush=False)
+    mm_us = time_graph(lambda: torch.matmul(a, b, out=c), iters=30, warmup=10, flush=False)
     del src, dst, a, b, c
     torch.cuda.empty_cache()
     return {"copy_gbps": 2 * copy_bytes / copy_us / 1e3, "bf16_tflops": 2 * mm ** 3 / mm_us / 1e6}

@@ -12,8 +12,8 @@ the caller applies the per-tensor scale to its fp32 accumulator.
 import triton
 import triton.language as tl
 
-E4M3_MAX = 448.0
-E2M1_MAX = 6.0
+E4M3_MAX = tl.constexpr(448.0)
+E2M1_MAX = tl.constexpr(6.0)
 
 
 @triton.jit
