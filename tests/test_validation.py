@@ -115,6 +115,8 @@ def test_decode_accepts_garbage_past_the_length():
     args["block_table"] = torch.tensor([[1, 2, 10 ** 6], [-7, 99, 2 ** 31 - 1]], dtype=torch.int32)
     problem, call = decode_spec(**args)
     assert problem.op == "decode" and call.block_table is args["block_table"]
+    out, lse = mla_core.mla_decode(**args, backend="reference")
+    assert not out.isnan().any() and (out[1] == 0).all() and (lse[1] == -math.inf).all()
     args["block_table"] = torch.tensor([[1, 10 ** 6, 0], [0, 0, 0]], dtype=torch.int32)  # page 2 of 5 tokens is used
     assert_bad(decode_spec, args, "block_table")
 
