@@ -196,7 +196,8 @@ def sparse_mla_fp8_decode(query, kv_cache, workspace_buffer, qk_nope_head_dim, k
         metadata: from :func:`get_sparse_decode_metadata` (None: prepared for this call).
 
     Returns:
-        out [batch, q_len, heads, 512] bf16, or ``(out, lse [batch, q_len, heads] float32)`` with return_lse.
+        out [batch, q_len, heads, 512] bf16, or ``(out, lse [batch, q_len, heads] float32)`` with return_lse
+        (the given ``out`` / ``lse`` buffers themselves when passed, ``lse`` in the layout it was given).
     """
     problem, call = specs.validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
                                                  block_tables, seq_lens, sparse_mla_top_k, out, bmm1_scale, bmm2_scale,
