@@ -218,6 +218,22 @@ def test_half_inputs(dtype):
     assert same_lse(lse, ref_lse, 1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_p_rounded_to_v_dtype(dtype):
+    """No P quant: P is rounded to v's dtype before P·V.
+
+    The output is in v's dtype, so compare with the math rounded to it: the reference equals it but
+    for rare rounding-boundary flips, and the math without P rounding is at least 10x farther.
+    """
+    inputs = make_prefill_inputs([(20, 50), (0, 4), (7, 7)], 4, 1, 32, 16, dtype=dtype, seed=25)
+    (out, _), (ref_out, _) = run_both(inputs)
+    q, k, v, cu_q, cu_k, _ = inputs
+    unrounded, _ = prefill_math(q.float(), k.float(), v.float(), cu_q, cu_k, softmax_scale=32 ** -0.5, causal=True)
+    near = rel_l2(out, ref_out.to(dtype))
+    assert near < 1e-4
+    assert rel_l2(out, unrounded.to(dtype)) > 10 * near
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_float64_math():
