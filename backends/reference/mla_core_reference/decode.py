@@ -12,6 +12,7 @@ Per request of length L, with the 576-wide cache rows as K and their first ``kv_
 - splits merge through their log-sum-exp: ``o = sum_i exp(lse_i - lse) * acc_i / l_i``.
 
 Everything is vectorized over the batch and heads; only the running maximum walks the tiles.
+float32 matmuls are meant as IEEE float32: on CUDA this assumes TF32 is off (torch's default).
 """
 from __future__ import annotations
 
@@ -65,22 +66,24 @@ def mla_decode_reference(call: specs.DecodeCall) -> tuple[torch.Tensor, torch.Te
     Returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] float32 natural log,
     or None when ``call.return_lse`` is False). A length-0 request gives output 0 and LSE -inf.
     """
-    q, cache = call.q, call.latent_cache
-    batch, heads = q.shape[0], q.shape[1]
-    rank, device = call.kv_lora_rank, cache.device
-    splits = specs.decode_num_splits(call, {})
-    tile = numerics.DECODE_P_TILE
-
-    out = torch.zeros(batch, heads, rank, dtype=torch.float32, device=device)
-    lse = torch.full((batch, heads), _NEG_INF, dtype=torch.float32, device=device)
+    batch, heads = call.q.shape[0], call.q.shape[1]
+    device = call.latent_cache.device
     max_len = int(call.seq_lens.max()) if batch else 0
-    if max_len > 0:
-        out, lse = _decode_nonempty(call, max_len, splits, tile)
+    if max_len == 0:
+        out = torch.zeros(batch, heads, call.kv_lora_rank, dtype=torch.float32, device=device)
+        lse = torch.full((batch, heads), _NEG_INF, dtype=torch.float32, device=device)
+    else:
+        out, lse = _decode_batch(call, max_len, specs.decode_num_splits(call, {}))
     return out.to(call.out_dtype), (lse if call.return_lse else None)
 
 
-def _decode_nonempty(call: specs.DecodeCall, max_len: int, splits: int, tile: int):
+def _decode_batch(call: specs.DecodeCall, max_len: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with ``splits`` splits; the longest request has ``max_len`` > 0 keys.
+
+    Returns (out [batch, heads, kv_lora_rank], lse [batch, heads]) float32.
+    """
     q, cache = call.q, call.latent_cache
+    tile = numerics.DECODE_P_TILE
     batch, heads = q.shape[0], q.shape[1]
     rank, device = call.kv_lora_rank, cache.device
     rows, valid = _gather_rows(call, max_len)

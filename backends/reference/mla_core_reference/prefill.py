@@ -12,6 +12,7 @@ Per sequence (``len_q`` queries, the suffix of ``len_k`` keys when causal), per 
 
 A row with no visible key gives output 0 and LSE -inf. Vectorized over heads and query rows;
 sequences are a Python loop and long ones are cut into query-row chunks to bound memory.
+float32 matmuls are meant as IEEE float32: on CUDA this assumes TF32 is off (torch's default).
 """
 from __future__ import annotations
 
