@@ -1,7 +1,7 @@
 """Fake backends for the autotuner tests: a slow one, a fast one with two configs, a fast-but-wrong one, an exact judge.
 
-All run ``merge`` on the CPU with plain torch math; speed differences are sleeps, so the ranking is
-certain on a loaded 2-core CI machine. ``install()`` registers them once per process (through
+All run ``merge`` on the CPU with plain torch math; speed differences are sleeps, far apart, so the
+ranking holds on a loaded 2-core CI machine (sleeping is not slowed by CPU contention, only delayed). ``install()`` registers them once per process (through
 ``mla_core.register_plugin``, as a third-party plugin would) and returns them by name.
 """
 import time
@@ -38,14 +38,14 @@ class _Fake(mla_core.Backend):
 
 
 class Slow(_Fake):
-    name, version, priority, sleep_s = "tt_slow", "1", 100, 0.004
+    name, version, priority, sleep_s = "tt_slow", "1", 100, 0.016
 
 
 class Fast(_Fake):
     name, version, priority = "tt_fast", "1", 10
 
     def configs(self, problem):
-        return [{"sleep_s": 0.002}, {"sleep_s": 0.0005}]
+        return [{"sleep_s": 0.006}, {"sleep_s": 0.001}]
 
 
 class Wrong(_Fake):
@@ -57,7 +57,7 @@ class Wrong(_Fake):
 
 
 class Exact(_Fake):
-    name, version, priority, sleep_s = "tt_exact", "1", 0, 0.006
+    name, version, priority, sleep_s = "tt_exact", "1", 0, 0.024
 
 
 class _Plugin:

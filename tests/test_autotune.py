@@ -38,13 +38,13 @@ def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
     with pytest.warns(autotune.AutotuneWarning, match="rejected tt_wrong"):
         result = autotune.tune(problem, list(fake_world.values()))
     assert [(c.backend, c.config) for c in result.candidates] == [
-        ("tt_slow", {}), ("tt_fast", {"sleep_s": 0.002}), ("tt_fast", {"sleep_s": 0.0005}), ("tt_wrong", {}),
+        ("tt_slow", {}), ("tt_fast", {"sleep_s": 0.006}), ("tt_fast", {"sleep_s": 0.001}), ("tt_wrong", {}),
         ("tt_exact", {})]
     assert all(c.us is not None and c.us > 0 for c in result.candidates)
-    assert (result.winner.backend, result.winner.config) == ("tt_fast", {"sleep_s": 0.0005})
+    assert (result.winner.backend, result.winner.config) == ("tt_fast", {"sleep_s": 0.001})
     assert result.default.backend == "tt_slow" and result.speedup > 2
     assert [r["backend"] for r in result.rejected] == ["tt_wrong"] and "differs" in result.rejected[0]["reason"]
-    assert result.runner_up.backend == "tt_fast" and result.runner_up.config == {"sleep_s": 0.002}
+    assert result.runner_up.backend == "tt_fast" and result.runner_up.config == {"sleep_s": 0.006}
     entry = result.entry()
     assert entry["versions"]["backend"] == "tt_fast 1" and entry["versions"]["torch"] == torch.__version__
     assert len(entry["candidates"]) == 5 and entry["rejected"][0]["backend"] == "tt_wrong"
@@ -71,7 +71,7 @@ def test_dispatch_tunes_on_miss_with_mode_on_then_uses_memory_then_disk(fake_wor
     torch.testing.assert_close(out, ref_out)
     problem = fakes.merge_problem()
     choice = dispatch.choose(problem)
-    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.0005}, "tuned")
+    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.001}, "tuned")
     # after the first call the key is an in-memory lookup: neither the tuner nor the cache is asked again
     lookup = autotune.lookup
     monkeypatch.setattr(autotune, "lookup", _no_tuning)
@@ -101,12 +101,12 @@ def test_lookup_order_user_then_shipped_then_priority(fake_world, monkeypatch, t
     problem = fakes.merge_problem()
     ship = tmp_path / "shipped"
     ship.mkdir()
-    shipped = {problem.key(): {"backend": "tt_fast", "config": {"sleep_s": 0.002},
+    shipped = {problem.key(): {"backend": "tt_fast", "config": {"sleep_s": 0.006},
                                "versions": cache.versions(fake_world["tt_fast"], "cpu")}}
     (ship / "cpu.json").write_text(cache.dump("cpu", shipped))
     monkeypatch.setattr(cache, "shipped_dir", lambda: ship)
     choice = dispatch.choose(problem)
-    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.002}, "shipped")
+    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.006}, "shipped")
     _store(problem, fake_world["tt_exact"], {})
     dispatch.clear_memory()
     assert (dispatch.choose(problem).backend.name, dispatch.choose(problem).source) == ("tt_exact", "cache")

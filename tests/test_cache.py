@@ -92,11 +92,11 @@ def test_unwritable_directory_degrades_to_memory_with_one_warning(fake_world, mo
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(blocker / "mla_core"))  # mkdir fails: the parent is a file
     problem = fakes.merge_problem()
     with pytest.warns(cache.CacheWarning, match="not writable") as caught:
-        assert not cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.0005})})
+        assert not cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.001})})
         assert not cache.store("cpu", {"other": _entry(fake_world["tt_slow"])})
     assert len([w for w in caught if "not writable" in str(w.message)]) == 1
     choice = dispatch.choose(problem)  # the in-memory store still answers lookups
-    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.0005}, "cache")
+    assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.001}, "cache")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
@@ -154,7 +154,7 @@ def _cli(*argv):
 
 def test_cache_cli_show_export_clear_import(fake_world, tmp_path, capsys):
     problem = fakes.merge_problem()
-    cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.0005}),
+    cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.001}),
                         "stale": {**_entry(fake_world["tt_slow"]), "versions": {"torch": "0.1"}}})
     assert _cli("cache", "show", "--json") == 0
     shown = json.loads(capsys.readouterr().out)
