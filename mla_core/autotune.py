@@ -15,6 +15,7 @@ inputs; a fast but wrong candidate is rejected (warning, and recorded) and the n
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -219,6 +220,17 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
+def _explicit_splits(call: Any, config: dict[str, Any]) -> Any:
+    """The call with the split count a config chose for ``num_kv_splits="auto"`` written in (else ``call``).
+
+    With P quantized the split count changes results, so the reference must be judged on the same
+    count; a call that names it needs no config (the reference's own heuristic would differ).
+    """
+    if getattr(call, "num_kv_splits", 0) is None and "num_kv_splits" in config:
+        return dataclasses.replace(call, num_kv_splits=int(config["num_kv_splits"]))
+    return call
+
+
 def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torch.device | str | None = None,
          reference: str | None = None, warmup: int = 3, repeats: int = 7, seed: int = 0) -> TuneResult:
     """Time every valid ``(backend, config)`` of ``problem`` and pick the fastest whose output matches the reference.
@@ -276,9 +288,9 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             break
         try:
             out = _checked_run(by_name[cand.backend], problem, first, cand.config)
-            ref_config = {k: v for k, v in cand.config.items() if k == "num_kv_splits"}  # splits change numerics
-            if ref_out is None or ref_config:
-                ref_out = _checked_run(ref_backend, problem, first, ref_config)
+            ref_call = _explicit_splits(first, cand.config)
+            if ref_out is None or ref_call is not first:
+                ref_out = _checked_run(ref_backend, problem, ref_call, {})
             err = checking.compare(out, ref_out)
             tol = checking.tolerance(ref_out[0].dtype) if ref_out else 0.0
         except Exception as exc:

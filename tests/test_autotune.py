@@ -178,3 +178,28 @@ def test_inputs_rebuild_exactly_their_problem():
         assert problems.call_nbytes(call) > 0
     with pytest.raises(problems.ProblemInputsError):
         problems.make_call(_decode_problem(32, max_len=8), "cpu")  # a 16-token page cannot make an 8-token bucket
+
+
+def test_auto_splits_are_checked_against_the_reference_at_the_same_count(monkeypatch, tmp_path):
+    """With P quantized the split count changes results: a tuned count is judged against the reference at that count."""
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path))
+    reference = mla_core.get_backend("reference")
+    splits_seen = []
+
+    class SplitDecode(mla_core.Backend):
+        name, device_types = "tt_split_decode", frozenset({"cpu"})
+        capabilities = {"decode": mla_core.OpCapability(features=frozenset({"lse"}))}
+
+        def configs(self, problem):
+            return [{}]
+
+        def decode(self, call, config):
+            import dataclasses
+            splits_seen.append(config["num_kv_splits"])
+            return reference.decode(dataclasses.replace(call, num_kv_splits=config["num_kv_splits"]), {})
+
+    problem = _decode_problem("auto", p_qdq="fp8", max_len=128)  # 4 tiles: splits 1, 2, 4 change P's running max
+    result = autotune.tune(problem, [SplitDecode()], warmup=1, repeats=1)
+    assert sorted(set(splits_seen)) == [1, 2, 4]
+    assert result.winner is not None and not result.rejected, result.rejected
+    assert "num_kv_splits" in result.winner.config and "against reference" in result.check
