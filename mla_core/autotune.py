@@ -41,6 +41,11 @@ DEFAULT_MODE = "cached"
 REFERENCE = checking.REFERENCE
 SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
 """Decode split counts tried when the caller passed ``num_kv_splits="auto"`` and a backend's configs name none."""
+PRUNE_FACTOR = 3.0
+PRUNE_SLACK_US = 200.0
+"""A candidate whose warm-up call (timed with a sync, so it includes launch latency: hence the slack)
+takes over ``PRUNE_FACTOR * best + PRUNE_SLACK_US`` is not measured further: a slow backend (the
+reference on a large shape) then costs three calls, not a full measurement."""
 MAX_INPUT_SETS = 32
 """Most copies of the inputs rotated through while timing (small shapes; large ones overflow L2 alone)."""
 
@@ -78,6 +83,7 @@ class Candidate:
     config: dict[str, Any]
     us: float | None = None
     error: str | None = None
+    note: str | None = None
 
     def label(self) -> str:
         return self.backend + (" " + json.dumps(self.config, sort_keys=True) if self.config else "")
@@ -88,6 +94,8 @@ class Candidate:
             d["us"] = round(self.us, 3)
         if self.error is not None:
             d["error"] = self.error
+        if self.note is not None:
+            d["note"] = self.note
         return d
 
 
@@ -164,12 +172,23 @@ def _l2_bytes(device: torch.device) -> int:
     return 0  # CPU timings serve tests; no rotation
 
 
+class SlowerThanCutoff(Exception):
+    """A candidate's warm-up showed it far slower than the best so far; ``us`` is its warm-up estimate."""
+
+    def __init__(self, us: float):
+        super().__init__(f"{us:.1f} us per call in warm-up")
+        self.us = us
+
+
 def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, warmup: int = 3, repeats: int = 7,
-            target_s: float = 5e-4) -> float:
+            target_s: float = 5e-4, cutoff_us: float | None = None) -> float:
     """Median microseconds per call of ``run`` cycling through ``calls``.
 
-    After ``warmup`` calls, each of ``repeats`` repeats times enough calls to last about ``target_s``
-    (CUDA events on a GPU, perf_counter on the CPU) and divides by their number.
+    The first call (compilation, allocation) is not timed; the other ``warmup - 1`` warm-up calls
+    estimate the per-call time, and with ``cutoff_us`` a candidate slower than that stops here
+    (:class:`SlowerThanCutoff`), so a slow backend costs a few calls, not a full measurement. Then each
+    of ``repeats`` repeats times enough calls to last about ``target_s`` (CUDA events on a GPU,
+    perf_counter on the CPU) and divides by their number.
     """
     turn = 0
 
@@ -178,12 +197,16 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
         run(calls[turn % len(calls)])
         turn += 1
 
+    step()
     _sync(device)
-    start = time.perf_counter()
-    for _ in range(max(1, warmup)):
+    per_call = math.inf
+    for _ in range(max(1, warmup - 1)):
+        start = time.perf_counter()
         step()
-    _sync(device)
-    per_call = (time.perf_counter() - start) / max(1, warmup)
+        _sync(device)
+        per_call = min(per_call, time.perf_counter() - start)
+    if cutoff_us is not None and per_call * 1e6 > cutoff_us:
+        raise SlowerThanCutoff(per_call * 1e6)
     inner = max(1, min(200, round(target_s / max(per_call, 1e-7))))
     samples = []
     if device.type == "cuda":
@@ -267,8 +290,12 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             continue
         for i, config in enumerate(configs):
             cand = Candidate(backend.name, config)
+            best = min((c.us for c in timed if c.us is not None and c.note is None), default=None)
             try:
-                cand.us = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats)
+                cand.us = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats,
+                                  cutoff_us=PRUNE_FACTOR * best + PRUNE_SLACK_US if best is not None else None)
+            except SlowerThanCutoff as slow:
+                cand.us, cand.note = slow.us, f"warm-up estimate only (over {PRUNE_FACTOR:g}x the best so far)"
             except Exception as exc:
                 cand.error = _error(exc)
             timed.append(cand)

@@ -41,6 +41,8 @@ def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
         ("tt_slow", {}), ("tt_fast", {"sleep_s": 0.006}), ("tt_fast", {"sleep_s": 0.001}), ("tt_wrong", {}),
         ("tt_exact", {})]
     assert all(c.us is not None and c.us > 0 for c in result.candidates)
+    # the slowest candidate, timed after faster ones, stops after its warm-up (its time is an estimate)
+    assert next(c for c in result.candidates if c.backend == "tt_exact").note.startswith("warm-up estimate")
     assert (result.winner.backend, result.winner.config) == ("tt_fast", {"sleep_s": 0.001})
     assert result.default.backend == "tt_slow" and result.speedup > 2
     assert [r["backend"] for r in result.rejected] == ["tt_wrong"] and "differs" in result.rejected[0]["reason"]
