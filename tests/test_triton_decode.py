@@ -152,6 +152,15 @@ def test_configs_keep_numerics_cpu(config):
 
 
 @cpu
+@pytest.mark.parametrize("rank,rope", [(48, 0), (32, 8)])
+def test_other_widths_cpu(rank, rope):
+    """Widths that are not powers of two, no RoPE part, and a partial last NVFP4 block of K."""
+    inputs = make_inputs([50, 3], heads=2, rank=rank, rope=rope, page_size=16, dtype=torch.float16)
+    check(inputs, rank, rope, 1e-5, quantized=True, k_qdq="nvfp4", v_qdq="fp8", p_qdq="nvfp4",
+          out_dtype=torch.float32)
+
+
+@cpu
 def test_deepseek_width_cpu():
     inputs = make_inputs([40, 0], heads=16, rank=512, rope=64, page_size=16, dtype=torch.float16)
     check(inputs, 512, 64, 1e-5, quantized=True, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4",

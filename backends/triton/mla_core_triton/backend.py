@@ -23,8 +23,10 @@ class TritonBackend(mla_core.Backend):
     capabilities = {
         "decode": OpCapability(
             limits={"dtype": _FLOAT, "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS,
-                    "heads": range(1, 129)},
-            features=frozenset({"lse", "fp32_q"}), notes="any page size >= 1; heads 1..128"),
+                    "heads": range(1, 129), "kv_lora_rank": range(16, 1025, 16), "rope_dim": range(0, 257)},
+            features=frozenset({"lse", "fp32_q"}),
+            notes="any page size >= 1; heads 1..128; kv_lora_rank a multiple of 16 (NVFP4 K blocks stay "
+                  "within the latent part) up to 1024; rope 0..256"),
         "prefill": OpCapability(
             limits={"dtype": _FLOAT, "q_quant": _FORMATS, "k_quant": _FORMATS, "p_quant": _FORMATS,
                     "v_quant": _FORMATS},

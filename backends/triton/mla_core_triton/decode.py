@@ -211,10 +211,20 @@ def configs(problem) -> list[dict]:
     top = min(64, _pow2(heads))
     if fp32_work:
         top = min(top, 32)  # fp32 operands (or three q parts) need more registers per head
-    # most promising first (measured on the H200: two 32-key tiles per step spill at 16 heads)
-    ranked = [(16, 1, 4, 2), (16, 1, 4, 1), (16, 1, 4, 3), (16, 2, 4, 2)] if top == 16 else [
-        (32, 1, 8, 2), (64, 1, 8, 2), (16, 1, 4, 2), (32, 1, 4, 2), (64, 1, 8, 1), (32, 1, 8, 1), (32, 1, 8, 3),
-        (32, 2, 8, 2), (64, 1, 4, 2), (16, 1, 4, 1)]
+    quant = {problem.get("k_qdq"), problem.get("v_qdq"), problem.get("p_qdq")} - {None}
+    # (block_h, sub_tiles, num_warps, num_stages), most promising first. Measured on the H200 and by
+    # ptxas (benchmarks/NOTES.md): in-register QDQ of a 32x576 tile needs 8 warps to avoid spills, NVFP4
+    # one stage; bf16 at 16 heads likes 3 stages; at 128 heads 64-head groups (wgmma) win.
+    if top == 16:
+        ranked = ([(16, 1, 8, 1), (16, 1, 8, 2), (16, 1, 4, 2), (16, 1, 4, 1)] if quant else
+                  [(16, 1, 4, 3), (16, 1, 4, 2), (16, 1, 8, 3), (16, 1, 4, 1), (16, 2, 4, 2)])
+    elif "nvfp4" in quant:
+        ranked = [(32, 1, 8, 1), (16, 1, 8, 1), (64, 1, 8, 2), (64, 1, 8, 1), (32, 1, 8, 2)]
+    elif quant:
+        ranked = [(64, 1, 8, 2), (32, 1, 8, 2), (16, 1, 8, 1), (64, 1, 8, 1), (32, 1, 8, 1)]
+    else:
+        ranked = [(64, 1, 8, 2), (32, 1, 8, 2), (16, 1, 4, 3), (64, 1, 8, 1), (64, 1, 8, 3), (32, 1, 4, 2),
+                  (32, 2, 8, 2)]
     out = [{"block_h": bh, "sub_tiles": sub, "num_warps": warps, "num_stages": stages}
            for bh, sub, warps, stages in ranked if bh <= top]
     if problem.get("num_kv_splits") == "auto":
