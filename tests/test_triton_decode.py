@@ -178,8 +178,9 @@ def test_out_of_range_pages_are_absent_cpu(monkeypatch):
 
 
 @cpu
-def test_no_lse_cpu():
-    inputs = make_inputs([30], heads=2, rank=64, rope=16, page_size=16, dtype=torch.float16)
+def test_no_lse_int64_indices_cpu():
+    q, cache, table, lens = make_inputs([30, 70], heads=2, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    inputs = [q, cache, table.long(), lens.long()]
     out, lse = decode("triton", inputs, 64, 16, return_lse=False)
     ref, _ = decode("reference", inputs, 64, 16, return_lse=False)
     assert lse is None and rel_l2(out, ref) < 1e-2
