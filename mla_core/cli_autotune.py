@@ -83,18 +83,21 @@ def cmd_warmup(args) -> int:
         return tqdm(items, desc="mla-core warmup", unit="shape", file=sys.stderr)
 
     rows, wall = warmup.timed_run(problems, force=args.force, progress=progress, repeats=args.repeats)
+    agree = warmup.ranks_agree(problems)
     if rank != 0:
         return 0 if all(r.status != "failed" for r in rows) else 1
     dev_name = cache.device_name(device)
     if args.json:
         print(json.dumps({"device": dev_name, "wall_s": round(wall, 2), "cache_file": str(cache.user_file(dev_name)),
-                          "problems": [r.as_dict() for r in rows]}, indent=2))
+                          "ranks_agree": agree, "problems": [r.as_dict() for r in rows]}, indent=2))
     else:
         header, table = warmup.summary(rows)
         print(_table(header, table))
         counts = {s: sum(r.status == s for r in rows) for s in ("tuned", "cached", "failed")}
         print(f"\n{len(rows)} shapes on {dev_name} in {wall:.1f} s: {counts['tuned']} tuned, {counts['cached']} already "
               f"cached, {counts['failed']} failed; cache: {cache.user_file(dev_name)}")
+        if agree is not None:
+            print(f"all ranks dispatch these shapes identically: {'yes' if agree else 'NO'}")
     return 0 if all(r.status != "failed" for r in rows) else 1
 
 

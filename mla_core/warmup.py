@@ -211,8 +211,28 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
         results = {i: r for part in gathered for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "cached")}
     autotune.install(tuned, source="tuned")
+    if dist is not None and world > 1:
+        autotune.sync()  # rank 0's view wins for anything a rank held differently (e.g. its own older cache)
     return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""))
             for i in range(len(problems))]
+
+
+def ranks_agree(problems: list[Problem]) -> bool | None:
+    """Whether every rank dispatches ``problems`` to the same (backend, config); None outside torch.distributed."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    from .dispatch import choose
+    mine = [(p.key(), choose(p).backend.name, sorted(choose(p).config.items())) for p in problems
+            if _runnable(p)]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return all(theirs == everyone[0] for theirs in everyone)
+
+
+def _runnable(problem: Problem) -> bool:
+    from .dispatch import candidates
+    return bool(candidates(problem)[0])
 
 
 def _usable(entry: dict[str, Any], dev_name: str) -> bool:

@@ -36,6 +36,7 @@ def test_two_ranks_agree(tmp_path):
     # warm-up under a process group: each rank tuned its share, both ended with every choice
     assert r0["tuned_here"] and r1["tuned_here"] and set(r0["tuned_here"]).isdisjoint(r1["tuned_here"])
     assert r0["warmup_choices"] == r1["warmup_choices"] and len(r0["warmup_choices"]) == 3
+    assert r0["ranks_agree"] is True and r1["ranks_agree"] is True
     assert all(status == "tuned" for status in r0["warmup_status"] + r1["warmup_status"])
 
 
@@ -80,6 +81,7 @@ def _worker(rank: int, store: str, out: str) -> None:
     result["warmup_status"] = [r.status for r in rows]
     result["tuned_here"] = tuned_here
     result["warmup_choices"] = [[dispatch.choose(p).backend.name, dispatch.choose(p).config] for p in problems]
+    result["ranks_agree"] = warmup.ranks_agree(problems)
     dist.barrier()
     dist.destroy_process_group()
     with open(out, "w") as f:
