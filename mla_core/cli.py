@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", help="check only this backend (repeatable)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_check)
+    from . import cli_autotune
+    cli_autotune.add_parsers(sub)
     return parser
 
 
