@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: install mla_core, then run the named steps; logs and tables go to $OUT.
+#   bash benchmarks/device_run.sh tests decode prefill dispatch warmup
+# Steps: tests (pytest -m gpu), decode / prefill (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 TP=8 then
+# TP=1,2,4, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda).
+# Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$(mktemp -d)}
+LOGS=$(mktemp -d)
+cd "$(dirname "$0")/.."
+
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 \
+   || ! python3 -c "import mla_core, sys; sys.exit(0 if {'reference', 'triton'} <= set(mla_core.backends()) else 1)"; then
+  # Fallback seen needed once: put the sources on the path and declare the entry points by hand.
+  echo "editable install did not register the plugins; using PYTHONPATH + a hand-written dist-info" | tee -a "$LOGS/install.log"
+  ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
+  printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
+  printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\n[console_scripts]\nmla-core = mla_core.cli:main\n' \
+    >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
+  export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$ep${PYTHONPATH:+:$PYTHONPATH}"
+  mla_core_cli() { python3 -m mla_core.cli "$@"; }
+else
+  mla_core_cli() { mla-core "$@"; }
+fi
+python3 -c "import mla_core, torch, triton; print('mla_core', mla_core.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'backends', sorted(mla_core.backends()))"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+git rev-parse --short HEAD 2>/dev/null || true
+
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    tests)    python3 -m pytest -m gpu -q -p no:cacheprovider -x --durations=10 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 ;;
+    decode)   OUT=$LOGS python3 benchmarks/bench_decode.py ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/bench_decode.log" ;;
+    prefill)  OUT=$LOGS python3 benchmarks/bench_prefill.py ${PREFILL_ARGS:-} 2>&1 | tee "$LOGS/bench_prefill.log" ;;
+    dispatch) python3 benchmarks/bench_dispatch.py --device cuda --json "$LOGS/bench_dispatch.json" 2>&1 | tee "$LOGS/bench_dispatch.log" ;;
+    check)    mla_core_cli check --device cuda 2>&1 | tee "$LOGS/check.log" ;;
+    warmup)
+      cache=$(mktemp -d)
+      MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp 8 --no-progress 2>&1 | tee "$LOGS/warmup_tp8.log"
+      MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp 1,2,4 --no-progress >"$LOGS/warmup_tp124.log" 2>&1
+      tail -5 "$LOGS/warmup_tp124.log"
+      MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+tar czf "$OUT/logs.tgz" -C "$LOGS" .
