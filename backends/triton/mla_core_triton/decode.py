@@ -59,7 +59,7 @@ def _decode_split_kernel(
         NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
         PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, SUB_TILES: tl.constexpr,
         K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr,
-        K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr,
+        K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr, V_SAME_AS_K: tl.constexpr,
         DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, Q_SPLIT: tl.constexpr, IEEE: tl.constexpr,
         UPCAST: tl.constexpr, HW_CVT: tl.constexpr, P_BF16_RNE: tl.constexpr, DIRECT: tl.constexpr,
         WRITE_LSE: tl.constexpr):
@@ -148,7 +148,9 @@ def _decode_split_kernel(
                     p_d = p_v
             # V = the first NOPE latent values, fake-quantized along tokens (16-token blocks at absolute
             # positions: tiles start at multiples of 32; absent tokens load 0 and never raise a block max)
-            if V_FMT == 1:
+            if V_SAME_AS_K:
+                v_d = kn_d  # FP8 of the same values with the same scale: K's codes already are V's
+            elif V_FMT == 1:
                 v_d = fp8_unscaled(kn.to(tl.float32), v_scale, V_HAS_SCALE, HW_CVT)
             elif V_FMT == 2:
                 v_d = nvfp4_unscaled(kn.to(tl.float32), v_scale, TILE, D_NOPE, 0, HW_CVT)
@@ -196,6 +198,9 @@ def _decode_combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, num_split
     if WRITE_LSE:
         tl.store(lse_ptr + row, tl.where(has, safe_max + tl.log(tl.where(has, total, 1.0)), float("-inf")))
 
+
+JIT_KERNELS = ("_decode_split_kernel", "_decode_combine_kernel")
+"""Module-level names of the kernels ``run`` launches (benchmarks/compile_report.py swaps them)."""
 
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -246,13 +251,18 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def run(call: DecodeCall, config: dict):
-    """Decode: returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] fp32 or None)."""
+def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
+    """Decode: returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] fp32 or None).
+
+    ``on_gpu`` (default: the tensors' device is CUDA) selects the GPU code paths; benchmarks/compile_report.py
+    forces it to compile the GPU kernels from CPU tensors.
+    """
     q, cache = call.q, call.latent_cache
     batch, heads, _ = q.shape
     nope, rope = call.kv_lora_rank, call.rope_dim
     device = q.device
-    on_gpu = device.type == "cuda"
+    if on_gpu is None:
+        on_gpu = device.type == "cuda"
     out = torch.empty(batch, heads, nope, dtype=call.out_dtype, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
     if batch == 0:
@@ -289,7 +299,7 @@ def run(call: DecodeCall, config: dict):
         float(call.softmax_scale) * k_scale * _LOG2E, k_scale, v_scale, p_scale, v_scale * p_scale,
         NOPE=nope, ROPE=rope, D_NOPE=_pow2(nope), D_ROPE=_pow2(rope), PAGE_SIZE=call.page_size,
         BLOCK_H=block_h, SUB_TILES=sub_tiles, K_FMT=k_fmt, V_FMT=v_fmt, P_FMT=p_fmt,
-        K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0,
+        K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0, V_SAME_AS_K=k_fmt == v_fmt == 1 and k_scale == v_scale,
         DOT_DTYPE=dot_dtype, V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
         IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16, HW_CVT=on_gpu,
         P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
