@@ -7,7 +7,7 @@ Backends are pluggy plugins (entry-point group ``mla_core``) subclassing :class:
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import numerics
+from . import numerics, torch_ops  # torch_ops registers torch.ops.mla_core.* for torch.compile
 from .backend import Backend, OpCapability
 from .dispatch import use_backend
 from .errors import MLAInputError, NoBackendError

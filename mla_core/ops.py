@@ -17,6 +17,19 @@ def _run(problem, call, backend):
     return choice.backend.run(problem, call, choice.config)
 
 
+def _compiling() -> bool:
+    """Inside torch.compile tracing: ops go through their ``torch.ops.mla_core`` custom op (mla_core.torch_ops)."""
+    return torch.compiler.is_compiling()
+
+
+def _fill(buffer, value):
+    """Copy a custom op's new output into a caller's buffer (a custom op cannot return its inputs)."""
+    if buffer is None:
+        return value
+    buffer.copy_(value.view(buffer.shape))
+    return buffer
+
+
 def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, kv_lora_rank=512,
                          qk_rope_head_dim=64, page_size=None, num_kv_splits=32, k_qdq=None, k_qdq_amax=None,
                          v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None,
@@ -48,6 +61,12 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
     Returns:
         ``(out [batch, heads, kv_lora_rank] out_dtype, lse [batch, heads] float32 or None)``.
     """
+    if _compiling():
+        out, lse = torch.ops.mla_core.decode(
+            q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim,
+            0 if num_kv_splits == specs.AUTO else num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq,
+            p_qdq_amax, return_lse, out_dtype, backend)
+        return out, (lse if return_lse else None)
     problem, call = specs.validate_decode(
         q, latent_cache, block_table, b_seq_len, softmax_scale=softmax_scale, kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope_head_dim, page_size=page_size, num_kv_splits=num_kv_splits, k_qdq=k_qdq,
@@ -84,6 +103,12 @@ def mla_prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sof
     Returns:
         out [total_q, heads, v_dim] in v.dtype; with ``return_lse`` the tuple ``(out, lse [heads, total_q] float32)``.
     """
+    if _compiling():
+        out, lse = torch.ops.mla_core.prefill(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, return_lse, q_quant, k_quant,
+            p_quant, v_quant, q_amax, k_amax, p_amax, v_amax, sparsity_n, sparsity_m, dense_sink_tokens,
+            dense_recent_tokens, block_m, block_n, backend)
+        return (out, lse) if return_lse else out
     problem, call = specs.validate_prefill(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, return_lse, q_quant=q_quant,
         k_quant=k_quant, p_quant=p_quant, v_quant=v_quant, q_amax=q_amax, k_amax=k_amax, p_amax=p_amax,
@@ -110,6 +135,9 @@ def merge_attn_states(prefix_output, prefix_lse, suffix_output, suffix_lse, outp
     Returns:
         ``(output, output_lse)``.
     """
+    if _compiling():
+        out, lse = torch.ops.mla_core.merge_attn_states(prefix_output, prefix_lse, suffix_output, suffix_lse, backend)
+        return _fill(output, out), _fill(output_lse, lse)
     problem, call = specs.validate_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, output, output_lse)
     return _run(problem, call, backend)
 
@@ -137,6 +165,10 @@ def mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids
     Returns:
         ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``; given buffers are returned as they are.
     """
+    if _compiling():
+        outs = torch.ops.mla_core.rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
+                                                    quant_scale_q, quant_scale_kv, backend)
+        return tuple(_fill(buf, o) for buf, o in zip((q_rope_out, k_rope_out, q_nope_out, k_nope_out), outs))
     problem, call = specs.validate_rope_quantize(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
                                                  quantize_dtype, quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out,
                                                  q_nope_out, k_nope_out)
@@ -199,10 +231,18 @@ def sparse_mla_fp8_decode(query, kv_cache, workspace_buffer, qk_nope_head_dim, k
         out [batch, q_len, heads, 512] bf16, or ``(out, lse [batch, q_len, heads] float32)`` with return_lse
         (the given ``out`` / ``lse`` buffers themselves when passed, ``lse`` in the layout it was given).
     """
+    name = None if backend is None or backend in FLASHINFER_BACKEND_NAMES else backend
+    if _compiling():
+        if metadata is not None:
+            raise specs.MLAInputError("metadata: got a metadata object under torch.compile, needs None "
+                                      "(pass seq_lens; the compiled graph prepares it)")
+        o, lse_new = torch.ops.mla_core.sparse_mla_fp8_decode(query, kv_cache, block_tables, seq_lens, sparse_mla_top_k,
+                                                              float(bmm1_scale), float(bmm2_scale), name)
+        o, lse_new = _fill(out, o), _fill(lse, lse_new)
+        return (o, lse_new) if return_lse else o
     problem, call = specs.validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
                                                  block_tables, seq_lens, sparse_mla_top_k, out, bmm1_scale, bmm2_scale,
                                                  lse, return_lse, metadata)
-    name = None if backend is None or backend in FLASHINFER_BACKEND_NAMES else backend
     out, lse_out = _run(problem, call, name)
     if lse is not None:  # the caller's buffer, in the layout it was given (a backend may return a 3-D view of it)
         lse_out = lse

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import numerics
 from .errors import MLAInputError
@@ -111,6 +112,8 @@ def content_checks_enabled(*tensors: torch.Tensor) -> bool:
     """Whether value checks (which read device memory) run for this call."""
     if os.environ.get(ENV_CHECKS, "all") == "metadata":
         return False
+    if torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in tensors):
+        return False  # tracing: no values to read (the compiled op checks them when it runs)
     if any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing():
         return False
     return True
@@ -477,8 +480,8 @@ SPARSE_TOPK_MULTIPLE = 64
 class SparseDecodeMetadata:
     """Reusable schedule of :func:`mla_core.sparse_mla_fp8_decode` for one query shape, top-k and ``seq_lens``.
 
-    ``valid_lens`` [batch] int32 (on the query's device) holds ``min(seq_lens, top_k)``; ``max_valid``
-    the largest. Prepare a new object whenever seq_lens values, the query shape or top-k change.
+    ``valid_lens`` [batch] int32 (on the query's device) holds ``min(seq_lens, top_k)``, computed on the
+    device (no host sync). Prepare a new object whenever seq_lens values, the query shape or top-k change.
     """
 
     batch: int
@@ -486,18 +489,15 @@ class SparseDecodeMetadata:
     heads: int
     top_k: int
     valid_lens: torch.Tensor
-    max_valid: int
 
 
 def make_sparse_metadata(query: torch.Tensor, seq_lens: torch.Tensor | None, top_k: int) -> SparseDecodeMetadata:
     batch, q_len, heads = query.shape[0], query.shape[1], query.shape[2]
     if seq_lens is None:
         valid = torch.full((batch,), top_k, dtype=torch.int32, device=query.device)
-        max_valid = top_k if batch else 0
     else:
         valid = seq_lens.to(torch.int32).clamp(0, top_k)
-        max_valid = int(valid.max()) if batch else 0
-    return SparseDecodeMetadata(batch, q_len, heads, top_k, valid, max_valid)
+    return SparseDecodeMetadata(batch, q_len, heads, top_k, valid)
 
 
 @dataclass

@@ -412,5 +412,5 @@ def test_sparse_metadata_rejects(name, change):
 def test_sparse_metadata_accepts_none_and_edge_lengths():
     args = metadata_args()
     meta = mla_core.get_sparse_decode_metadata(args["query"], torch.tensor([0, 64], dtype=torch.int32), 64)
-    assert meta.valid_lens.tolist() == [0, 64] and meta.max_valid == 64
+    assert meta.valid_lens.tolist() == [0, 64]
     assert mla_core.get_sparse_decode_metadata(args["query"], None, 128).valid_lens.tolist() == [128, 128]
