@@ -2,7 +2,8 @@
 # One call on the lent GPU machine: install mla_core, then run the named steps; logs and tables go to $OUT.
 #   bash benchmarks/device_run.sh tests decode prefill dispatch warmup
 # Steps: tests (pytest -m gpu), decode / prefill (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 TP=8 then
-# TP=1,2,4, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda).
+# TP=1,2,4, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
+# sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
 # Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -41,6 +42,12 @@ for step in "$@"; do
       MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp 1,2,4 --no-progress >"$LOGS/warmup_tp124.log" 2>&1
       tail -5 "$LOGS/warmup_tp124.log"
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
+    sync2)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here
+      nvidia-smi -L
+      MLA_CORE_CACHE_DIR=$(mktemp -d) torchrun --nproc-per-node 2 -m mla_core.cli warmup --model deepseek-v3 --tp 8 \
+        --ops decode,merge --batch 1,32 --lengths 4096 --prefill-lengths 1024 --recipes bf16,fp8 --force --no-progress \
+        2>&1 | tee "$LOGS/sync2.log" | tail -40 ;;
     *) echo "unknown step $step" ;;
   esac
 done
