@@ -19,6 +19,7 @@ are prefill's own: mla_core_triton.quant's E2M1 rounding costs more ALU per P el
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -32,6 +33,8 @@ _FMT_CODE = {None: 0, "fp8": 1, "nvfp4": 2}
 
 # fp32 round-to-nearest-even to an integer for 0 <= t < 2**22: adding 2**23 leaves no fraction bits.
 _RNE_MAGIC = tl.constexpr(8388608.0)
+# correctly rounded float32 1/6 (NVFP4 block scales divide the block maximum by 6)
+_INV_SIX = tl.constexpr(float(np.float32(1.0) / np.float32(numerics.E2M1_MAX)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -39,11 +42,48 @@ _RNE_MAGIC = tl.constexpr(8388608.0)
 
 
 @triton.jit
-def _e4m3(x, HW_FP8: tl.constexpr):
-    """float32 -> nearest-even FP8 E4M3 value (float32), saturating at ±448."""
-    if HW_FP8:
-        y = tl.minimum(tl.maximum(x, -448.0), 448.0)
-        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
+def _fma(a, b, c, HW: tl.constexpr):
+    """``a * b + c`` rounded once (the interpreter's fma rounds twice; float64 keeps ``a * b`` exact there)."""
+    if HW:
+        return tl.fma(a, b, c)
+    else:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _div(x, d, r, HW: tl.constexpr):
+    """Correctly rounded float32 ``x / d`` from ``r`` ~ 1/d, without a division instruction.
+
+    ``q = x * r`` is within an ulp of x / d; one exact residual ``x - q * d`` (an fma) corrects it to
+    the rounded quotient (Markstein). This is the fast path of the GPU's ``div.rn`` (which adds a
+    range check and a slow-path call per element); it is exact for a correctly rounded ``r`` and for the
+    Newton-refined reciprocal of :func:`_rcp`, with normal quotients and residuals. Quotients that
+    could underflow here are far below the smallest FP8 / E2M1 step, where any nearby value rounds alike.
+    """
+    q = x * r
+    return _fma(_fma(-q, d, x, HW), r, q, HW)
+
+
+@triton.jit
+def _rcp(d, HW: tl.constexpr):
+    """Reciprocal of float32 d >= 0 for :func:`_div` (0 where d is 0): ``div.rn``'s approximate
+    reciprocal and Newton step on the GPU, the exact reciprocal under the interpreter."""
+    safe = tl.where(d == 0.0, 1.0, d)
+    if HW:
+        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [safe], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        y = _fma(_fma(-safe, y, tl.full(safe.shape, 1.0, tl.float32), HW), y, y, HW)
+    else:
+        y = 1.0 / safe
+    return tl.where(d == 0.0, 0.0, y)
+
+
+@triton.jit
+def _e4m3(x, DST: tl.constexpr, HW: tl.constexpr):
+    """float32 -> nearest-even FP8 E4M3 value saturating at ±448, returned in DST (exact there)."""
+    if HW:
+        # one cvt.rn.satfinite.e4m3x2.f32 per two values: round to nearest even, saturating
+        return x.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(DST)
     else:
         a = tl.minimum(tl.abs(x), 448.0)
         # spacing 2^(e-3) for a normal value of exponent e; subnormals share e = -6 (spacing 2^-9)
@@ -51,54 +91,63 @@ def _e4m3(x, HW_FP8: tl.constexpr):
         quantum = ((e + 124) << 23).to(tl.float32, bitcast=True)
         inv_quantum = ((130 - e) << 23).to(tl.float32, bitcast=True)
         r = ((a * inv_quantum + _RNE_MAGIC) - _RNE_MAGIC) * quantum
-        return tl.where(x < 0, -r, r)
+        return tl.where(x < 0, -r, r).to(DST)
 
 
 @triton.jit
-def _e2m1(x):
-    """float32 -> nearest E2M1 value (ties to the even code), saturating at ±6.
+def _e2m1_abs(a):
+    """float32 a >= 0 -> nearest E2M1 value (ties to the even code), saturating at 6.
 
-    E2M1 is evenly spaced by 0.5 below 2, by 1 in [2, 4) and by 2 above, and its even codes are the
-    even multiples of each spacing, so round-half-even on the spacing gives the contract's ties.
+    E2M1's spacing is 2^(e-1) for a value of exponent e >= 0 and 0.5 below 1, and its even codes are
+    the even multiples of the spacing. Adding c = 2^(22 + max(e, 0)), whose float32 ulp is that
+    spacing, lets the add's round-to-nearest-even do the rounding; subtracting c again is exact.
     """
-    a = tl.abs(x)
-    inv_quantum = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
-    quantum = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
-    r = tl.minimum(((a * inv_quantum + _RNE_MAGIC) - _RNE_MAGIC) * quantum, 6.0)
-    return tl.where(x < 0, -r, r)
+    a = tl.minimum(a, 6.0)
+    c = (tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + 0x0B000000).to(tl.float32,
+                                                                                            bitcast=True)
+    return (a + c) - c
 
 
 @triton.jit
-def _fp8_codes(x, scale, HW_FP8: tl.constexpr):
-    """FP8 codes ``e4m3(x / scale)`` of a float32 tile; the value is ``code * scale``."""
-    return _e4m3(tl.math.div_rn(x, tl.full(x.shape, scale, tl.float32)), HW_FP8)
+def _fp8_codes(x, scale, inv_scale, DST: tl.constexpr, HW: tl.constexpr):
+    """FP8 codes ``e4m3(x / scale)`` of a float32 tile in DST; the value is ``code * scale``.
+
+    inv_scale: the correctly rounded float32 1 / scale.
+    """
+    d, r = tl.full(x.shape, scale, tl.float32), tl.full(x.shape, inv_scale, tl.float32)
+    return _e4m3(_div(x, d, r, HW), DST, HW)
 
 
 @triton.jit
-def _nvfp4_codes(x, g, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, HW_FP8: tl.constexpr):
-    """NVFP4 codes of a float32 [R, C] tile, blocks of 16 along AXIS (0 or 1) from index 0.
+def _nvfp4_codes(x, g, inv_g, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, DST: tl.constexpr,
+                 NONNEG: tl.constexpr, HW: tl.constexpr):
+    """NVFP4 codes of a float32 [R, C] tile in DST, blocks of 16 along AXIS (0 or 1) from index 0.
 
     code = e2m1(x / s) * e4m3(bmax / 6 / g) with s = e4m3(bmax / 6 / g) * g, so the value is ``code * g``
-    (0 where s is 0). Padding elements must be 0 (they never raise a block maximum).
+    (0 where s is 0). inv_g: the correctly rounded float32 1 / g. NONNEG: x >= 0 (P), no sign handling.
+    Padding elements must be 0 (they never raise a block maximum).
     """
+    a = x if NONNEG else tl.abs(x)
     if AXIS == 1:
-        x3 = tl.reshape(x, (R, C // 16, 16))
-        bmax = tl.max(tl.abs(x3), axis=2)
+        a3 = tl.reshape(a, (R, C // 16, 16))
+        bmax = tl.max(a3, axis=2)
     else:
-        x3 = tl.reshape(x, (R // 16, 16, C))
-        bmax = tl.max(tl.abs(x3), axis=1)
-    six = tl.full(bmax.shape, 6.0, tl.float32)
-    block = _e4m3(tl.math.div_rn(tl.math.div_rn(bmax, six), tl.full(bmax.shape, g, tl.float32)), HW_FP8)
-    s = block * g
+        a3 = tl.reshape(a, (R // 16, 16, C))
+        bmax = tl.max(a3, axis=1)
+    six, inv_six = tl.full(bmax.shape, 6.0, tl.float32), tl.full(bmax.shape, _INV_SIX, tl.float32)
+    g_t, inv_g_t = tl.full(bmax.shape, g, tl.float32), tl.full(bmax.shape, inv_g, tl.float32)
+    block = _e4m3(_div(_div(bmax, six, inv_six, HW), g_t, inv_g_t, HW), tl.float32, HW)
+    s = block * g_t
+    r = _rcp(s, HW)
     if AXIS == 1:
-        s3 = s[:, :, None]
-        b3 = block[:, :, None]
+        s3, r3, b3 = s[:, :, None], r[:, :, None], block[:, :, None]
     else:
-        s3 = s[:, None, :]
-        b3 = block[:, None, :]
-    safe = tl.where(s3 == 0.0, 1.0, s3)
-    y = tl.where(s3 == 0.0, 0.0, _e2m1(tl.math.div_rn(x3, safe)) * b3)
-    return tl.reshape(y, (R, C))
+        s3, r3, b3 = s[:, None, :], r[:, None, :], block[:, None, :]
+    # r3 is 0 where s is 0, so x / s comes out 0 there
+    y = tl.reshape(_e2m1_abs(_div(a3, s3, r3, HW)) * b3, (R, C))
+    if not NONNEG:
+        y = tl.where(x < 0, -y, y)
+    return y.to(DST)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -106,17 +155,19 @@ def _nvfp4_codes(x, g, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, HW_
 
 
 @triton.jit
-def _codes(x, FMT: tl.constexpr, f, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, HW_FP8: tl.constexpr):
-    """Quantization codes of a float32 [R, C] tile in format FMT (0 none, 1 fp8, 2 nvfp4) with factor f.
+def _codes(x, FMT: tl.constexpr, f, rf, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, DST: tl.constexpr,
+           HW_FP8: tl.constexpr):
+    """Quantization codes in DST of a float32 [R, C] tile in format FMT (0 none, 1 fp8, 2 nvfp4).
 
-    NVFP4 blocks run along AXIS from index 0 of the tile; the value is ``code * f``.
+    f: the per-tensor factor (the value is ``code * f``), rf: its correctly rounded float32 reciprocal.
+    NVFP4 blocks run along AXIS from index 0 of the tile.
     """
     if FMT == 1:
-        return _fp8_codes(x, f, HW_FP8)
+        return _fp8_codes(x, f, rf, DST, HW_FP8)
     elif FMT == 2:
-        return _nvfp4_codes(x, f, R, C, AXIS, HW_FP8)
+        return _nvfp4_codes(x, f, rf, R, C, AXIS, DST, False, HW_FP8)
     else:
-        return x
+        return x.to(DST)
 
 
 @triton.jit
@@ -141,13 +192,16 @@ def _nm_keep(s, q_pos, kv_pos, q_len, sink, recent, SPARSE_N: tl.constexpr, SPAR
 
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k, shift, len_q,
-                 stride_kt, stride_vt, score_scale, k_f, v_f, p_f, sink, recent,
+                 stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink, recent,
                  da_mask, db_mask, dv_mask,
-                 DT: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DT: tl.constexpr, QK_DT: tl.constexpr, PV_DT: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  DA: tl.constexpr, DB: tl.constexpr, DVP: tl.constexpr,
                  K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr, MASKED: tl.constexpr,
                  CAUSAL: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr, HW_FP8: tl.constexpr):
-    """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns the updated (acc, l, m)."""
+    """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns the updated (acc, l, m).
+
+    QK_DT / PV_DT: the dtype of the operands of each dot (DT, or float16 where both are codes).
+    """
     kv_pos = n0 + offs_n
     k_in = kv_pos < len_k
     tok = kv_pos.to(tl.int64)
@@ -156,7 +210,7 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
     else:
         k_a = tl.load(k_ptrs_a + tok[:, None] * stride_kt, mask=da_mask[None, :], other=0.0)
     if K_FMT != 0:  # raw operands go straight from the load to the dot, so the loads pipeline
-        k_a = _codes(k_a.to(tl.float32), K_FMT, k_f, BLOCK_N, DA, 1, HW_FP8).to(DT)
+        k_a = _codes(k_a.to(tl.float32), K_FMT, k_f, k_rf, BLOCK_N, DA, 1, QK_DT, HW_FP8)
     qk = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
     if DB > 0:
         if MASKED:
@@ -164,7 +218,7 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
         else:
             k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=db_mask[None, :], other=0.0)
         if K_FMT != 0:
-            k_b = _codes(k_b.to(tl.float32), K_FMT, k_f, BLOCK_N, DB, 1, HW_FP8).to(DT)
+            k_b = _codes(k_b.to(tl.float32), K_FMT, k_f, k_rf, BLOCK_N, DB, 1, QK_DT, HW_FP8)
         qk = tl.dot(q_b, tl.trans(k_b), qk, input_precision=DOT_PREC)
     s = qk * score_scale
     if MASKED:
@@ -181,9 +235,9 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if P_FMT == 1:
-        p_op = _fp8_codes(p, p_f, HW_FP8).to(DT)
+        p_op = _fp8_codes(p, p_f, p_rf, PV_DT, HW_FP8)
     elif P_FMT == 2:
-        p_op = _nvfp4_codes(p.to(DT).to(tl.float32), p_f, BLOCK_M, BLOCK_N, 1, HW_FP8).to(DT)
+        p_op = _nvfp4_codes(p.to(DT).to(tl.float32), p_f, p_rf, BLOCK_M, BLOCK_N, 1, PV_DT, True, HW_FP8)
     else:
         p_op = p.to(DT)
     if MASKED:
@@ -191,7 +245,7 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
     else:
         v = tl.load(v_ptrs + tok[:, None] * stride_vt, mask=dv_mask[None, :], other=0.0)
     if V_FMT != 0:
-        v = _codes(v.to(tl.float32), V_FMT, v_f, BLOCK_N, DVP, 0, HW_FP8).to(DT)
+        v = _codes(v.to(tl.float32), V_FMT, v_f, v_rf, BLOCK_N, DVP, 0, PV_DT, HW_FP8)
     acc = acc * alpha[:, None]
     acc = tl.dot(p_op, v, acc, input_precision=DOT_PREC)
     return acc, l_i, m_new
@@ -200,13 +254,18 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                    lse_stride_h, score_scale, out_scale, q_f, k_f, v_f, p_f, sink, recent,
+                    lse_stride_h, score_scale, out_scale, q_f, k_f, v_f, p_f, q_rf, k_rf, v_rf, p_rf, sink, recent,
                     HEAD_GROUP: tl.constexpr, DQK: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
                     DV: tl.constexpr, DVP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, Q_FMT: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
                     P_FMT: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr,
-                    RETURN_LSE: tl.constexpr, DOT_PREC: tl.constexpr, HW_FP8: tl.constexpr):
-    """Grid (query tiles, heads, sequences). Writes out [total_q, heads, DV] and lse [heads, total_q]."""
+                    RETURN_LSE: tl.constexpr, DOT_PREC: tl.constexpr, QK16: tl.constexpr, PV16: tl.constexpr,
+                    HW_FP8: tl.constexpr):
+    """Grid (query tiles, heads, sequences). Writes out [total_q, heads, DV] and lse [heads, total_q].
+
+    q_f..p_f: per-tensor factors, q_rf..p_rf their float32 reciprocals. QK16 / PV16: run that dot on
+    float16 codes (both operands quantized, so exact in float16: no conversion of FP8 codes to bf16).
+    """
     # causal: the last query tiles see the most keys; start them first so the short ones fill the tail
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
@@ -221,6 +280,14 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     shift = len_k - len_q  # query i sits at key position i + shift
     kv_head = head // HEAD_GROUP
     DT = q_ptr.dtype.element_ty
+    if QK16:
+        QK_DT: tl.constexpr = tl.float16
+    else:
+        QK_DT: tl.constexpr = DT
+    if PV16:
+        PV_DT: tl.constexpr = tl.float16
+    else:
+        PV_DT: tl.constexpr = DT
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -231,14 +298,14 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     q_in = offs_m < len_q
     q_rows = q_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_qt + head * stride_qh
     q_a = tl.load(q_rows + offs_da[None, :], mask=q_in[:, None] & da_mask[None, :], other=0.0)
-    q_a = _codes(q_a.to(tl.float32), Q_FMT, q_f, BLOCK_M, DA, 1, HW_FP8).to(DT)
+    q_a = _codes(q_a.to(tl.float32), Q_FMT, q_f, q_rf, BLOCK_M, DA, 1, QK_DT, HW_FP8)
     k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
     k_ptrs_a = k_base + offs_da
     if DB > 0:
         offs_db = DA + tl.arange(0, DB)
         db_mask = offs_db < DQK
         q_b = tl.load(q_rows + offs_db[None, :], mask=q_in[:, None] & db_mask[None, :], other=0.0)
-        q_b = _codes(q_b.to(tl.float32), Q_FMT, q_f, BLOCK_M, DB, 1, HW_FP8).to(DT)
+        q_b = _codes(q_b.to(tl.float32), Q_FMT, q_f, q_rf, BLOCK_M, DB, 1, QK_DT, HW_FP8)
         k_ptrs_b = k_base + offs_db
     else:
         db_mask = da_mask
@@ -264,13 +331,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
         full_hi = 0
     for n0 in range(0, full_hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
-                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, sink, recent,
-                                     da_mask, db_mask, dv_mask, DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
+                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink,
+                                     recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
                                      K_FMT, V_FMT, P_FMT, False, CAUSAL, SPARSE_N, SPARSE_M, HW_FP8)
     for n0 in range(full_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
-                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, sink, recent,
-                                     da_mask, db_mask, dv_mask, DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
+                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink,
+                                     recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
                                      K_FMT, V_FMT, P_FMT, True, CAUSAL, SPARSE_N, SPARSE_M, HW_FP8)
 
     has_key = l_i > 0.0
@@ -288,10 +355,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
 
 
 @triton.jit
-def _k_codes_kernel(k_ptr, c_ptr, total_k, stride_kt, stride_kh, stride_ct, stride_ch, k_f,
+def _k_codes_kernel(k_ptr, c_ptr, total_k, stride_kt, stride_kh, stride_ct, stride_ch, k_f, k_rf,
                     DQK: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_T: tl.constexpr,
                     K_FMT: tl.constexpr, HW_FP8: tl.constexpr):
-    """Grid (token blocks, kv heads): codes of K along features, written in K's dtype."""
+    """Grid (token blocks, kv heads): codes of K along features, written in c's dtype."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)
     t_in = tok < total_k
@@ -300,18 +367,18 @@ def _k_codes_kernel(k_ptr, c_ptr, total_k, stride_kt, stride_kh, stride_ct, stri
     offs_a = tl.arange(0, DA)
     mask_a = t_in[:, None] & (offs_a < DQK)[None, :]
     x = tl.load(rows_k + offs_a[None, :], mask=mask_a, other=0.0).to(tl.float32)
-    tl.store(rows_c + offs_a[None, :], _codes(x, K_FMT, k_f, BLOCK_T, DA, 1, HW_FP8).to(c_ptr.dtype.element_ty),
+    tl.store(rows_c + offs_a[None, :], _codes(x, K_FMT, k_f, k_rf, BLOCK_T, DA, 1, c_ptr.dtype.element_ty, HW_FP8),
              mask=mask_a)
     if DB > 0:
         offs_b = DA + tl.arange(0, DB)
         mask_b = t_in[:, None] & (offs_b < DQK)[None, :]
         x = tl.load(rows_k + offs_b[None, :], mask=mask_b, other=0.0).to(tl.float32)
-        tl.store(rows_c + offs_b[None, :], _codes(x, K_FMT, k_f, BLOCK_T, DB, 1, HW_FP8).to(c_ptr.dtype.element_ty),
+        tl.store(rows_c + offs_b[None, :], _codes(x, K_FMT, k_f, k_rf, BLOCK_T, DB, 1, c_ptr.dtype.element_ty, HW_FP8),
                  mask=mask_b)
 
 
 @triton.jit
-def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, stride_vt, stride_vh, stride_ct, stride_ch, v_f,
+def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, stride_vt, stride_vh, stride_ct, stride_ch, v_f, v_rf,
                     DV: tl.constexpr, DVP: tl.constexpr, BLOCK_T: tl.constexpr, V_FMT: tl.constexpr,
                     HW_FP8: tl.constexpr):
     """Grid (key blocks, kv heads, sequences): codes of V along keys, blocks from each sequence's first key."""
@@ -327,8 +394,8 @@ def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, stride_vt, stride_vh, stride_ct, str
     mask = (pos < len_k)[:, None] & (offs_d < DV)[None, :]
     tok = (k_start + pos).to(tl.int64)[:, None]
     x = tl.load(v_ptr + tok * stride_vt + head * stride_vh + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    y = _codes(x, V_FMT, v_f, BLOCK_T, DVP, 0, HW_FP8)
-    tl.store(c_ptr + tok * stride_ct + head * stride_ch + offs_d[None, :], y.to(c_ptr.dtype.element_ty), mask=mask)
+    y = _codes(x, V_FMT, v_f, v_rf, BLOCK_T, DVP, 0, c_ptr.dtype.element_ty, HW_FP8)
+    tl.store(c_ptr + tok * stride_ct + head * stride_ch + offs_d[None, :], y, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -342,6 +409,11 @@ def _factor(fmt: str | None, amax: float | None) -> float:
     if fmt == "nvfp4":
         return numerics.nvfp4_global_scale(amax)
     return 1.0
+
+
+def _recip(f: float) -> float:
+    """Correctly rounded float32 reciprocal of the float32 nearest f (IEEE float32 division)."""
+    return float(np.float32(1.0) / np.float32(f))
 
 
 def _pow2_at_least(n: int) -> int:
@@ -389,27 +461,31 @@ def configs(problem) -> list[dict]:
     return out
 
 
-def _prepass_k(k: torch.Tensor, fmt: int, factor: float, hw_fp8: bool) -> torch.Tensor:
+def _prepass_k(k: torch.Tensor, fmt: int, factor: float, hw_fp8: bool, dtype: torch.dtype) -> torch.Tensor:
+    """K's codes [total_k, kv_heads, dqk] in dtype."""
     total_k, kv_heads, dqk = k.shape
-    codes = torch.empty((total_k, kv_heads, dqk), dtype=k.dtype, device=k.device)
+    codes = torch.empty((total_k, kv_heads, dqk), dtype=dtype, device=k.device)
     da, db = _split_dim(dqk)
     block_t = 32
     if total_k:
         _k_codes_kernel[(triton.cdiv(total_k, block_t), kv_heads)](
             k, codes, total_k, k.stride(0), k.stride(1), codes.stride(0), codes.stride(1), factor,
-            DQK=dqk, DA=da, DB=db, BLOCK_T=block_t, K_FMT=fmt, HW_FP8=hw_fp8, num_warps=4)
+            _recip(factor), DQK=dqk, DA=da, DB=db, BLOCK_T=block_t, K_FMT=fmt, HW_FP8=hw_fp8, num_warps=4)
     return codes
 
 
-def _prepass_v(v: torch.Tensor, cu_k: torch.Tensor, batch: int, fmt: int, factor: float, hw_fp8: bool) -> torch.Tensor:
+def _prepass_v(v: torch.Tensor, cu_k: torch.Tensor, batch: int, fmt: int, factor: float, hw_fp8: bool,
+               dtype: torch.dtype) -> torch.Tensor:
+    """V's codes [total_k, kv_heads, dv] in dtype (blocks along each sequence's keys)."""
     total_k, kv_heads, dv = v.shape
-    codes = torch.empty((total_k, kv_heads, dv), dtype=v.dtype, device=v.device)
+    codes = torch.empty((total_k, kv_heads, dv), dtype=dtype, device=v.device)
     block_t = 32
     if total_k and batch:
         # No sequence is longer than total_k; reading the real maximum would synchronize with the GPU.
         _v_codes_kernel[(triton.cdiv(total_k, block_t), kv_heads, batch)](
             v, codes, cu_k, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1), factor,
-            DV=dv, DVP=max(16, _pow2_at_least(dv)), BLOCK_T=block_t, V_FMT=fmt, HW_FP8=hw_fp8, num_warps=4)
+            _recip(factor), DV=dv, DVP=max(16, _pow2_at_least(dv)), BLOCK_T=block_t, V_FMT=fmt, HW_FP8=hw_fp8,
+            num_warps=4)
     return codes
 
 
@@ -439,11 +515,15 @@ def run(call, config: dict):
     v_fmt, p_fmt = _FMT_CODE[call.v_quant], _FMT_CODE[call.p_quant]
     q_f, k_f = _factor(call.q_quant, call.q_amax), _factor(call.k_quant, call.k_amax)
     v_f, p_f = _factor(call.v_quant, call.v_amax), _factor(call.p_quant, call.p_amax)
+    # bf16 dots whose two operands are codes (exact in float16) run in float16: FP8 codes convert to
+    # float16 in one instruction per pair, to bf16 only through float32
+    codes16 = bool(config.get("codes_fp16", True)) and q.dtype == torch.bfloat16
+    qk16, pv16 = codes16 and bool(q_fmt and k_fmt), codes16 and bool(p_fmt and v_fmt)
     prepass = bool(config.get("kv_prepass", True))
     if prepass and k_fmt:
-        k, k_fmt = _prepass_k(k, k_fmt, k_f, hw_fp8), 0
+        k, k_fmt = _prepass_k(k, k_fmt, k_f, hw_fp8, torch.float16 if qk16 else k.dtype), 0
     if prepass and v_fmt:
-        v, v_fmt = _prepass_v(v, call.cu_seqlens_k, batch, v_fmt, v_f, hw_fp8), 0
+        v, v_fmt = _prepass_v(v, call.cu_seqlens_k, batch, v_fmt, v_f, hw_fp8, torch.float16 if pv16 else v.dtype), 0
     sparse = 0 < call.sparsity_n < call.sparsity_m  # n == 0 is off, n == m keeps every score
     sparse_n, sparse_m = (call.sparsity_n, call.sparsity_m) if sparse else (0, 0)
     da, db = _split_dim(dqk)
@@ -452,10 +532,11 @@ def run(call, config: dict):
         q, k, v, out, out if lse is None else lse, call.cu_seqlens_q, call.cu_seqlens_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         total_q, call.softmax_scale * LOG2E * q_f * k_f, p_f * v_f, q_f, k_f, v_f, p_f,
+        _recip(q_f), _recip(k_f), _recip(v_f), _recip(p_f),
         call.dense_sink_tokens, call.dense_recent_tokens,
         HEAD_GROUP=heads // kv_heads, DQK=dqk, DA=da, DB=db, DV=dv, DVP=max(16, _pow2_at_least(dv)),
         BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=call.causal, Q_FMT=q_fmt, K_FMT=k_fmt, V_FMT=v_fmt,
         P_FMT=p_fmt, SPARSE_N=sparse_n, SPARSE_M=sparse_m, RETURN_LSE=call.return_lse,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", HW_FP8=hw_fp8,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", QK16=qk16, PV16=pv16, HW_FP8=hw_fp8,
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
     return out, lse
