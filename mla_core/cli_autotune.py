@@ -84,6 +84,7 @@ def cmd_warmup(args) -> int:
 
     rows, wall = warmup.timed_run(problems, force=args.force, progress=progress, repeats=args.repeats)
     agree = warmup.ranks_agree(problems)
+    warmup.close_process_group()
     if rank != 0:
         return 0 if all(r.status != "failed" for r in rows) else 1
     dev_name = cache.device_name(device)

@@ -230,6 +230,13 @@ def ranks_agree(problems: list[Problem]) -> bool | None:
     return all(theirs == everyone[0] for theirs in everyone)
 
 
+def close_process_group() -> None:
+    """End the process group the warm-up CLI started under torchrun (nothing outside torch.distributed)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _runnable(problem: Problem) -> bool:
     from .dispatch import candidates
     return bool(candidates(problem)[0])
