@@ -61,7 +61,8 @@ def _div(x, d, r, HW: tl.constexpr):
     could underflow here are far below the smallest FP8 / E2M1 step, where any nearby value rounds alike.
     """
     q = x * r
-    return _fma(_fma(-q, d, x, HW), r, q, HW)
+    # negate d, not q: q * -d folds the sign into the fma (-q would cost a second product per element)
+    return _fma(_fma(q, -d, x, HW), r, q, HW)
 
 
 @triton.jit
@@ -106,6 +107,19 @@ def _e2m1_abs(a):
     c = (tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + 0x0B000000).to(tl.float32,
                                                                                             bitcast=True)
     return (a + c) - c
+
+
+@triton.jit
+def _round_to(x, DT: tl.constexpr, HW: tl.constexpr):
+    """float32 x rounded to DT (nearest even), returned as float32."""
+    if HW and DT == tl.bfloat16:
+        # one cvt.rn.bf16x2.f32 per pair; each bf16 moved into the high half is its float32 value
+        # (Triton converts one value per cvt when the bf16 goes straight back to float32)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
+            "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return x.to(DT).to(tl.float32)
 
 
 @triton.jit
@@ -237,7 +251,7 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
     if P_FMT == 1:
         p_op = _fp8_codes(p, p_f, p_rf, PV_DT, HW_FP8)
     elif P_FMT == 2:
-        p_op = _nvfp4_codes(p.to(DT).to(tl.float32), p_f, p_rf, BLOCK_M, BLOCK_N, 1, PV_DT, True, HW_FP8)
+        p_op = _nvfp4_codes(_round_to(p, DT, HW_FP8), p_f, p_rf, BLOCK_M, BLOCK_N, 1, PV_DT, True, HW_FP8)
     else:
         p_op = p.to(DT)
     if MASKED:
