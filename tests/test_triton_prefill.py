@@ -15,7 +15,12 @@ import sys
 import pytest
 import torch
 
+import triton
+import triton.language as tl
+
 import mla_core
+from mla_core import numerics
+from mla_core_triton import prefill as prefill_kernels
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from reference_math import rel_l2, same_lse  # noqa: E402
@@ -139,6 +144,68 @@ def test_recipes_both_configs_float16(recipe, config):
     assert rel_l2(out[0], ref[0]) < 2e-3  # fp16 output rounding only
     plain = mla_core.mla_prefill(*inputs, causal=True, backend="reference", block_n=16)
     assert rel_l2(out[0], plain) > 2e-2
+
+
+def _probe_values(fmt: str, amax: float) -> torch.Tensor:
+    """[8, 64] float32 values at and next to every rounding decision of fmt (ties, one ulp either side).
+
+    NVFP4: each 16-block holds its maximum and then multiples t * s of its block scale s for the E2M1
+    thresholds t (exact ties when g is a power of two); FP8: E4M3 midpoints times the scale.
+    """
+    def around(v):
+        return [torch.nextafter(v, torch.tensor(-1.0)), v, torch.nextafter(v, torch.tensor(8e3))]
+
+    vals = []
+    if fmt == "fp8":
+        scale = torch.tensor(numerics.fp8_scale(amax))
+        mids = [(8 + m + 0.5) * 2.0 ** (e - 3) for e in range(-6, 9) for m in range(8)] + [k * 2.0 ** -10 for k in (1, 3)]
+        for mid in mids:
+            vals += around(torch.tensor(mid, dtype=torch.float32) * scale)
+        x = torch.stack(vals)
+    else:
+        g = torch.tensor(numerics.nvfp4_global_scale(amax))
+        for code in (1.0, 1.125, 1.75, 3.0, 0.5, 0.0390625, 240.0, 448.0):
+            s = torch.tensor(code, dtype=torch.float32) * g
+            block = [torch.tensor(6.0) * s]
+            for t in (0.25, 0.75, 1.25, 1.75, 2.5):
+                block += around(torch.tensor(t) * s)
+            vals += block
+        x = torch.stack(vals)
+    x = torch.cat([x, torch.rand(512 - x.numel(), generator=torch.Generator().manual_seed(3)) * x.max()])
+    return x[:512].reshape(8, 64).float()
+
+
+@triton.jit
+def _codes_probe(x_ptr, out_ptr, f, rf, FMT: tl.constexpr, NONNEG: tl.constexpr):
+    offs = tl.arange(0, 8)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    x = tl.load(x_ptr + offs)
+    if FMT == 1:
+        y = prefill_kernels._fp8_codes(x, f, rf, tl.float32, False)
+    else:
+        y = prefill_kernels._nvfp4_codes(x, f, rf, 8, 64, 1, tl.float32, NONNEG, False)
+    tl.store(out_ptr + offs, y)
+
+
+@cpu
+@pytest.mark.parametrize("fmt,amax", [("fp8", 1.0), ("fp8", 0.37), ("nvfp4", 1.0), ("nvfp4", 2688.0 / 1024),
+                                      ("nvfp4", 0.37)])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_division_free_rounding_is_exact(fmt, amax, sign):
+    """The kernel's codes (reciprocal products + one fma correction, add-magic E2M1) equal numerics'
+    division-based QDQ bit for bit, at ties and one ulp either side of every rounding decision."""
+    x = _probe_values(fmt, amax) * sign
+    f = numerics.fp8_scale(amax) if fmt == "fp8" else numerics.nvfp4_global_scale(amax)
+    out = torch.full_like(x, float("nan"))
+    _codes_probe[(1,)](x, out, f, prefill_kernels._recip(f), FMT=1 if fmt == "fp8" else 2, NONNEG=sign > 0)
+    if fmt == "fp8":
+        ref = numerics.round_e4m3(x / f)
+    else:  # codes e2m1(x / s) * block with s = block * g, as numerics.qdq_nvfp4 rounds them
+        blocks = x.reshape(8, 4, 16)
+        block = numerics.round_e4m3(blocks.abs().amax(-1, keepdim=True) / numerics.E2M1_MAX / f)
+        s = block * f
+        ref = torch.where(s == 0, 0.0, numerics.round_e2m1(blocks / torch.where(s == 0, 1.0, s)) * block)
+        ref = ref.reshape(8, 64)
+    assert torch.equal(out, ref)
 
 
 NM_CASES = [(2, 4, 0, 4, True, 16), (2, 4, 3, 0, False, 32), (4, 8, 5, 9, True, 64), (3, 8, 0, 0, False, 16),

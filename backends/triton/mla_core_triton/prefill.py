@@ -118,6 +118,11 @@ def _round_to(x, DT: tl.constexpr, HW: tl.constexpr):
         return tl.inline_asm_elementwise(
             "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }",
             "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+    elif DT == tl.bfloat16:
+        # the interpreter's float32 -> bf16 cast truncates: round the bits to nearest even instead
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
     else:
         return x.to(DT).to(tl.float32)
 
@@ -358,6 +363,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     inv_l = tl.math.div_rn(tl.full((BLOCK_M,), out_scale, tl.float32), tl.where(has_key, l_i, 1.0))
     o = tl.where(has_key[:, None], acc * inv_l[:, None], 0.0)
     o_rows = out_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
+    if not HW_FP8:
+        o = _round_to(o, out_ptr.dtype.element_ty, HW_FP8)  # exact bf16 rounding under the interpreter
     tl.store(o_rows + offs_dv[None, :], o.to(out_ptr.dtype.element_ty), mask=q_in[:, None] & dv_mask[None, :])
     if RETURN_LSE:
         lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
@@ -446,33 +453,48 @@ def _interpreting() -> bool:
 
 
 def configs(problem) -> list[dict]:
-    """Launch choices for one prefill problem; the first is the default.
+    """Launch choices for one prefill problem, the predicted fastest first (the first is the default).
 
     BLOCK_M: query rows per program; num_warps / num_stages: Triton launch options; kv_prepass: write
-    K/V codes once before the attention loop instead of re-quantizing them in every query tile
-    (only meaningful when K or V is quantized). None of these changes numerics.
+    K/V codes once before the attention loop instead of re-quantizing them in every query tile;
+    q_prepass: the same for Q (the kernel then loads Q codes instead of holding the ones it computed
+    in registers); codes_fp16: run dots whose operands are both codes in float16 (bf16 inputs). None of
+    these changes numerics.
     """
     if problem.device != "cuda":
         return [{"BLOCK_M": 32, "num_warps": 4, "num_stages": 1, "kv_prepass": True},
                 {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1, "kv_prepass": False}]
     wide = max(problem.get("qk_dim", 0), problem.get("v_dim", 0)) > 256
     block_n = problem.get("block_n", numerics.DEFAULT_PREFILL_BLOCK_N)
+    quantized = any(problem.get(f"{op}_quant") for op in "qkv")
     if wide:
-        out = [{"BLOCK_M": 64, "num_warps": 8, "num_stages": 1},
-               {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1},
-               {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}]
+        # 576/512: the accumulator and Q of a 64-row tile overflow 255 registers per thread (ptxas,
+        # sm_90a: 1184 B spilled at 64 rows / 8 warps, 24 B at 32 rows / 8 warps); K + V tiles leave
+        # shared memory for one stage only
+        out = [{"BLOCK_M": 32, "num_warps": 8, "num_stages": 1},
+               {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1},
+               {"BLOCK_M": 64, "num_warps": 8, "num_stages": 1}]
+    elif quantized:
+        out = [{"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
+               {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2, "q_prepass": True},
+               {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3, "q_prepass": True},
+               {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2, "q_prepass": True}]
     else:
         out = [{"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
                {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
-               {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2},
-               {"BLOCK_M": 128, "num_warps": 4, "num_stages": 2}]
+               {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2}]
     if block_n >= 128:
         out = [dict(c, BLOCK_M=min(c["BLOCK_M"], 64)) for c in out]
-    for c in out:
-        c["kv_prepass"] = True
+    out = [dict(c, kv_prepass=True) for c in out]
+    if quantized and problem.get("dtype") == "bfloat16":
+        out.append(dict(out[0], codes_fp16=False))  # the bf16 dots on codes this path replaced, for comparison
     if problem.get("k_quant") or problem.get("v_quant"):
         out.append(dict(out[0], kv_prepass=False))
-    return out
+    unique = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
 
 
 def _prepass_k(k: torch.Tensor, fmt: int, factor: float, hw_fp8: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -538,6 +560,10 @@ def run(call, config: dict):
         k, k_fmt = _prepass_k(k, k_fmt, k_f, hw_fp8, torch.float16 if qk16 else k.dtype), 0
     if prepass and v_fmt:
         v, v_fmt = _prepass_v(v, call.cu_seqlens_k, batch, v_fmt, v_f, hw_fp8, torch.float16 if pv16 else v.dtype), 0
+    if config.get("q_prepass", False) and q_fmt:
+        # Q's codes from the same feature-axis pre-pass as K: the kernel then loads Q like a bf16 Q
+        # instead of holding codes it computed in registers
+        q, q_fmt = _prepass_k(q, q_fmt, q_f, hw_fp8, torch.float16 if qk16 else q.dtype), 0
     sparse = 0 < call.sparsity_n < call.sparsity_m  # n == 0 is off, n == m keeps every score
     sparse_n, sparse_m = (call.sparsity_n, call.sparsity_m) if sparse else (0, 0)
     da, db = _split_dim(dqk)
