@@ -12,8 +12,12 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import mla_core
+from mla_core import numerics
+from mla_core_triton.quant import div_by_block_scale, round_e2m1
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 cpu = pytest.mark.skipif(not INTERPRETED, reason="CPU variants run the Triton interpreter (TRITON_INTERPRET=1)")
@@ -135,20 +139,49 @@ def test_shapes_cpu(page_size, heads, splits):
 
 
 @cpu
-@pytest.mark.parametrize("config", [{"block_h": 16, "sub_tiles": 2, "num_warps": 4, "num_stages": 1},
-                                    {"block_h": 32, "sub_tiles": 3, "num_warps": 8, "num_stages": 2}])
-def test_configs_keep_numerics_cpu(config):
-    """Larger tiles (several 32-key tiles per step) reproduce the 32-key P schedule bit for bit."""
+@pytest.mark.parametrize("heads", [16, 64])
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+def test_configs_keep_numerics_cpu(recipe, heads):
+    """Every listed config (and larger tiles: several 32-key tiles per step) reproduces the first config's
+    numbers bit for bit (the other tests check the default config against the reference)."""
     from mla_core_triton import decode as kernels
     from mla_core.specs import validate_decode
-    inputs = make_inputs([100, 70], heads=20, rank=64, rope=16, page_size=16, dtype=torch.float16)
+    k, v, p = RECIPES[recipe]
+    inputs = make_inputs([70, 33], heads=heads, rank=64, rope=16, page_size=16, dtype=torch.float16, seed=heads)
     kw = dict(softmax_scale=0.1, kv_lora_rank=64, qk_rope_head_dim=16, page_size=None, num_kv_splits=2,
-              k_qdq="nvfp4", k_qdq_amax=None, v_qdq="nvfp4", v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0,
+              k_qdq=k, k_qdq_amax=None, v_qdq=v, v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0,
               return_lse=True, out_dtype=torch.float32)
     problem, call = validate_decode(*inputs, **kw)
-    base, base_lse = kernels.run(call, kernels.configs(problem)[0])
-    out, lse = kernels.run(call, config)
-    assert torch.equal(out, base) and torch.equal(lse, base_lse)
+    configs = kernels.configs(problem)
+    configs += [{"block_h": 16, "sub_tiles": 2, "num_warps": 4, "num_stages": 1}]
+    base, base_lse = kernels.run(call, configs[0])
+    assert not torch.isnan(base).any()
+    for config in configs[1:]:
+        out, lse = kernels.run(call, config)
+        assert torch.equal(out, base) and torch.equal(lse, base_lse), config
+
+
+@triton.jit
+def _rounding_kernel(x_ptr, s_ptr, e2m1_ptr, quot_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    x = tl.load(x_ptr + i)
+    s = tl.load(s_ptr + i)
+    tl.store(e2m1_ptr + i, round_e2m1(x))
+    tl.store(quot_ptr + i, div_by_block_scale(x, s, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s), False))
+
+
+@cpu
+def test_division_free_rounding_cpu():
+    """quant.round_e2m1 (magic-number rounding) equals numerics.round_e2m1 on every midpoint and random
+    values, and div_by_block_scale (reciprocal + Markstein correction) equals the correctly rounded x / s."""
+    g = torch.Generator().manual_seed(3)
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 0.0, 1e-30, 100.0])
+    x = torch.cat([mids, -mids, torch.randn(4096 - 24, generator=g) * 4])
+    s = (torch.rand(4096, generator=g) * 3 + 1e-3).to(torch.bfloat16).float()
+    e2m1, quot = torch.empty(4096), torch.empty(4096)
+    _rounding_kernel[(1,)](x, s, e2m1, quot, N=4096)
+    assert torch.equal(e2m1, numerics.round_e2m1(x))
+    assert torch.equal(quot, x / s)  # torch's float32 division is correctly rounded
 
 
 @cpu

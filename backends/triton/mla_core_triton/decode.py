@@ -56,10 +56,12 @@ def _decode_split_kernel(
         q_ptr, cache_ptr, bt_ptr, lens_ptr, part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
         stride_qb, stride_qh, stride_cpage, stride_ctok, stride_btb, stride_btc,
         heads, num_pages, num_splits, qk_scale, k_scale, v_scale, p_scale, out_scale,
+        k_inv_scale, v_inv_scale, p_inv_scale,
         NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
         PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, SUB_TILES: tl.constexpr,
         K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr,
-        K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr, V_SAME_AS_K: tl.constexpr,
+        K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr,
+        K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr, P_G_POW2: tl.constexpr,
         DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, Q_SPLIT: tl.constexpr, IEEE: tl.constexpr,
         UPCAST: tl.constexpr, HW_CVT: tl.constexpr, P_BF16_RNE: tl.constexpr, DIRECT: tl.constexpr,
         WRITE_LSE: tl.constexpr):
@@ -116,8 +118,10 @@ def _decode_split_kernel(
                 kn_d = fp8_unscaled(kn.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
                 kr_d = fp8_unscaled(kr.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
             elif K_FMT == 2:
-                kn_d = nvfp4_unscaled(kn.to(tl.float32), k_scale, TILE, D_NOPE, 1, HW_CVT).to(DOT_DTYPE)
-                kr_d = nvfp4_unscaled(kr.to(tl.float32), k_scale, TILE, D_ROPE, 1, HW_CVT).to(DOT_DTYPE)
+                kn_d = nvfp4_unscaled(kn.to(tl.float32), k_scale, k_inv_scale, TILE, D_NOPE, 1, K_G_POW2,
+                                      HW_CVT).to(DOT_DTYPE)
+                kr_d = nvfp4_unscaled(kr.to(tl.float32), k_scale, k_inv_scale, TILE, D_ROPE, 1, K_G_POW2,
+                                      HW_CVT).to(DOT_DTYPE)
             else:
                 kn_d = kn.to(DOT_DTYPE)
                 kr_d = kr.to(DOT_DTYPE)
@@ -143,17 +147,15 @@ def _decode_split_kernel(
                 else:
                     p_v = p.to(V_DTYPE).to(tl.float32)
                 if P_FMT == 2:
-                    p_d = nvfp4_unscaled(p_v, p_scale, BLOCK_H, TILE, 1, HW_CVT)
+                    p_d = nvfp4_unscaled(p_v, p_scale, p_inv_scale, BLOCK_H, TILE, 1, P_G_POW2, HW_CVT)
                 else:
                     p_d = p_v
             # V = the first NOPE latent values, fake-quantized along tokens (16-token blocks at absolute
             # positions: tiles start at multiples of 32; absent tokens load 0 and never raise a block max)
-            if V_SAME_AS_K:
-                v_d = kn_d  # FP8 of the same values with the same scale: K's codes already are V's
-            elif V_FMT == 1:
+            if V_FMT == 1:
                 v_d = fp8_unscaled(kn.to(tl.float32), v_scale, V_HAS_SCALE, HW_CVT)
             elif V_FMT == 2:
-                v_d = nvfp4_unscaled(kn.to(tl.float32), v_scale, TILE, D_NOPE, 0, HW_CVT)
+                v_d = nvfp4_unscaled(kn.to(tl.float32), v_scale, v_inv_scale, TILE, D_NOPE, 0, V_G_POW2, HW_CVT)
             else:
                 v_d = kn
             acc = _mma(p_d.to(DOT_DTYPE), v_d.to(DOT_DTYPE), acc * alpha[:, None], UPCAST, IEEE)
@@ -209,6 +211,11 @@ def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
+def _is_pow2(x: float) -> bool:
+    """x is a power of two (dividing by it is an exact multiplication by its reciprocal)."""
+    return x > 0 and math.frexp(x)[0] == 0.5
+
+
 def configs(problem) -> list[dict]:
     """Launch choices: heads per program, 32-key tiles per loop step, warps, stages (+ splits for "auto")."""
     heads = problem["heads"]
@@ -220,9 +227,17 @@ def configs(problem) -> list[dict]:
     # (block_h, sub_tiles, num_warps, num_stages), most promising first. Measured on the H200 and by
     # ptxas (benchmarks/NOTES.md): in-register QDQ of a 32x576 tile needs 8 warps to avoid spills, NVFP4
     # one stage; bf16 at 16 heads likes 3 stages; at 128 heads 64-head groups (wgmma) win.
+    # Division-free QDQ (quant.py) cut the FP8 tile to 128 registers at 8 warps / 2 stages (2 CTAs per SM,
+    # predicted first); NVFP4 still fills 255 registers (small spills) so it keeps one stage. bf16 at 16
+    # heads: Triton single-buffers the K tile (56 KB smem for 3 or 4 stages), two 32-key sub-tiles per
+    # step (94 KB, 249 registers at 8 warps) put two tiles in flight per CTA: predicted second.
     if top == 16:
-        ranked = ([(16, 1, 8, 1), (16, 1, 8, 2), (16, 1, 4, 2), (16, 1, 4, 1)] if quant else
-                  [(16, 1, 4, 3), (16, 1, 4, 2), (16, 1, 8, 3), (16, 1, 4, 1), (16, 2, 4, 2)])
+        if "nvfp4" in quant:
+            ranked = [(16, 1, 8, 1), (16, 1, 8, 2), (16, 1, 4, 2), (16, 1, 4, 1)]
+        elif quant:
+            ranked = [(16, 1, 8, 2), (16, 1, 8, 1), (16, 2, 8, 2), (16, 1, 4, 2)]
+        else:
+            ranked = [(16, 1, 4, 3), (16, 2, 8, 3), (16, 1, 4, 2), (16, 1, 8, 3), (16, 1, 4, 1), (16, 2, 4, 2)]
     elif "nvfp4" in quant:
         ranked = [(32, 1, 8, 1), (16, 1, 8, 1), (64, 1, 8, 2), (64, 1, 8, 1), (32, 1, 8, 2)]
     elif quant:
@@ -297,9 +312,11 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
         call.block_table.stride(0), call.block_table.stride(1),
         heads, cache.shape[0], splits,
         float(call.softmax_scale) * k_scale * _LOG2E, k_scale, v_scale, p_scale, v_scale * p_scale,
+        1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale,
         NOPE=nope, ROPE=rope, D_NOPE=_pow2(nope), D_ROPE=_pow2(rope), PAGE_SIZE=call.page_size,
         BLOCK_H=block_h, SUB_TILES=sub_tiles, K_FMT=k_fmt, V_FMT=v_fmt, P_FMT=p_fmt,
-        K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0, V_SAME_AS_K=k_fmt == v_fmt == 1 and k_scale == v_scale,
+        K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0,
+        K_G_POW2=_is_pow2(k_scale), V_G_POW2=_is_pow2(v_scale), P_G_POW2=_is_pow2(p_scale),
         DOT_DTYPE=dot_dtype, V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
         IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16, HW_CVT=on_gpu,
         P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,

@@ -16,18 +16,21 @@ import triton.language as tl
 
 E4M3_MAX = tl.constexpr(448.0)
 E2M1_MAX = tl.constexpr(6.0)
+INV_6 = tl.constexpr(0.16666667163372040)  # float32 RN(1/6), for the Markstein-corrected bmax / 6
 
 
 @triton.jit
 def round_e4m3(y, HW_CVT: tl.constexpr):
     """float32 -> float32 rounded to E4M3, nearest even, saturating at ±448; NaN stays NaN.
 
-    ``HW_CVT``: use the hardware cvt (GPU only: RNE, saturating); else bit arithmetic (exact anywhere).
+    ``HW_CVT``: the hardware cvt (GPU only: ``F2FP.SATFINITE.E4M3`` in the SASS, two elements per
+    instruction, round to nearest even, saturating to ±448, NaN stays NaN, so no clamp or NaN test is
+    needed); else bit arithmetic (exact anywhere).
     """
-    c = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
     if HW_CVT:
-        r = c.to(tl.float8e4nv).to(tl.float32)
+        return y.to(tl.float8e4nv).to(tl.float32)
     else:
+        c = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
         a = tl.abs(c)
         expo = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
         # spacing of E4M3 values around a: 2^(e-3) for normals, 2^-9 below the normal range (2^-6)
@@ -40,7 +43,7 @@ def round_e4m3(y, HW_CVT: tl.constexpr):
         up = (frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))
         r = (whole + up.to(tl.int32)).to(tl.float32) * quantum
         r = tl.where(c < 0, -r, r)
-    return tl.where(y != y, y, r)
+        return tl.where(y != y, y, r)
 
 
 @triton.jit
@@ -90,7 +93,8 @@ def fp8_unscaled(x, scale, HAS_SCALE: tl.constexpr, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def nvfp4_unscaled(x, g, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, HW_CVT: tl.constexpr):
+def nvfp4_unscaled(x, g, inv_g, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, G_POW2: tl.constexpr,
+                   HW_CVT: tl.constexpr):
     """NVFP4 QDQ of a float32 [ROWS, COLS] tile in blocks of 16 along ``AXIS``, without the global scale ``g``.
 
     Returns ``e2m1(x / s) * code`` with ``code = e4m3(max|block| / 6 / g)`` and ``s = code * g`` (0 where
@@ -98,7 +102,8 @@ def nvfp4_unscaled(x, g, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.conste
     caller aligns tiles to absolute block positions; padding must be 0 (it never raises a block max).
     No per-element division (~18 fp32 instructions per element on sm_90 instead of ~33 with ``div_rn``):
     one ``div_rn`` per block for ``1 / s``, then per element the Markstein-corrected quotient (bitwise
-    ``div_rn``, see ``div_by_block_scale``) and the E2M1 rounding by magic-number addition.
+    ``div_rn``, see ``div_by_block_scale``) and the E2M1 rounding by magic-number addition. ``G_POW2``:
+    ``g`` is a power of two (``amax`` None) and ``inv_g = 1 / g``, so ``/ g`` is an exact multiplication.
     """
     if AXIS == 1:
         xb = tl.reshape(x, (ROWS, COLS // 16, 16))
@@ -106,8 +111,12 @@ def nvfp4_unscaled(x, g, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.conste
     else:
         xb = tl.reshape(x, (ROWS // 16, 16, COLS))
         bmax = tl.max(tl.abs(xb), axis=1)
-    code = round_e4m3(tl.math.div_rn(tl.math.div_rn(bmax, tl.zeros_like(bmax) + E2M1_MAX),
-                                     tl.zeros_like(bmax) + g), HW_CVT)
+    per6 = div_by_block_scale(bmax, tl.full(bmax.shape, 6.0, tl.float32), tl.full(bmax.shape, INV_6, tl.float32),
+                              HW_CVT)  # = div_rn(bmax, 6)
+    if G_POW2:
+        code = round_e4m3(per6 * inv_g, HW_CVT)  # power-of-two scaling: exact, = div_rn(per6, g)
+    else:
+        code = round_e4m3(tl.math.div_rn(per6, tl.zeros_like(bmax) + g), HW_CVT)
     s = tl.where(code == 0, 1.0, code * g)  # a zero block stays 0 (x is 0 there), with no 0/0
     inv_s = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     if AXIS == 1:
