@@ -208,6 +208,51 @@ def test_division_free_rounding_is_exact(fmt, amax, sign):
     assert torch.equal(out, ref)
 
 
+def _gpu_configs_on_cpu(seqs, heads, kv_heads, qk_dim, v_dim, recipe, block_n):
+    """(config, out, ref, plain) for every config the GPU would try for this problem, run under the interpreter.
+
+    bf16 inputs (the float16 dots on codes keep the interpreter exact); a config that keeps bf16 dots
+    (codes_fp16 off) runs on float16 inputs, since the interpreter multiplies bf16 dot operands as raw bits.
+    """
+    import dataclasses
+    from mla_core_triton import prefill
+    kw = dict(RECIPES[recipe], block_n=block_n, k_amax=4.5, v_amax=4.0)
+    cases = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        inputs = make_inputs(seqs, heads, kv_heads, qk_dim, v_dim, dtype=dtype, seed=qk_dim + block_n)
+        problem, call = mla_core.specs.validate_prefill(*inputs, None, True, True, q_amax=None, p_amax=1.0,
+                                                       sparsity_n=0, sparsity_m=4, dense_sink_tokens=0,
+                                                       dense_recent_tokens=64, block_m=64, **kw)
+        ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference", **kw)
+        plain = mla_core.mla_prefill(*inputs, causal=True, backend="reference", block_n=block_n)
+        cases[dtype] = (problem, call, ref, plain)
+    results = []
+    for cfg in prefill.configs(dataclasses.replace(cases[torch.bfloat16][0], device="cuda")):
+        _, call, ref, plain = cases[torch.bfloat16 if cfg.get("codes_fp16", True) else torch.float16]
+        results.append((cfg, prefill.run(call, cfg), ref, plain))
+    return results
+
+
+@cpu
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
+def test_every_gpu_config(recipe):
+    """Each config configs() lists for a causal GQA problem on the GPU gives the reference's result."""
+    results = _gpu_configs_on_cpu([(20, 36), (33, 33)], 4, 2, 48, 32, recipe, 32)
+    assert len(results) >= 5
+    for cfg, out, ref, plain in results:
+        check(out, ref, HALF_TOL)
+        assert rel_l2(out[0], ref[0]) < 1e-4, cfg  # float32-level differences under the output rounding
+        assert rel_l2(out[0], plain) > 2e-2, cfg
+
+
+@cpu
+def test_every_gpu_config_absorbed_576_512():
+    for cfg, out, ref, plain in _gpu_configs_on_cpu([(9, 20)], 2, 1, 576, 512, "nvfp4", 16):
+        check(out, ref, HALF_TOL)
+        assert rel_l2(out[0], ref[0]) < 1e-4, cfg
+        assert rel_l2(out[0], plain) > 2e-2, cfg
+
+
 NM_CASES = [(2, 4, 0, 4, True, 16), (2, 4, 3, 0, False, 32), (4, 8, 5, 9, True, 64), (3, 8, 0, 0, False, 16),
             (1, 4, 2, 6, True, 32)]
 

@@ -298,7 +298,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     len_k = tl.load(cu_k_ptr + seq + 1).to(tl.int32) - k_start
     shift = len_k - len_q  # query i sits at key position i + shift
     kv_head = head // HEAD_GROUP
-    DT = q_ptr.dtype.element_ty
+    DT = out_ptr.dtype.element_ty  # the inputs' dtype (q may hold float16 codes from the Q pre-pass)
     if QK16:
         QK_DT: tl.constexpr = tl.float16
     else:
