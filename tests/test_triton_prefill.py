@@ -208,18 +208,18 @@ def test_division_free_rounding_is_exact(fmt, amax, sign):
     assert torch.equal(out, ref)
 
 
-def _gpu_configs_on_cpu(seqs, heads, kv_heads, qk_dim, v_dim, recipe, block_n):
-    """(config, out, ref, plain) for every config the GPU would try for this problem, run under the interpreter.
+def _every_gpu_config(seqs, heads, kv_heads, qk_dim, v_dim, recipe, block_n, device="cpu"):
+    """(config, out, ref, plain) for every config the GPU would try for this problem, bf16 inputs.
 
-    bf16 inputs (the float16 dots on codes keep the interpreter exact); a config that keeps bf16 dots
-    (codes_fp16 off) runs on float16 inputs, since the interpreter multiplies bf16 dot operands as raw bits.
+    On CPU (the interpreter) a config that keeps bf16 dots (codes_fp16 off) runs on float16 inputs,
+    since the interpreter multiplies bf16 dot operands as raw bits; the float16 dots on codes keep it exact.
     """
     import dataclasses
     from mla_core_triton import prefill
     kw = dict(RECIPES[recipe], block_n=block_n, k_amax=4.5, v_amax=4.0)
     cases = {}
     for dtype in (torch.bfloat16, torch.float16):
-        inputs = make_inputs(seqs, heads, kv_heads, qk_dim, v_dim, dtype=dtype, seed=qk_dim + block_n)
+        inputs = make_inputs(seqs, heads, kv_heads, qk_dim, v_dim, dtype=dtype, seed=qk_dim + block_n, device=device)
         problem, call = mla_core.specs.validate_prefill(*inputs, None, True, True, q_amax=None, p_amax=1.0,
                                                        sparsity_n=0, sparsity_m=4, dense_sink_tokens=0,
                                                        dense_recent_tokens=64, block_m=64, **kw)
@@ -228,7 +228,8 @@ def _gpu_configs_on_cpu(seqs, heads, kv_heads, qk_dim, v_dim, recipe, block_n):
         cases[dtype] = (problem, call, ref, plain)
     results = []
     for cfg in prefill.configs(dataclasses.replace(cases[torch.bfloat16][0], device="cuda")):
-        _, call, ref, plain = cases[torch.bfloat16 if cfg.get("codes_fp16", True) else torch.float16]
+        bf16_dots = not cfg.get("codes_fp16", True)
+        _, call, ref, plain = cases[torch.float16 if bf16_dots and device == "cpu" else torch.bfloat16]
         results.append((cfg, prefill.run(call, cfg), ref, plain))
     return results
 
@@ -237,7 +238,7 @@ def _gpu_configs_on_cpu(seqs, heads, kv_heads, qk_dim, v_dim, recipe, block_n):
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
 def test_every_gpu_config(recipe):
     """Each config configs() lists for a causal GQA problem on the GPU gives the reference's result."""
-    results = _gpu_configs_on_cpu([(20, 36), (33, 33)], 4, 2, 48, 32, recipe, 32)
+    results = _every_gpu_config([(20, 36), (33, 33)], 4, 2, 48, 32, recipe, 32)
     assert len(results) >= 5
     for cfg, out, ref, plain in results:
         check(out, ref, HALF_TOL)
@@ -247,7 +248,7 @@ def test_every_gpu_config(recipe):
 
 @cpu
 def test_every_gpu_config_absorbed_576_512():
-    for cfg, out, ref, plain in _gpu_configs_on_cpu([(9, 20)], 2, 1, 576, 512, "nvfp4", 16):
+    for cfg, out, ref, plain in _every_gpu_config([(9, 20)], 2, 1, 576, 512, "nvfp4", 16):
         check(out, ref, HALF_TOL)
         assert rel_l2(out[0], ref[0]) < 1e-4, cfg
         assert rel_l2(out[0], plain) > 2e-2, cfg
@@ -307,6 +308,16 @@ def test_gpu_long_16384(recipe):
 @pytest.mark.parametrize("causal,block_n", [(True, 32), (False, 128), (True, 128)])
 def test_gpu_block_n_and_gqa(causal, block_n):
     _gpu_case([(777, 2048), (1, 100), (300, 300)], 128, 16, 192, 128, "fp8", causal=causal, block_n=block_n, seed=block_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
+def test_gpu_every_config(recipe):
+    """Every config configs() lists (what --all-configs times), at the benchmark's dims."""
+    for cfg, out, ref, plain in _every_gpu_config([(1024, 1024), (300, 700)], 128, 128, 192, 128, recipe, 64,
+                                                  device="cuda"):
+        check(out, ref, HALF_TOL)
+        assert rel_l2(out[0], plain) > 2e-2, cfg
 
 
 @pytest.mark.gpu
