@@ -163,10 +163,12 @@ def _nvfp4_codes(x, g, inv_g, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constex
     else:
         s3, r3, b3 = s[:, None, :], r[:, None, :], block[:, None, :]
     # r3 is 0 where s is 0, so x / s comes out 0 there
-    y = tl.reshape(_e2m1_abs(_div(a3, s3, r3, HW)) * b3, (R, C))
+    # E2M1 value times block code has at most 6 significant bits: exact in DST, so multiply there
+    # (two values per instruction in a 16-bit DST)
+    y = tl.reshape(_e2m1_abs(_div(a3, s3, r3, HW)).to(DST) * b3.to(DST), (R, C))
     if not NONNEG:
         y = tl.where(x < 0, -y, y)
-    return y.to(DST)
+    return y
 
 
 # ------------------------------------------------------------------------------------------------
