@@ -60,7 +60,8 @@ def main():
     from mla_core_triton import decode as kernels
     ceil = measure_ceilings()
     print(f"# {device_info()}")
-    print(f"# ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read+write), bf16 matmul {ceil['bf16_tflops']:.0f} TFLOP/s",
+    print(f"# ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read+write; eager memcpy {ceil['copy_gbps_memcpy_eager']:.0f}, "
+          f"copy kernel in a graph {ceil['copy_gbps_kernel_graph']:.0f}), bf16 matmul {ceil['bf16_tflops']:.0f} TFLOP/s",
           flush=True)
     rows = []
     for heads in ints(args.heads):
