@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install mla_core, then run the named steps; logs and tables go to $OUT.
 #   bash benchmarks/device_run.sh tests decode prefill dispatch warmup
-# Steps: tests (pytest -m gpu), decode / prefill (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 TP=8 then
-# TP=1,2,4, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
+# Steps: tests (pytest -m gpu), decode / prefill (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
+# WARMUP_TP, default 8, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
 # Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS.
 set -uo pipefail
@@ -38,9 +38,9 @@ for step in "$@"; do
     check)    mla_core_cli check --device cuda 2>&1 | tee "$LOGS/check.log" ;;
     warmup)
       cache=$(mktemp -d)
-      MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp 8 --no-progress 2>&1 | tee "$LOGS/warmup_tp8.log"
-      MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp 1,2,4 --no-progress >"$LOGS/warmup_tp124.log" 2>&1
-      tail -5 "$LOGS/warmup_tp124.log"
+      for tp in ${WARMUP_TP:-8}; do
+        MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp "$tp" --no-progress 2>&1 | tee "$LOGS/warmup_tp$tp.log"
+      done
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
     sync2)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here
