@@ -5,22 +5,7 @@ import torch
 import autotune_fakes as fakes
 import mla_core
 from mla_core import autotune, cache, dispatch, problems, warmup
-from mla_core.plugins import registry
 from mla_core.problem import Problem
-
-
-@pytest.fixture
-def fake_world(monkeypatch, tmp_path):
-    """Only the fake backends are loaded, tt_exact judges correctness, the user cache is a fresh folder."""
-    fk = fakes.install()
-    monkeypatch.setattr(registry(), "backends", dict(fk))
-    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
-    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("MLA_CORE_AUTOTUNE", raising=False)
-    monkeypatch.setattr(cache, "shipped_dir", lambda: None)
-    dispatch.clear_memory()
-    yield fk
-    dispatch.clear_memory()
 
 
 def _merge_args(tokens=64, heads=4, dim=32, seed=0):

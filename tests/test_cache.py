@@ -5,31 +5,14 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import pytest
 
 import autotune_fakes as fakes
 import mla_core
-from mla_core import autotune, cache, cli_autotune, dispatch
-from mla_core.plugins import registry
+from mla_core import cache, cli_autotune, dispatch
 
 TESTS = os.path.dirname(__file__)
-
-
-@pytest.fixture
-def fake_world(monkeypatch, tmp_path):
-    fk = fakes.install()
-    monkeypatch.setattr(registry(), "backends", dict(fk))
-    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
-    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("MLA_CORE_AUTOTUNE", raising=False)
-    monkeypatch.setattr(cache, "shipped_dir", lambda: None)
-    monkeypatch.setattr(cache, "_warned", set())
-    monkeypatch.setattr(cache, "_unsaved", {})
-    dispatch.clear_memory()
-    yield fk
-    dispatch.clear_memory()
 
 
 def _entry(backend, config=None):

@@ -1,6 +1,5 @@
 """Plugin loading: entry points, the example plugin, broken plugins, hook conformance."""
 import importlib
-import sys
 import textwrap
 from pathlib import Path
 

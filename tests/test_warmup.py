@@ -5,21 +5,7 @@ import json
 import pytest
 import torch
 
-import autotune_fakes as fakes
 from mla_core import autotune, cache, cli_autotune, dispatch, warmup
-from mla_core.plugins import registry
-
-
-@pytest.fixture
-def fake_world(monkeypatch, tmp_path):
-    fk = fakes.install()
-    monkeypatch.setattr(registry(), "backends", dict(fk))
-    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
-    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache, "shipped_dir", lambda: None)
-    dispatch.clear_memory()
-    yield fk
-    dispatch.clear_memory()
 
 
 def _cli(*argv):

@@ -1,8 +1,6 @@
 """The reference backend object: every op, every format, any device, slow and exact."""
 from __future__ import annotations
 
-import torch
-
 import mla_core
 from mla_core import OpCapability
 
