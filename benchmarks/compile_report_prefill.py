@@ -3,11 +3,11 @@
     python benchmarks/compile_report_prefill.py [--recipe bf16|fp8|nvfp4 ...] [--sass DIR]
 
 For each recipe and each config of ``prefill.configs`` on the benchmark problem (causal, heads 128,
-dims 192/128, bf16, block_n 64) and on the absorbed 576/512 shape, builds the attention kernel with
-triton.compile for GPUTarget("cuda", 90, 32) -- pointer arguments and strides marked 16-divisible as
-the launcher specializes them -- runs ptxas -v on the PTX and prints registers, spill bytes and a
-SASS instruction mix of the attention loop (the largest basic-block region between the loop labels
-is not isolated: counts are for the whole kernel and per P element of one key tile per thread).
+dims 192/128, bf16, block_n 64) and, with --absorbed, on the 576/512 shape, builds the attention kernel
+with triton.compile for GPUTarget("cuda", 90, 32) -- pointer arguments and strides marked 16-divisible
+as the launcher specializes them -- runs ptxas -v on the PTX and prints registers, spill bytes, the
+SASS instruction count of the whole kernel and of its key-tile loops (unmasked, masked), and an opcode
+mix. With BLOCK_M 128 / 8 warps one loop iteration handles 32 P elements per thread.
 """
 from __future__ import annotations
 
@@ -127,6 +127,25 @@ def make_problem(recipe: str, qk_dim: int, v_dim: int, heads: int = 128, length:
     return dataclasses.replace(problem, device="cuda"), call
 
 
+def loop_sizes(sass: str) -> list[int]:
+    """Instruction counts of the kernel's loops (bodies over 200 instructions, between a backward branch
+    and its target) in program order: for the attention kernel, the unmasked key-tile loop, then the
+    masked one."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    sizes = []
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            n = sum(1 for a, _, _ in ins if int(target.group(1), 16) <= a <= addr)
+            if n > 200:
+                sizes.append(n)
+    return sizes
+
+
 KEYS = ("FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "F2FP", "F2F", "HADD2", "PRMT", "LOP3", "IMAD", "IADD3", "SHF",
         "SHFL", "FSETP", "FSEL", "SEL", "BRA", "CALL", "BSSY", "LDS", "STS", "LDL", "STL", "HGMMA", "WARPGROUP")
 
@@ -146,11 +165,11 @@ def report(recipe: str, qk_dim: int, v_dim: int, configs=None, sass_dir: str | N
                 f.write(sass)
             with open(os.path.join(sass_dir, f"{recipe}_{qk_dim}_{i}.ttgir"), "w") as f:
                 f.write(kernel.asm["ttgir"])
-        mix = sass_mix(sass)
+        mix, loops = sass_mix(sass), loop_sizes(sass)
         rows.append(dict(recipe=recipe, dims=f"{qk_dim}/{v_dim}", config=config, regs=regs, spills=spills,
-                         total=sum(mix.values()), mix={k: mix[k] for k in KEYS if mix[k]}))
+                         total=sum(mix.values()), loops=loops, mix={k: mix[k] for k in KEYS if mix[k]}))
         print(f"{recipe} {qk_dim}/{v_dim} {config}: {regs} regs, {spills} B spills, {sum(mix.values())} SASS "
-              f"instructions; " + " ".join(f"{k}={mix[k]}" for k in KEYS if mix[k]), flush=True)
+              f"instructions, loops {loops}; " + " ".join(f"{k}={mix[k]}" for k in KEYS if mix[k]), flush=True)
     return rows
 
 
