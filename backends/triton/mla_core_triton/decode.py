@@ -27,6 +27,7 @@ _FMT = {None: 0, "fp8": 1, "nvfp4": 2}
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 _TILE = numerics.DECODE_P_TILE
+_SMS = 132  # H200 / H100 SXM: the machine configs() ranks for
 
 
 @triton.jit
@@ -52,10 +53,86 @@ def _qk(q_a, q_b, q_c, k, acc, Q_SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE
 
 
 @triton.jit
+def _k_codes(kn, kr, k_scale, k_inv_scale, TILE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+             K_FMT: tl.constexpr, K_HAS_SCALE: tl.constexpr, K_G_POW2: tl.constexpr, DOT_DTYPE: tl.constexpr,
+             HW_CVT: tl.constexpr):
+    """K of a [TILE, 576] tile fake-quantized along the features, unscaled, in the dot dtype (exact).
+    Nope and rope blocks never straddle (NOPE % 16 == 0); padding columns load 0."""
+    if K_FMT == 1:
+        kn_d = fp8_unscaled(kn.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
+        kr_d = fp8_unscaled(kr.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
+    elif K_FMT == 2:
+        kn_d = nvfp4_unscaled(kn.to(tl.float32), k_scale, k_inv_scale, TILE, D_NOPE, 1, K_G_POW2,
+                              HW_CVT).to(DOT_DTYPE)
+        kr_d = nvfp4_unscaled(kr.to(tl.float32), k_scale, k_inv_scale, TILE, D_ROPE, 1, K_G_POW2,
+                              HW_CVT).to(DOT_DTYPE)
+    else:
+        kn_d = kn.to(DOT_DTYPE)
+        kr_d = kr.to(DOT_DTYPE)
+    return kn_d, kr_d
+
+
+@triton.jit
+def _v_codes(vn, v_scale, v_inv_scale, TILE: tl.constexpr, D_V: tl.constexpr, V_FMT: tl.constexpr,
+             V_HAS_SCALE: tl.constexpr, V_G_POW2: tl.constexpr, DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
+    """V of a [TILE, D_V] tile (TILE tokens from a multiple of 32) fake-quantized along the tokens (16-token
+    blocks at absolute positions; absent tokens load 0 and never raise a block max), unscaled, dot dtype.
+    Each column is quantized on its own, so any column slice gives the same codes as the whole tile."""
+    if V_FMT == 1:
+        v_d = fp8_unscaled(vn.to(tl.float32), v_scale, V_HAS_SCALE, HW_CVT)
+    elif V_FMT == 2:
+        v_d = nvfp4_unscaled(vn.to(tl.float32), v_scale, v_inv_scale, TILE, D_V, 0, V_G_POW2, HW_CVT)
+    else:
+        v_d = vn
+    return v_d.to(DOT_DTYPE)
+
+
+@triton.jit
+def _kv_codes_kernel(
+        cache_ptr, bt_ptr, lens_ptr, kcode_ptr, vcode_ptr,
+        stride_cpage, stride_ctok, stride_btb, stride_btc, num_pages, capacity,
+        k_scale, v_scale, k_inv_scale, v_inv_scale,
+        NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+        PAGE_SIZE: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
+        K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr, K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, WRITE_V: tl.constexpr, HW_CVT: tl.constexpr):
+    """kv_prepass, one program per (32-token tile, request): K and V codes of the tokens < length.
+
+    kcode [batch, capacity, NOPE + ROPE] and vcode [batch, capacity, NOPE] (dot dtype) at row
+    ``b * capacity + token``; rows at or past a length are neither read nor written, and only the table
+    entries a length reaches are read. Absent keys (page outside the cache) get codes 0, as on read.
+    """
+    TILE: tl.constexpr = 32
+    t = tl.program_id(0)
+    b = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    tok = t * TILE + tl.arange(0, TILE)
+    in_len = tok < seq_len
+    offs_n = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    page = tl.load(bt_ptr + b.to(tl.int64) * stride_btb + (tok // PAGE_SIZE) * stride_btc, mask=in_len,
+                   other=-1).to(tl.int64)
+    valid = in_len & (page >= 0) & (page < num_pages)
+    row = cache_ptr + page * stride_cpage + (tok % PAGE_SIZE).to(tl.int64) * stride_ctok
+    kn = tl.load(row[:, None] + offs_n[None, :], mask=valid[:, None] & (offs_n[None, :] < NOPE), other=0.0)
+    kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE), other=0.0)
+    kn_d, kr_d = _k_codes(kn, kr, k_scale, k_inv_scale, TILE, D_NOPE, D_ROPE, K_FMT, K_HAS_SCALE, K_G_POW2,
+                          DOT_DTYPE, HW_CVT)
+    code_row = b.to(tl.int64) * capacity + tok
+    kdst = kcode_ptr + code_row[:, None] * (NOPE + ROPE)
+    tl.store(kdst + offs_n[None, :], kn_d, mask=in_len[:, None] & (offs_n[None, :] < NOPE))
+    tl.store(kdst + NOPE + offs_r[None, :], kr_d, mask=in_len[:, None] & (offs_r[None, :] < ROPE))
+    if WRITE_V:
+        v_d = _v_codes(kn, v_scale, v_inv_scale, TILE, D_NOPE, V_FMT, V_HAS_SCALE, V_G_POW2, DOT_DTYPE, HW_CVT)
+        tl.store(vcode_ptr + code_row[:, None] * NOPE + offs_n[None, :], v_d,
+                 mask=in_len[:, None] & (offs_n[None, :] < NOPE))
+
+
+@triton.jit
 def _decode_split_kernel(
-        q_ptr, cache_ptr, bt_ptr, lens_ptr, part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
+        q_ptr, cache_ptr, bt_ptr, lens_ptr, part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, kcode_ptr, vcode_ptr,
         stride_qb, stride_qh, stride_cpage, stride_ctok, stride_btb, stride_btc,
-        heads, num_pages, num_splits, qk_scale, k_scale, v_scale, p_scale, out_scale,
+        heads, num_pages, num_splits, capacity, qk_scale, k_scale, v_scale, p_scale, out_scale,
         k_inv_scale, v_inv_scale, p_inv_scale,
         NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
         PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, SUB_TILES: tl.constexpr,
@@ -64,9 +141,11 @@ def _decode_split_kernel(
         K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr, P_G_POW2: tl.constexpr,
         DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, Q_SPLIT: tl.constexpr, IEEE: tl.constexpr,
         UPCAST: tl.constexpr, HW_CVT: tl.constexpr, P_BF16_RNE: tl.constexpr, DIRECT: tl.constexpr,
-        WRITE_LSE: tl.constexpr):
+        WRITE_LSE: tl.constexpr, V_SPLIT: tl.constexpr, KV_CODES: tl.constexpr, V_FROM_K: tl.constexpr):
     TILE: tl.constexpr = 32
-    hg = tl.program_id(0)
+    D_V: tl.constexpr = D_NOPE // V_SPLIT  # this program's slice of the V / output columns
+    hg = tl.program_id(0) // V_SPLIT
+    v_part = tl.program_id(0) % V_SPLIT  # neighbouring programs share K tiles (L2 hits)
     split = tl.program_id(1)
     b = tl.program_id(2)
 
@@ -81,6 +160,8 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
     offs_t = tl.arange(0, TILE)
+    offs_v = v_part * D_V + tl.arange(0, D_V)
+    mask_v = offs_v < NOPE
 
     q_row = q_ptr + b.to(tl.int64) * stride_qb + offs_h[:, None].to(tl.int64) * stride_qh
     q_nope = tl.load(q_row + offs_n[None, :], mask=mask_h[:, None] & (offs_n[None, :] < NOPE), other=0.0)
@@ -98,8 +179,9 @@ def _decode_split_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the log2-domain scores
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    code_base = b.to(tl.int64) * capacity
 
     for start in range(lo, hi, TILE * SUB_TILES):
         for sub in tl.static_range(SUB_TILES):
@@ -109,22 +191,20 @@ def _decode_split_kernel(
             page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btc, mask=in_split, other=-1).to(tl.int64)
             valid = in_split & (page >= 0) & (page < num_pages)
             row = cache_ptr + page * stride_cpage + (tok % PAGE_SIZE).to(tl.int64) * stride_ctok
-            kn = tl.load(row[:, None] + offs_n[None, :], mask=valid[:, None] & (offs_n[None, :] < NOPE), other=0.0)
-            kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE),
-                         other=0.0)
-
-            # K: fake-quantized along the features (nope and rope blocks never straddle: NOPE % 16 == 0)
-            if K_FMT == 1:
-                kn_d = fp8_unscaled(kn.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
-                kr_d = fp8_unscaled(kr.to(tl.float32), k_scale, K_HAS_SCALE, HW_CVT).to(DOT_DTYPE)
-            elif K_FMT == 2:
-                kn_d = nvfp4_unscaled(kn.to(tl.float32), k_scale, k_inv_scale, TILE, D_NOPE, 1, K_G_POW2,
-                                      HW_CVT).to(DOT_DTYPE)
-                kr_d = nvfp4_unscaled(kr.to(tl.float32), k_scale, k_inv_scale, TILE, D_ROPE, 1, K_G_POW2,
-                                      HW_CVT).to(DOT_DTYPE)
+            if KV_CODES:
+                # codes from the pre-pass, addressed by (request, token): no table lookup in the load path
+                krow = kcode_ptr + (code_base + tok) * (NOPE + ROPE)
+                kn_d = tl.load(krow[:, None] + offs_n[None, :], mask=in_split[:, None] & (offs_n[None, :] < NOPE),
+                               other=0.0)
+                kr_d = tl.load(krow[:, None] + NOPE + offs_r[None, :],
+                               mask=in_split[:, None] & (offs_r[None, :] < ROPE), other=0.0)
             else:
-                kn_d = kn.to(DOT_DTYPE)
-                kr_d = kr.to(DOT_DTYPE)
+                kn = tl.load(row[:, None] + offs_n[None, :], mask=valid[:, None] & (offs_n[None, :] < NOPE),
+                             other=0.0)
+                kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE),
+                             other=0.0)
+                kn_d, kr_d = _k_codes(kn, kr, k_scale, k_inv_scale, TILE, D_NOPE, D_ROPE, K_FMT, K_HAS_SCALE,
+                                      K_G_POW2, DOT_DTYPE, HW_CVT)
             s = tl.zeros([BLOCK_H, TILE], tl.float32)
             s = _qk(qn_a, qn_b, qn_c, kn_d, s, Q_SPLIT, UPCAST, IEEE)
             s = _qk(qr_a, qr_b, qr_c, kr_d, s, Q_SPLIT, UPCAST, IEEE)
@@ -150,14 +230,23 @@ def _decode_split_kernel(
                     p_d = nvfp4_unscaled(p_v, p_scale, p_inv_scale, BLOCK_H, TILE, 1, P_G_POW2, HW_CVT)
                 else:
                     p_d = p_v
-            # V = the first NOPE latent values, fake-quantized along tokens (16-token blocks at absolute
-            # positions: tiles start at multiples of 32; absent tokens load 0 and never raise a block max)
-            if V_FMT == 1:
-                v_d = fp8_unscaled(kn.to(tl.float32), v_scale, V_HAS_SCALE, HW_CVT)
-            elif V_FMT == 2:
-                v_d = nvfp4_unscaled(kn.to(tl.float32), v_scale, v_inv_scale, TILE, D_NOPE, 0, V_G_POW2, HW_CVT)
+            # V = the first NOPE latent values (this program's D_V columns of them)
+            if KV_CODES:
+                if V_FROM_K and V_SPLIT == 1:
+                    v_d = kn_d
+                elif V_FROM_K:
+                    v_d = tl.load(krow[:, None] + offs_v[None, :], mask=in_split[:, None] & mask_v[None, :],
+                                  other=0.0)
+                else:
+                    v_d = tl.load(vcode_ptr + (code_base + tok)[:, None] * NOPE + offs_v[None, :],
+                                  mask=in_split[:, None] & mask_v[None, :], other=0.0)
             else:
-                v_d = kn
+                if V_SPLIT == 1:
+                    vn = kn
+                else:  # the slice again from the rows just read (L1/L2 hits)
+                    vn = tl.load(row[:, None] + offs_v[None, :], mask=valid[:, None] & mask_v[None, :], other=0.0)
+                v_d = _v_codes(vn, v_scale, v_inv_scale, TILE, D_V, V_FMT, V_HAS_SCALE, V_G_POW2, DOT_DTYPE,
+                               HW_CVT)
             acc = _mma(p_d.to(DOT_DTYPE), v_d.to(DOT_DTYPE), acc * alpha[:, None], UPCAST, IEEE)
 
     has_keys = l_i > 0
@@ -165,16 +254,17 @@ def _decode_split_kernel(
     o = acc * (out_scale / l_safe)[:, None]
     o = tl.where(has_keys[:, None], o, 0.0)
     lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    mask_o = mask_h[:, None] & (offs_n[None, :] < NOPE)
+    mask_o = mask_h[:, None] & mask_v[None, :]
+    mask_lse = mask_h & (v_part == 0)  # every v_part has the same LSE: one writes it
     if DIRECT:
-        dst = out_ptr + (b * heads + offs_h[:, None]).to(tl.int64) * NOPE + offs_n[None, :]
+        dst = out_ptr + (b * heads + offs_h[:, None]).to(tl.int64) * NOPE + offs_v[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mask_o)
         if WRITE_LSE:
-            tl.store(lse_ptr + b * heads + offs_h, lse, mask=mask_h)
+            tl.store(lse_ptr + b * heads + offs_h, lse, mask=mask_lse)
     else:
         row_id = (b * heads + offs_h).to(tl.int64) * num_splits + split
-        tl.store(part_o_ptr + row_id[:, None] * NOPE + offs_n[None, :], o, mask=mask_o)
-        tl.store(part_lse_ptr + row_id, lse, mask=mask_h)
+        tl.store(part_o_ptr + row_id[:, None] * NOPE + offs_v[None, :], o, mask=mask_o)
+        tl.store(part_lse_ptr + row_id, lse, mask=mask_lse)
 
 
 @triton.jit
@@ -201,7 +291,7 @@ def _decode_combine_kernel(part_o_ptr, part_lse_ptr, out_ptr, lse_ptr, num_split
         tl.store(lse_ptr + row, tl.where(has, safe_max + tl.log(tl.where(has, total, 1.0)), float("-inf")))
 
 
-JIT_KERNELS = ("_decode_split_kernel", "_decode_combine_kernel")
+JIT_KERNELS = ("_kv_codes_kernel", "_decode_split_kernel", "_decode_combine_kernel")
 """Module-level names of the kernels ``run`` launches (benchmarks/compile_report.py swaps them)."""
 
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -247,6 +337,27 @@ def configs(problem) -> list[dict]:
                   (32, 2, 8, 2)]
     out = [{"block_h": bh, "sub_tiles": sub, "num_warps": warps, "num_stages": stages}
            for bh, sub, warps, stages in ranked if bh <= top]
+    # kv_prepass (quantized K or V, >= 64 heads): quantize each reached row once instead of once per head
+    # group; the main loop then is the bf16 kernel (64-head groups) plus P's QDQ.
+    if heads >= 64 and ({problem.get("k_qdq"), problem.get("v_qdq")} - {None}):
+        out = [{"block_h": bh, "sub_tiles": 1, "num_warps": 8, "num_stages": stages, "kv_prepass": True}
+               for bh, stages in ((64, 2), (64, 1), (32, 2)) if bh <= top] + out
+    # v_split (small batch): too few (head group, split, request) programs for the 132 SMs, so each also
+    # takes 1/v_split of the V / output columns (same scores, same softmax: same numbers).
+    splits = problem.get("num_kv_splits")
+    if not isinstance(splits, int):  # "auto" fills the GPU on its own unless the length caps it
+        splits = min(numerics.MAX_KV_SPLITS, max(1, problem.get("max_len", 1) // _TILE))
+    lead = []
+    for config in out[:2]:
+        programs = problem.get("batch", 1) * -(-heads // config["block_h"]) * splits
+        v_split = 1
+        while v_split < 4 and programs * v_split * 2 <= _SMS:
+            v_split *= 2
+        if v_split > 1:
+            lead += [dict(config, v_split=v_split)]
+    if lead and lead[0]["v_split"] == 4:
+        lead.insert(1, dict(lead[0], v_split=2))
+    out = lead + out
     if problem.get("num_kv_splits") == "auto":
         out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
     return out
@@ -299,27 +410,46 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     p_scale = {0: 1.0, 1: numerics.fp8_scale(call.p_amax), 2: numerics.nvfp4_global_scale(call.p_amax)}[p_fmt]
     interpreting = not on_gpu
 
+    v_split = int(config.get("v_split", 1))
+    while v_split > 1 and _pow2(nope) // v_split < 16:  # a dot needs >= 16 columns
+        v_split //= 2
+    dot_torch = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[dot_dtype]
+    kv_codes = bool(config.get("kv_prepass")) and (k_fmt != 0 or v_fmt != 0)
+    v_from_k = k_fmt == v_fmt == 1 and k_scale == v_scale  # FP8 V codes = K's first NOPE codes
+    capacity = call.block_table.shape[1] * call.page_size
+    common = dict(NOPE=nope, ROPE=rope, D_NOPE=_pow2(nope), D_ROPE=_pow2(rope), PAGE_SIZE=call.page_size,
+                  K_FMT=k_fmt, V_FMT=v_fmt, K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0,
+                  K_G_POW2=_is_pow2(k_scale), V_G_POW2=_is_pow2(v_scale), DOT_DTYPE=dot_dtype, HW_CVT=on_gpu)
+    if kv_codes:
+        kcode = torch.empty(batch, capacity, nope + rope, dtype=dot_torch, device=device)
+        vcode = kcode if v_from_k else torch.empty(batch, capacity, nope, dtype=dot_torch, device=device)
+        _kv_codes_kernel[(triton.cdiv(capacity, _TILE), batch)](
+            cache, call.block_table, call.seq_lens, kcode, vcode, cache.stride(0), cache.stride(1),
+            call.block_table.stride(0), call.block_table.stride(1), cache.shape[0], capacity,
+            k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale, WRITE_V=not v_from_k, **common,
+            num_warps=8, num_stages=1)
+    else:
+        kcode = vcode = cache  # unused
+
     direct = splits == 1
     if direct:
         part_o = part_lse = out  # unused
     else:
         part_o = torch.empty(batch * heads * splits * nope, dtype=torch.float32, device=device)
         part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
-    grid = (triton.cdiv(heads, block_h), splits, batch)
+    grid = (triton.cdiv(heads, block_h) * v_split, splits, batch)
     compiled = _decode_split_kernel[grid](
         q, cache, call.block_table, call.seq_lens, part_o, part_lse, out, lse if lse is not None else out,
-        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
+        kcode, vcode, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
         call.block_table.stride(0), call.block_table.stride(1),
-        heads, cache.shape[0], splits,
+        heads, cache.shape[0], splits, capacity,
         float(call.softmax_scale) * k_scale * _LOG2E, k_scale, v_scale, p_scale, v_scale * p_scale,
-        1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale,
-        NOPE=nope, ROPE=rope, D_NOPE=_pow2(nope), D_ROPE=_pow2(rope), PAGE_SIZE=call.page_size,
-        BLOCK_H=block_h, SUB_TILES=sub_tiles, K_FMT=k_fmt, V_FMT=v_fmt, P_FMT=p_fmt,
-        K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0,
-        K_G_POW2=_is_pow2(k_scale), V_G_POW2=_is_pow2(v_scale), P_G_POW2=_is_pow2(p_scale),
-        DOT_DTYPE=dot_dtype, V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
-        IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16, HW_CVT=on_gpu,
+        1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale, **common,
+        BLOCK_H=block_h, SUB_TILES=sub_tiles, P_FMT=p_fmt, P_G_POW2=_is_pow2(p_scale),
+        V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
+        IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16,
         P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
+        V_SPLIT=v_split, KV_CODES=kv_codes, V_FROM_K=v_from_k,
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
     LAST_RESOURCES.update(regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
     if not direct:
