@@ -1,6 +1,6 @@
 """Compile-only report of the triton prefill kernel for sm_90a (no GPU needed).
 
-    python benchmarks/compile_report_prefill.py [--recipe bf16|fp8|nvfp4 ...] [--sass DIR]
+    python benchmarks/compile_report_prefill.py [--recipe bf16|fp8|nvfp4 ...] [--absorbed] [--sass DIR]
 
 For each recipe and each config of ``prefill.configs`` on the benchmark problem (causal, heads 128,
 dims 192/128, bf16, block_n 64) and, with --absorbed, on the 576/512 shape, builds the attention kernel
@@ -16,15 +16,13 @@ import collections
 import os
 import re
 import subprocess
-import sys
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "backends", "triton"))
-from mla_core_triton import prefill  # noqa: E402
+from mla_core_triton import prefill
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 _TYPE = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32"}
@@ -103,7 +101,7 @@ def attention_launch(problem, call, config: dict):
         for name, fn in saved.items():
             setattr(prefill, name, fn)
     fn, args, kw = next(x for x in launches if x[0] is saved["_prefill_kernel"])
-    kw = dict(kw, HW_FP8=True)
+    kw = dict(kw, HW_FP8=int(kw["HW_FP8"]) | 1)  # built as on the GPU (bit 1, the division path, kept)
     num_warps, num_stages = kw.pop("num_warps"), kw.pop("num_stages")
     named = dict(zip(fn.arg_names, args))
     constexprs = {k: v for k, v in kw.items()}

@@ -254,6 +254,18 @@ def test_every_gpu_config_absorbed_576_512():
         assert rel_l2(out[0], plain) > 2e-2, cfg
 
 
+@cpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_tiny_and_huge_amax_take_the_division_path(fmt):
+    """Per-tensor factors whose reciprocals leave float32's normal range quantize by division, same results."""
+    from mla_core_triton import prefill
+    assert prefill._hw_mode(False, [(1, 1e-20)]) == 2 and prefill._hw_mode(True, [(2, 1.0 / 2688)]) == 1
+    inputs = make_inputs(VARLEN, 2, 1, 32, 32, seed=21)
+    for kw in (dict(k_quant=fmt, k_amax=1e-38, v_quant=fmt, v_amax=1e30), dict(p_quant=fmt, p_amax=1e-36)):
+        out, ref = run_pair(inputs, causal=True, block_n=32, **kw)
+        check(out, ref, FP32_TOL)
+
+
 NM_CASES = [(2, 4, 0, 4, True, 16), (2, 4, 3, 0, False, 32), (4, 8, 5, 9, True, 64), (3, 8, 0, 0, False, 16),
             (1, 4, 2, 6, True, 32)]
 

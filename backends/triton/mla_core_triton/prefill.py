@@ -44,7 +44,7 @@ _INV_SIX = tl.constexpr(float(np.float32(1.0) / np.float32(numerics.E2M1_MAX)))
 @triton.jit
 def _fma(a, b, c, HW: tl.constexpr):
     """``a * b + c`` rounded once (the interpreter's fma rounds twice; float64 keeps ``a * b`` exact there)."""
-    if HW:
+    if HW & 1:
         return tl.fma(a, b, c)
     else:
         return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
@@ -59,7 +59,10 @@ def _div(x, d, r, HW: tl.constexpr):
     range check and a slow-path call per element); it is exact for a correctly rounded ``r`` and for the
     Newton-refined reciprocal of :func:`_rcp`, with normal quotients and residuals. Quotients that
     could underflow here are far below the smallest FP8 / E2M1 step, where any nearby value rounds alike.
+    HW bit 1 (per-tensor factors too small for that, see ``_hw_mode``): ``div_rn`` itself (0 where d is 0).
     """
+    if HW & 2:
+        return tl.math.div_rn(x, tl.where(d == 0.0, 1.0, d))
     q = x * r
     # negate d, not q: q * -d folds the sign into the fma (-q would cost a second product per element)
     return _fma(_fma(q, -d, x, HW), r, q, HW)
@@ -70,7 +73,7 @@ def _rcp(d, HW: tl.constexpr):
     """Reciprocal of float32 d >= 0 for :func:`_div` (0 where d is 0): ``div.rn``'s approximate
     reciprocal and Newton step on the GPU, the exact reciprocal under the interpreter."""
     safe = tl.where(d == 0.0, 1.0, d)
-    if HW:
+    if HW & 1:
         y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [safe], dtype=tl.float32,
                                       is_pure=True, pack=1)
         y = _fma(_fma(-safe, y, tl.full(safe.shape, 1.0, tl.float32), HW), y, y, HW)
@@ -82,7 +85,7 @@ def _rcp(d, HW: tl.constexpr):
 @triton.jit
 def _e4m3(x, DST: tl.constexpr, HW: tl.constexpr):
     """float32 -> nearest-even FP8 E4M3 value saturating at ±448, returned in DST (exact there)."""
-    if HW:
+    if HW & 1:
         # one cvt.rn.satfinite.e4m3x2.f32 per two values: round to nearest even, saturating
         return x.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(DST)
     else:
@@ -112,7 +115,7 @@ def _e2m1_abs(a):
 @triton.jit
 def _round_to(x, DT: tl.constexpr, HW: tl.constexpr):
     """float32 x rounded to DT (nearest even), returned as float32."""
-    if HW and DT == tl.bfloat16:
+    if (HW & 1) and DT == tl.bfloat16:
         # one cvt.rn.bf16x2.f32 per pair; each bf16 moved into the high half is its float32 value
         # (Triton converts one value per cvt when the bf16 goes straight back to float32)
         return tl.inline_asm_elementwise(
@@ -365,7 +368,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     inv_l = tl.math.div_rn(tl.full((BLOCK_M,), out_scale, tl.float32), tl.where(has_key, l_i, 1.0))
     o = tl.where(has_key[:, None], acc * inv_l[:, None], 0.0)
     o_rows = out_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
-    if not HW_FP8:
+    if not (HW_FP8 & 1):
         o = _round_to(o, out_ptr.dtype.element_ty, HW_FP8)  # exact bf16 rounding under the interpreter
     tl.store(o_rows + offs_dv[None, :], o.to(out_ptr.dtype.element_ty), mask=q_in[:, None] & dv_mask[None, :])
     if RETURN_LSE:
@@ -426,17 +429,23 @@ def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, stride_vt, stride_vh, stride_ct, str
 
 
 def _factor(fmt: str | None, amax: float | None) -> float:
-    """Per-tensor factor that turns codes into values: FP8 scale, NVFP4 global scale, or 1."""
+    """Per-tensor factor that turns codes into values: FP8 scale, NVFP4 global scale, or 1.
+
+    Rounded to float32 here, as the reference divides by it (products of factors are formed from
+    the rounded values, which matters only where a factor is a float32 subnormal).
+    """
     if fmt == "fp8":
-        return numerics.fp8_scale(amax)
+        return float(np.float32(numerics.fp8_scale(amax)))
     if fmt == "nvfp4":
-        return numerics.nvfp4_global_scale(amax)
+        return float(np.float32(numerics.nvfp4_global_scale(amax)))
     return 1.0
 
 
 def _recip(f: float) -> float:
-    """Correctly rounded float32 reciprocal of the float32 nearest f (IEEE float32 division)."""
-    return float(np.float32(1.0) / np.float32(f))
+    """Correctly rounded float32 reciprocal of the float32 nearest f (IEEE float32 division; inf when
+    it overflows, for factors that ``_hw_mode`` sends to the division path)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return float(np.float32(1.0) / np.float32(f))
 
 
 def _pow2_at_least(n: int) -> int:
@@ -452,6 +461,19 @@ def _split_dim(d: int) -> tuple[int, int]:
 
 def _interpreting() -> bool:
     return bool(knobs.runtime.interpret)
+
+
+def _hw_mode(on_gpu: bool, factors: list[tuple[int, float]]) -> int:
+    """The kernels' HW_FP8 constexpr: bit 0 on the GPU, bit 1 quotients by ``div_rn``.
+
+    factors: (format code, per-tensor factor) of the quantized operands. The reciprocal-product
+    quotients need the divisors (FP8 scale; NVFP4 block scales, >= 2^-9 g) and their reciprocals to
+    be far from float32's subnormal and overflow ranges; amaxes beyond that (FP8 below ~4e-16, NVFP4
+    below ~1e-12, either above ~5e20) take the division path.
+    """
+    smallest = min((f / 512.0 if fmt == 2 else f for fmt, f in factors if fmt), default=1.0)
+    largest = max((f for fmt, f in factors if fmt), default=1.0)
+    return int(on_gpu) | (2 if smallest < 2.0 ** -60 or largest > 2.0 ** 60 else 0)
 
 
 def configs(problem) -> list[dict]:
@@ -546,13 +568,13 @@ def run(call, config: dict):
     if total_q == 0 or batch == 0 or call.max_seqlen_q == 0:
         return out, lse
 
-    hw_fp8 = q.is_cuda and not _interpreting()
     block_m = int(config.get("BLOCK_M", call.block_m))
     block_n = call.block_n
     q_fmt, k_fmt = _FMT_CODE[call.q_quant], _FMT_CODE[call.k_quant]
     v_fmt, p_fmt = _FMT_CODE[call.v_quant], _FMT_CODE[call.p_quant]
     q_f, k_f = _factor(call.q_quant, call.q_amax), _factor(call.k_quant, call.k_amax)
     v_f, p_f = _factor(call.v_quant, call.v_amax), _factor(call.p_quant, call.p_amax)
+    hw_fp8 = _hw_mode(q.is_cuda and not _interpreting(), [(q_fmt, q_f), (k_fmt, k_f), (v_fmt, v_f), (p_fmt, p_f)])
     # bf16 dots whose two operands are codes (exact in float16) run in float16: FP8 codes convert to
     # float16 in one instruction per pair, to bf16 only through float32
     codes16 = bool(config.get("codes_fp16", True)) and q.dtype == torch.bfloat16
