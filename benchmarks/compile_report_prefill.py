@@ -5,7 +5,7 @@
 For each recipe and each config of ``prefill.configs`` on the benchmark problem (causal, heads 128,
 dims 192/128, bf16, block_n 64) and, with --absorbed, on the 576/512 shape, builds the attention kernel
 with triton.compile for GPUTarget("cuda", 90, 32) -- pointer arguments and strides marked 16-divisible
-as the launcher specializes them -- runs ptxas -v on the PTX and prints registers, spill bytes, the
+as the launcher specializes them -- runs ptxas -v on the PTX and prints registers, spill bytes, shared memory, the
 SASS instruction count of the whole kernel and of its key-tile loops (unmasked, masked), and an opcode
 mix. With BLOCK_M 128 / 8 warps one loop iteration handles 32 P elements per thread.
 """
@@ -164,9 +164,11 @@ def report(recipe: str, qk_dim: int, v_dim: int, configs=None, sass_dir: str | N
             with open(os.path.join(sass_dir, f"{recipe}_{qk_dim}_{i}.ttgir"), "w") as f:
                 f.write(kernel.asm["ttgir"])
         mix, loops = sass_mix(sass), loop_sizes(sass)
+        smem = kernel.metadata.shared
         rows.append(dict(recipe=recipe, dims=f"{qk_dim}/{v_dim}", config=config, regs=regs, spills=spills,
-                         total=sum(mix.values()), loops=loops, mix={k: mix[k] for k in KEYS if mix[k]}))
-        print(f"{recipe} {qk_dim}/{v_dim} {config}: {regs} regs, {spills} B spills, {sum(mix.values())} SASS "
+                         shared=smem, total=sum(mix.values()), loops=loops, mix={k: mix[k] for k in KEYS if mix[k]}))
+        print(f"{recipe} {qk_dim}/{v_dim} {config}: {regs} regs, {spills} B spills, {smem // 1024} KiB shared, "
+              f"{sum(mix.values())} SASS "
               f"instructions, loops {loops}; " + " ".join(f"{k}={mix[k]}" for k in KEYS if mix[k]), flush=True)
     return rows
 
