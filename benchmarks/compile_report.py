@@ -1,6 +1,6 @@
 """Compile the Triton decode for sm_90a on a machine without a GPU and report registers, spills, SASS mix.
 
-    python benchmarks/compile_report.py [--heads 16,128] [--recipes bf16,fp8,nvfp4] [--all-configs] [--sass DIR]
+    python benchmarks/compile_report.py [--heads 16,128] [--recipes bf16,fp8,nvfp4] [--batch 2] [--top 3] [--sass DIR]
 
 For each (heads, recipe) the launcher ``mla_core_triton.decode.run`` is driven exactly as on the device
 (same arguments, constexprs and launch options; ``on_gpu`` code paths), but every kernel launch compiles
@@ -141,6 +141,7 @@ def main():
     ap.add_argument("--heads", default="16,128")
     ap.add_argument("--recipes", default="bf16,fp8,nvfp4")
     ap.add_argument("--top", type=int, default=3, help="compile the first N configs of each problem")
+    ap.add_argument("--batch", type=int, default=2, help="batch of the problem (configs() ranks by it)")
     ap.add_argument("--sass", default=None, help="write each kernel's SASS into this folder")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -148,7 +149,7 @@ def main():
     print("heads recipe kernel           regs spill  smem   mma  fp32   cvt   int ld128/ldg total  config")
     for heads in (int(h) for h in args.heads.split(",")):
         for recipe in args.recipes.split(","):
-            for r in report_decode(heads, recipe, top=args.top, sass_dir=args.sass):
+            for r in report_decode(heads, recipe, top=args.top, sass_dir=args.sass, batch=args.batch):
                 print(f"{heads:5d} {recipe:6s} {r['kernel'][:16]:16s} {r['regs']:4d} {r['spills']:5d} {r['shared']:5d} "
                       f"{r['mma']:5d} {r['fp32']:5d} {r['cvt']:5d} {r['int']:5d} {r['ld128']:5d}/{r['ldg']:<3d} "
                       f"{r['total']:5d}  {r['config']}", flush=True)

@@ -161,6 +161,53 @@ def test_configs_keep_numerics_cpu(recipe, heads):
         assert torch.equal(out, base) and torch.equal(lse, base_lse), config
 
 
+@cpu
+@pytest.mark.parametrize("page_size,dtype,splits", [(1, torch.bfloat16, 1), (16, torch.float16, 3)])
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+def test_v_split_kv_prepass_cpu(recipe, page_size, dtype, splits):
+    """v_split (V / output columns across programs) and kv_prepass (K/V codes from a pre-pass) give the
+    default config's numbers bit for bit, with lengths 0/1/17/100 (a NaN row past each length, garbage
+    table entries), one split (direct output) and several (combine kernel), bf16 and fp16 dots; fp8 with
+    distinct K/V scales takes the separate V-code buffer."""
+    from mla_core_triton import decode as kernels
+    from mla_core.specs import validate_decode
+    k, v, p = RECIPES[recipe]
+    amax = (2.0, 3.5) if recipe == "fp8" and page_size == 1 else (None, None)
+    lengths = [0, 1, 17, 100]
+    inputs = make_inputs(lengths, heads=16, rank=64, rope=16, page_size=page_size, dtype=dtype, seed=page_size)
+    kw = dict(softmax_scale=0.1, num_kv_splits=splits, k_qdq=k, k_qdq_amax=amax[0], v_qdq=v, v_qdq_amax=amax[1],
+              p_qdq=p, p_qdq_amax=1.0, out_dtype=torch.float32)
+    problem, call = validate_decode(*inputs, kv_lora_rank=64, qk_rope_head_dim=16, page_size=None, return_lse=True,
+                                    **kw)
+    default = {"block_h": 16, "sub_tiles": 1, "num_warps": 4, "num_stages": 2}
+    base, base_lse = kernels.run(call, default)
+    ref, ref_lse = decode("reference", inputs, 64, 16, **kw)
+    assert rel_l2(base[1:], ref[1:]) < 1e-5 and (base[0] == 0).all() and (base_lse[0] == float("-inf")).all()
+    assert torch.allclose(base_lse[1:], ref_lse[1:], rtol=1e-5, atol=1e-4)
+    variants = [dict(default, v_split=2), dict(default, v_split=4, sub_tiles=2), dict(default, kv_prepass=True),
+                dict(default, kv_prepass=True, v_split=2)]
+    for config in variants:
+        out, lse = kernels.run(call, config)
+        assert torch.equal(out, base) and torch.equal(lse, base_lse), config
+
+
+def test_configs_list_variants():
+    """configs(): v_split leads at batch 1 (too few programs for the SMs), never at batch 32; kv_prepass
+    leads for quantized K/V at 128 heads, is absent for bf16 and at 16 heads."""
+    from mla_core_triton.decode import configs
+    def problem(heads, batch, fmt):
+        return dict(heads=heads, dtype="bfloat16", q_dtype="bfloat16", k_qdq=fmt, v_qdq=fmt, p_qdq=fmt,
+                    batch=batch, num_kv_splits=32, max_len=8192)
+    assert configs(problem(16, 1, None))[0]["v_split"] == 4
+    assert configs(problem(128, 1, "nvfp4"))[0] == dict(block_h=64, sub_tiles=1, num_warps=8, num_stages=2,
+                                                         kv_prepass=True, v_split=2)
+    for fmt in (None, "fp8", "nvfp4"):
+        assert all("v_split" not in c for c in configs(problem(16, 32, fmt)) + configs(problem(128, 32, fmt)))
+        assert all("kv_prepass" not in c for c in configs(problem(16, 32, fmt)))
+    assert configs(problem(128, 32, "fp8"))[0].get("kv_prepass")
+    assert all("kv_prepass" not in c for c in configs(problem(128, 32, None)))
+
+
 @triton.jit
 def _rounding_kernel(x_ptr, s_ptr, e2m1_ptr, quot_ptr, N: tl.constexpr):
     i = tl.arange(0, N)

@@ -9,6 +9,15 @@ changing it). Quantized operands enter the dots unscaled (FP8 codes, ``e2m1 * bl
 bf16/fp16; the per-tensor scales multiply the fp32 scores and the final accumulator.
 Stage 2 (``_decode_combine_kernel``) merges the splits through their log-sum-exp; with one split,
 stage 1 writes the output directly.
+
+Configs that change speed, never numbers: ``v_split`` (small batch) gives each of ``v_split`` programs of a
+(head group, split, request) the same scores and softmax and 1/v_split of the V / output columns (the
+V QDQ is per column, so a slice quantizes alike). ``kv_prepass`` (quantized K or V, many heads) runs
+``_kv_codes_kernel`` first: it quantizes every row a request reaches once, instead of once per head group,
+into per-request code buffers of the dot dtype, ``[batch, block_table width * page_size, 576]`` for K and
+``[..., 512]`` for V (FP8 V with K's scale reuses K's codes). Sized from metadata (no device sync), they
+cost memory: batch 32 x 32768 tokens x 576 x 2 B = 1.2 GB for K plus 1.1 GB for V (fine on a 141 GB
+H200; a server with long block tables should budget for it or leave the config to the tuner).
 """
 from __future__ import annotations
 
@@ -95,8 +104,8 @@ def _kv_codes_kernel(
         NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
         PAGE_SIZE: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
         K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr, K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, WRITE_V: tl.constexpr, HW_CVT: tl.constexpr):
-    """kv_prepass, one program per (32-token tile, request): K and V codes of the tokens < length.
+        DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
+    """kv_prepass, one program per (32-token tile, request, K or V): codes of the tokens < length.
 
     kcode [batch, capacity, NOPE + ROPE] and vcode [batch, capacity, NOPE] (dot dtype) at row
     ``b * capacity + token``; rows at or past a length are neither read nor written, and only the table
@@ -105,6 +114,7 @@ def _kv_codes_kernel(
     TILE: tl.constexpr = 32
     t = tl.program_id(0)
     b = tl.program_id(1)
+    part = tl.program_id(2)  # 0: K codes, 1: V codes (separate programs: half the live registers each)
     seq_len = tl.load(lens_ptr + b).to(tl.int32)
     tok = t * TILE + tl.arange(0, TILE)
     in_len = tok < seq_len
@@ -115,14 +125,16 @@ def _kv_codes_kernel(
     valid = in_len & (page >= 0) & (page < num_pages)
     row = cache_ptr + page * stride_cpage + (tok % PAGE_SIZE).to(tl.int64) * stride_ctok
     kn = tl.load(row[:, None] + offs_n[None, :], mask=valid[:, None] & (offs_n[None, :] < NOPE), other=0.0)
-    kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE), other=0.0)
-    kn_d, kr_d = _k_codes(kn, kr, k_scale, k_inv_scale, TILE, D_NOPE, D_ROPE, K_FMT, K_HAS_SCALE, K_G_POW2,
-                          DOT_DTYPE, HW_CVT)
     code_row = b.to(tl.int64) * capacity + tok
-    kdst = kcode_ptr + code_row[:, None] * (NOPE + ROPE)
-    tl.store(kdst + offs_n[None, :], kn_d, mask=in_len[:, None] & (offs_n[None, :] < NOPE))
-    tl.store(kdst + NOPE + offs_r[None, :], kr_d, mask=in_len[:, None] & (offs_r[None, :] < ROPE))
-    if WRITE_V:
+    if part == 0:
+        kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE),
+                     other=0.0)
+        kn_d, kr_d = _k_codes(kn, kr, k_scale, k_inv_scale, TILE, D_NOPE, D_ROPE, K_FMT, K_HAS_SCALE, K_G_POW2,
+                              DOT_DTYPE, HW_CVT)
+        kdst = kcode_ptr + code_row[:, None] * (NOPE + ROPE)
+        tl.store(kdst + offs_n[None, :], kn_d, mask=in_len[:, None] & (offs_n[None, :] < NOPE))
+        tl.store(kdst + NOPE + offs_r[None, :], kr_d, mask=in_len[:, None] & (offs_r[None, :] < ROPE))
+    else:
         v_d = _v_codes(kn, v_scale, v_inv_scale, TILE, D_NOPE, V_FMT, V_HAS_SCALE, V_G_POW2, DOT_DTYPE, HW_CVT)
         tl.store(vcode_ptr + code_row[:, None] * NOPE + offs_n[None, :], v_d,
                  mask=in_len[:, None] & (offs_n[None, :] < NOPE))
@@ -341,7 +353,7 @@ def configs(problem) -> list[dict]:
     # group; the main loop then is the bf16 kernel (64-head groups) plus P's QDQ.
     if heads >= 64 and ({problem.get("k_qdq"), problem.get("v_qdq")} - {None}):
         out = [{"block_h": bh, "sub_tiles": 1, "num_warps": 8, "num_stages": stages, "kv_prepass": True}
-               for bh, stages in ((64, 2), (64, 1), (32, 2)) if bh <= top] + out
+               for bh, stages in ((64, 2), (32, 2), (16, 3)) if bh <= top] + out
     # v_split (small batch): too few (head group, split, request) programs for the 132 SMs, so each also
     # takes 1/v_split of the V / output columns (same scores, same softmax: same numbers).
     splits = problem.get("num_kv_splits")
@@ -423,10 +435,10 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     if kv_codes:
         kcode = torch.empty(batch, capacity, nope + rope, dtype=dot_torch, device=device)
         vcode = kcode if v_from_k else torch.empty(batch, capacity, nope, dtype=dot_torch, device=device)
-        _kv_codes_kernel[(triton.cdiv(capacity, _TILE), batch)](
+        _kv_codes_kernel[(triton.cdiv(capacity, _TILE), batch, 1 if v_from_k else 2)](
             cache, call.block_table, call.seq_lens, kcode, vcode, cache.stride(0), cache.stride(1),
             call.block_table.stride(0), call.block_table.stride(1), cache.shape[0], capacity,
-            k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale, WRITE_V=not v_from_k, **common,
+            k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale, **common,
             num_warps=8, num_stages=1)
     else:
         kcode = vcode = cache  # unused
