@@ -106,7 +106,8 @@ def main() -> None:
             bf16[r["shape"]] = min(r["graph_us"], bf16.get(r["shape"], float("inf")))
     for r in rows:
         if r["backend"] == "triton" and r["recipe"] != "bf16" and r["shape"] in bf16:
-            print(f"{r['shape']} {r['recipe']} ({r['config']}): {r['graph_us'] / bf16[r['shape']]:.2f}x the best bf16 time")
+            ratio = r["graph_us"] / bf16[r["shape"]]
+            print(f"{r['shape']} {r['recipe']} ({r['config']}): {ratio:.2f}x the best bf16 time")
     path = write_json("bench_prefill.json", {"device": device_info(), "ceilings": ceilings, "rows": rows})
     if path:
         print(f"wrote {path}")

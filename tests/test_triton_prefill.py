@@ -158,7 +158,8 @@ def _probe_values(fmt: str, amax: float) -> torch.Tensor:
     vals = []
     if fmt == "fp8":
         scale = torch.tensor(numerics.fp8_scale(amax))
-        mids = [(8 + m + 0.5) * 2.0 ** (e - 3) for e in range(-6, 9) for m in range(8)] + [k * 2.0 ** -10 for k in (1, 3)]
+        mids = [(8 + m + 0.5) * 2.0 ** (e - 3) for e in range(-6, 9) for m in range(8)]
+        mids += [k * 2.0 ** -10 for k in (1, 3)]  # E4M3 subnormal midpoints
         for mid in mids:
             vals += around(torch.tensor(mid, dtype=torch.float32) * scale)
         x = torch.stack(vals)

@@ -6,16 +6,20 @@ softmax. The kernel's key tile is the caller's ``block_n``, which is also the P 
 
 Quantized operands run on tensor cores at full accuracy: a fake-quantized value is ``code * f`` with a
 per-tensor factor ``f`` (FP8: ``amax / 448``; NVFP4: the global scale ``g``) and a ``code`` (an E4M3
-value, or an E2M1 value times an E4M3 block scale) that is exact in bf16/fp16. The kernel multiplies
-codes in the input dtype and applies ``f_q * f_k`` to the scores and ``f_p * f_v`` to the output.
-Q is quantized once per program on load; K and V are quantized either on every read inside the
-attention loop, or once by a pre-pass that writes their codes (config ``kv_prepass``; same numerics,
-the pre-pass avoids re-quantizing K/V in every query tile).
+value, or an E2M1 value times an E4M3 block scale) that is exact in bf16 and in float16. The kernel
+multiplies codes (in float16 when both operands of a dot are codes and the inputs are bf16: FP8 codes
+convert to float16 in one instruction per pair) and applies ``f_q * f_k`` to the scores and
+``f_p * f_v`` to the output. Q is quantized once per program on load, or by a pre-pass (config
+``q_prepass``); K and V are quantized either on every read inside the attention loop, or once by a
+pre-pass that writes their codes (config ``kv_prepass``). Configs never change numerics.
 
-E4M3 rounding runs on the hardware converter on the GPU (round to nearest even, saturating) and in
-exact float arithmetic under the Triton interpreter, whose FP8 cast rounds half-up. Divisions whose
-result is rounded afterwards use ``div_rn`` (Triton's ``/`` is approximate on the GPU). The helpers
-are prefill's own: mla_core_triton.quant's E2M1 rounding costs more ALU per P element.
+Every quotient that is rounded afterwards is the correctly rounded float32 quotient, computed without
+a division instruction (``_div``: reciprocal product plus one fma correction, the fast path of the
+GPU's ``div.rn`` without its per-element branch); E4M3 rounding runs on the hardware converter on the
+GPU (round to nearest even, saturating) and in exact float arithmetic under the Triton interpreter,
+whose FP8 cast rounds half-up; E2M1 rounding is one add / subtract of a power of two. The kernels'
+``HW_FP8`` constexpr is a mode: bit 0 on the GPU (else the interpreter's exact emulations), bit 1
+plain ``div_rn`` quotients for per-tensor factors whose reciprocals leave float32's normal range.
 """
 from __future__ import annotations
 
@@ -218,7 +222,8 @@ def _nm_keep(s, q_pos, kv_pos, q_len, sink, recent, SPARSE_N: tl.constexpr, SPAR
 def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k, shift, len_q,
                  stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink, recent,
                  da_mask, db_mask, dv_mask,
-                 DT: tl.constexpr, QK_DT: tl.constexpr, PV_DT: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DT: tl.constexpr, QK_DT: tl.constexpr, PV_DT: tl.constexpr, DOT_PREC: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  DA: tl.constexpr, DB: tl.constexpr, DVP: tl.constexpr,
                  K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr, MASKED: tl.constexpr,
                  CAUSAL: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr, HW_FP8: tl.constexpr):
@@ -355,14 +360,16 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
         full_hi = 0
     for n0 in range(0, full_hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
-                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink,
-                                     recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
-                                     K_FMT, V_FMT, P_FMT, False, CAUSAL, SPARSE_N, SPARSE_M, HW_FP8)
+                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf,
+                                     p_rf, sink, recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC,
+                                     BLOCK_M, BLOCK_N, DA, DB, DVP, K_FMT, V_FMT, P_FMT, False, CAUSAL, SPARSE_N,
+                                     SPARSE_M, HW_FP8)
     for n0 in range(full_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
-                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink,
-                                     recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC, BLOCK_M, BLOCK_N, DA, DB, DVP,
-                                     K_FMT, V_FMT, P_FMT, True, CAUSAL, SPARSE_N, SPARSE_M, HW_FP8)
+                                     shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf,
+                                     p_rf, sink, recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC,
+                                     BLOCK_M, BLOCK_N, DA, DB, DVP, K_FMT, V_FMT, P_FMT, True, CAUSAL, SPARSE_N,
+                                     SPARSE_M, HW_FP8)
 
     has_key = l_i > 0.0
     inv_l = tl.math.div_rn(tl.full((BLOCK_M,), out_scale, tl.float32), tl.where(has_key, l_i, 1.0))
