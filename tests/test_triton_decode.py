@@ -315,3 +315,24 @@ def test_configs_gpu():
     for config in configs[1:6]:
         out, _ = kernels.run(call, config)
         assert rel_l2(out, base) < 1e-5, config
+
+
+@gpu
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("heads,batch", [(16, 1), (128, 1), (128, 4)])
+def test_v_split_kv_prepass_gpu(recipe, heads, batch):
+    """On the device (wgmma / mma tiles of other widths) the variants still give the default's bits."""
+    from mla_core_triton import decode as kernels
+    from mla_core.specs import validate_decode
+    k, v, p = RECIPES[recipe]
+    lengths = [1000, 0, 17, 4097][:batch] if batch > 1 else [3001]
+    inputs = make_inputs(lengths, heads=heads, rank=512, rope=64, page_size=16, dtype=torch.bfloat16, device="cuda")
+    problem, call = validate_decode(*inputs, softmax_scale=0.04, kv_lora_rank=512, qk_rope_head_dim=64, page_size=None,
+                                    num_kv_splits=32, k_qdq=k, k_qdq_amax=None, v_qdq=v, v_qdq_amax=None, p_qdq=p,
+                                    p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+    for block_h, warps, stages in [(16, 4, 3), (64, 8, 2)]:
+        base_cfg = {"block_h": block_h, "sub_tiles": 1, "num_warps": warps, "num_stages": stages}
+        base, base_lse = kernels.run(call, base_cfg)
+        for extra in ({"v_split": 2}, {"v_split": 4}, {"kv_prepass": True}, {"kv_prepass": True, "v_split": 2}):
+            out, lse = kernels.run(call, dict(base_cfg, **extra))
+            assert torch.equal(out, base) and torch.equal(lse, base_lse), (base_cfg, extra)

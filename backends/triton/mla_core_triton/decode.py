@@ -104,14 +104,13 @@ def _kv_codes_kernel(
         NOPE: tl.constexpr, ROPE: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
         PAGE_SIZE: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
         K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr, K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
-    """kv_prepass, one program per (32-token tile, request, K or V): codes of the tokens < length.
+        DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr, TILE: tl.constexpr):
+    """kv_prepass, one program per (TILE-token tile, request, K or V): codes of the tokens < length.
 
     kcode [batch, capacity, NOPE + ROPE] and vcode [batch, capacity, NOPE] (dot dtype) at row
     ``b * capacity + token``; rows at or past a length are neither read nor written, and only the table
     entries a length reaches are read. Absent keys (page outside the cache) get codes 0, as on read.
     """
-    TILE: tl.constexpr = 32
     t = tl.program_id(0)
     b = tl.program_id(1)
     part = tl.program_id(2)  # 0: K codes, 1: V codes (separate programs: half the live registers each)
@@ -435,10 +434,11 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     if kv_codes:
         kcode = torch.empty(batch, capacity, nope + rope, dtype=dot_torch, device=device)
         vcode = kcode if v_from_k else torch.empty(batch, capacity, nope, dtype=dot_torch, device=device)
-        _kv_codes_kernel[(triton.cdiv(capacity, _TILE), batch, 1 if v_from_k else 2)](
+        pre_tile = 16  # one NVFP4 V block: ~36 elements per thread at 8 warps
+        _kv_codes_kernel[(triton.cdiv(capacity, pre_tile), batch, 1 if v_from_k else 2)](
             cache, call.block_table, call.seq_lens, kcode, vcode, cache.stride(0), cache.stride(1),
             call.block_table.stride(0), call.block_table.stride(1), cache.shape[0], capacity,
-            k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale, **common,
+            k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale, **common, TILE=pre_tile,
             num_warps=8, num_stages=1)
     else:
         kcode = vcode = cache  # unused
