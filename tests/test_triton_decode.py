@@ -156,7 +156,12 @@ def test_configs_keep_numerics_cpu(recipe, heads):
     configs += [{"block_h": 16, "sub_tiles": 2, "num_warps": 4, "num_stages": 1}]
     base, base_lse = kernels.run(call, configs[0])
     assert not torch.isnan(base).any()
+    # the interpreter ignores warps and stages: run each distinct remaining choice once
+    seen = {}
     for config in configs[1:]:
+        seen.setdefault(tuple(sorted((k_, v_) for k_, v_ in config.items() if k_ not in ("num_warps", "num_stages"))),
+                        config)
+    for config in seen.values():
         out, lse = kernels.run(call, config)
         assert torch.equal(out, base) and torch.equal(lse, base_lse), config
 
@@ -184,7 +189,7 @@ def test_v_split_kv_prepass_cpu(recipe, page_size, dtype, splits):
     ref, ref_lse = decode("reference", inputs, 64, 16, **kw)
     assert rel_l2(base[1:], ref[1:]) < 1e-5 and (base[0] == 0).all() and (base_lse[0] == float("-inf")).all()
     assert torch.allclose(base_lse[1:], ref_lse[1:], rtol=1e-5, atol=1e-4)
-    variants = [dict(default, v_split=2), dict(default, v_split=4, sub_tiles=2), dict(default, kv_prepass=True),
+    variants = [dict(default, v_split=4, sub_tiles=2), dict(default, kv_prepass=True),
                 dict(default, kv_prepass=True, v_split=2)]
     for config in variants:
         out, lse = kernels.run(call, config)
