@@ -190,7 +190,7 @@ def test_v_split_kv_prepass_cpu(recipe, page_size, dtype, splits):
     assert rel_l2(base[1:], ref[1:]) < 1e-5 and (base[0] == 0).all() and (base_lse[0] == float("-inf")).all()
     assert torch.allclose(base_lse[1:], ref_lse[1:], rtol=1e-5, atol=1e-4)
     variants = [dict(default, v_split=4, sub_tiles=2), dict(default, kv_prepass=True),
-                dict(default, kv_prepass=True, v_split=2)]
+                dict(default, kv_prepass=True, v_split=2, prefetch_pages=True), dict(default, prefetch_pages=True)]
     for config in variants:
         out, lse = kernels.run(call, config)
         assert torch.equal(out, base) and torch.equal(lse, base_lse), config
@@ -204,8 +204,9 @@ def test_configs_list_variants():
         return dict(heads=heads, dtype="bfloat16", q_dtype="bfloat16", k_qdq=fmt, v_qdq=fmt, p_qdq=fmt,
                     batch=batch, num_kv_splits=32, max_len=8192)
     assert configs(problem(16, 1, None))[0]["v_split"] == 4
-    assert configs(problem(128, 1, "nvfp4"))[0] == dict(block_h=64, sub_tiles=1, num_warps=8, num_stages=2,
-                                                         kv_prepass=True, v_split=2)
+    first, second = configs(problem(128, 1, "nvfp4"))[:2]
+    assert second == dict(block_h=64, sub_tiles=1, num_warps=8, num_stages=2, kv_prepass=True, v_split=2)
+    assert first == dict(second, prefetch_pages=True)
     for fmt in (None, "fp8", "nvfp4"):
         assert all("v_split" not in c for c in configs(problem(16, 32, fmt)) + configs(problem(128, 32, fmt)))
         assert all("kv_prepass" not in c for c in configs(problem(16, 32, fmt)))
@@ -347,6 +348,7 @@ def test_v_split_kv_prepass_gpu(recipe, heads, batch):
     for block_h, warps, stages in [(16, 4, 3), (64, 8, 2)]:
         base_cfg = {"block_h": block_h, "sub_tiles": 1, "num_warps": warps, "num_stages": stages}
         base, base_lse = kernels.run(call, base_cfg)
-        for extra in ({"v_split": 2}, {"v_split": 4}, {"kv_prepass": True}, {"kv_prepass": True, "v_split": 2}):
+        for extra in ({"v_split": 2}, {"v_split": 4}, {"kv_prepass": True}, {"kv_prepass": True, "v_split": 2},
+                      {"prefetch_pages": True}):
             out, lse = kernels.run(call, dict(base_cfg, **extra))
             assert torch.equal(out, base) and torch.equal(lse, base_lse), (base_cfg, extra)

@@ -10,7 +10,8 @@ bf16/fp16; the per-tensor scales multiply the fp32 scores and the final accumula
 Stage 2 (``_decode_combine_kernel``) merges the splits through their log-sum-exp; with one split,
 stage 1 writes the output directly.
 
-Configs that change speed, never numbers: ``v_split`` (small batch) gives each of ``v_split`` programs of a
+Configs that change speed, never numbers: ``prefetch_pages`` loads the next tile's block-table entries one
+step ahead; ``v_split`` (small batch) gives each of ``v_split`` programs of a
 (head group, split, request) the same scores and softmax and 1/v_split of the V / output columns (the
 V QDQ is per column, so a slice quantizes alike). ``kv_prepass`` (quantized K or V, many heads) runs
 ``_kv_codes_kernel`` first: it quantizes every row a request reaches once, instead of once per head group,
@@ -152,7 +153,8 @@ def _decode_split_kernel(
         K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr, P_G_POW2: tl.constexpr,
         DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, Q_SPLIT: tl.constexpr, IEEE: tl.constexpr,
         UPCAST: tl.constexpr, HW_CVT: tl.constexpr, P_BF16_RNE: tl.constexpr, DIRECT: tl.constexpr,
-        WRITE_LSE: tl.constexpr, V_SPLIT: tl.constexpr, KV_CODES: tl.constexpr, V_FROM_K: tl.constexpr):
+        WRITE_LSE: tl.constexpr, V_SPLIT: tl.constexpr, KV_CODES: tl.constexpr, V_FROM_K: tl.constexpr,
+        PREFETCH_PAGES: tl.constexpr):
     TILE: tl.constexpr = 32
     D_V: tl.constexpr = D_NOPE // V_SPLIT  # this program's slice of the V / output columns
     hg = tl.program_id(0) // V_SPLIT
@@ -194,12 +196,19 @@ def _decode_split_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     code_base = b.to(tl.int64) * capacity
 
+    if PREFETCH_PAGES:  # the first tile's page indices; each step then loads the next tile's
+        page_next = tl.load(bt_row + ((lo + offs_t) // PAGE_SIZE) * stride_btc, mask=lo + offs_t < hi, other=-1)
     for start in range(lo, hi, TILE * SUB_TILES):
         for sub in tl.static_range(SUB_TILES):
             tok = start + sub * TILE + offs_t
             in_split = tok < hi
             # only table entries a length reaches are read; pages outside the cache are absent keys
-            page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btc, mask=in_split, other=-1).to(tl.int64)
+            if PREFETCH_PAGES:  # one dependent DRAM round trip (table, then row) fewer per tile
+                page = page_next.to(tl.int64)
+                page_next = tl.load(bt_row + ((tok + TILE) // PAGE_SIZE) * stride_btc, mask=tok + TILE < hi,
+                                    other=-1)
+            else:
+                page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btc, mask=in_split, other=-1).to(tl.int64)
             valid = in_split & (page >= 0) & (page < num_pages)
             row = cache_ptr + page * stride_cpage + (tok % PAGE_SIZE).to(tl.int64) * stride_ctok
             if KV_CODES:
@@ -372,6 +381,11 @@ def configs(problem) -> list[dict]:
             lead += [dict(config, v_split=v_split)]
     if lead and lead[0]["v_split"] == 4:
         lead.insert(1, dict(lead[0], v_split=2))
+    # prefetch_pages: the next tile's block-table entries load one step ahead, so a tile waits for one DRAM
+    # round trip (its rows) instead of two (table, then rows); predicted to help where the per-program
+    # chain of tiles is the limit (batch 1) and where K bytes are (16 heads), not at compute-bound 128 heads
+    if top == 16 or lead:
+        lead.insert(0, dict((lead or out)[0], prefetch_pages=True))
     out = lead + out
     if problem.get("num_kv_splits") == "auto":
         out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
@@ -465,7 +479,7 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
         V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
         IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16,
         P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
-        V_SPLIT=v_split, KV_CODES=kv_codes, V_FROM_K=v_from_k,
+        V_SPLIT=v_split, KV_CODES=kv_codes, V_FROM_K=v_from_k, PREFETCH_PAGES=bool(config.get("prefetch_pages")),
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
     LAST_RESOURCES.update(regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
     if not direct:
