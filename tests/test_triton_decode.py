@@ -189,8 +189,8 @@ def test_v_split_kv_prepass_cpu(recipe, page_size, dtype, splits):
     ref, ref_lse = decode("reference", inputs, 64, 16, **kw)
     assert rel_l2(base[1:], ref[1:]) < 1e-5 and (base[0] == 0).all() and (base_lse[0] == float("-inf")).all()
     assert torch.allclose(base_lse[1:], ref_lse[1:], rtol=1e-5, atol=1e-4)
-    variants = [dict(default, v_split=4, sub_tiles=2), dict(default, kv_prepass=True),
-                dict(default, kv_prepass=True, v_split=2, prefetch_pages=True), dict(default, prefetch_pages=True)]
+    variants = [dict(default, v_split=4, sub_tiles=2, prefetch_pages=True), dict(default, kv_prepass=True),
+                dict(default, kv_prepass=True, v_split=2, prefetch_pages=True)]
     for config in variants:
         out, lse = kernels.run(call, config)
         assert torch.equal(out, base) and torch.equal(lse, base_lse), config
