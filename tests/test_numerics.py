@@ -324,3 +324,30 @@ def test_nvfp4_block_matches_naive(vals):
     x = torch.tensor(vals, dtype=torch.float32)
     assume(x.abs().max() > 0)
     assert torch.allclose(numerics.qdq_nvfp4(x).double(), naive_nvfp4(x, None, -1), rtol=1e-6, atol=0)
+
+
+def _tie_block(device="cpu"):
+    """A block whose max / 6 / g is exactly the E4M3 tie 336 (between 320 and 352) for amax 4.9375.
+
+    A reciprocal product (how PyTorch on CUDA divides by a host scalar) gives 336.00003 and rounds up.
+    """
+    return torch.full((16,), 3.703125, device=device)
+
+
+def test_division_is_correctly_rounded_at_a_tie():
+    g = numerics.nvfp4_global_scale(4.9375)
+    x = torch.tensor(0.6171875)
+    assert numerics.divide(x, g).item() == 336.0
+    assert (x * (1.0 / torch.tensor(g))).item() != 336.0  # what a reciprocal product gives
+    g32 = torch.tensor(g).item()
+    assert numerics.nvfp4_block_scales(_tie_block(), 4.9375).item() == torch.tensor(320.0 * g32).item()
+
+
+@pytest.mark.gpu
+def test_numerics_on_cuda_equal_cpu_at_division_ties():
+    cpu = numerics.qdq_nvfp4(_tie_block(), 4.9375)
+    assert torch.equal(numerics.qdq_nvfp4(_tie_block("cuda"), 4.9375).cpu(), cpu)
+    x = torch.randn(1 << 16) * 3
+    for amax in (4.9375, 0.37, None):
+        assert torch.equal(numerics.qdq_fp8(x.cuda(), amax).cpu(), numerics.qdq_fp8(x, amax))
+        assert torch.equal(numerics.qdq_nvfp4(x.cuda(), amax).cpu(), numerics.qdq_nvfp4(x, amax))
