@@ -166,3 +166,16 @@ def test_cache_cli_show_export_clear_import(fake_world, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert _cli("cache", "import", str(bad)) == 2
+
+
+def test_shipped_h200_file_is_valid_and_names_real_configs(recwarn):
+    """The shipped choices parse without a warning, name loaded backends and keys that round-trip."""
+    import mla_core
+    from mla_core.problem import Problem
+    entries = cache.shipped_entries("NVIDIA H200")
+    assert len(entries) >= 40 and not recwarn.list
+    for key, entry in entries.items():
+        problem = Problem.from_key(key)
+        assert problem.key() == key and problem.device == "cuda"
+        assert entry["backend"] in mla_core.backends() and entry["versions"]["device"] == "NVIDIA H200"
+        assert entry["backend"] != "reference", "a shipped choice never sends users to the slow reference"
