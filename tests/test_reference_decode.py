@@ -12,6 +12,7 @@ import mla_core
 from mla_core import specs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from paged_inputs import paged_decode_inputs  # noqa: E402
 from reference_math import decode_math, rel_l2, same_lse  # noqa: E402
 
 RANK, ROPE = 512, 64
@@ -22,32 +23,8 @@ AWKWARD_LENGTHS = [0, 1, 15, 17, 33, 1000]
 
 
 def make_decode_inputs(lengths, heads, page_size, dtype=torch.float32, q_dtype=None, seed=0, device="cpu"):
-    """Random q and paged cache for ``lengths``, each request on its own shuffled pages.
-
-    Cache rows no request reaches (the tail of each last page, spare pages) hold NaN, and block table
-    entries past ceil(L / page_size) hold garbage (out-of-range and negative), so reading any of
-    them shows up as a NaN or an index error.
-    """
-    g = torch.Generator().manual_seed(seed)
-    pages_each = [-(-n // page_size) for n in lengths]
-    width = max(pages_each + [0]) + 2
-    num_pages = sum(pages_each) + 2
-    cache = torch.full((num_pages, page_size, DIM), float("nan"))
-    order = torch.randperm(num_pages, generator=g)
-    table = torch.empty(len(lengths), width, dtype=torch.int32)
-    table[:, 0::2] = 10 ** 6
-    table[:, 1::2] = -7
-    used = 0
-    for b, (n, pages) in enumerate(zip(lengths, pages_each)):
-        ids = order[used:used + pages]
-        used += pages
-        table[b, :pages] = ids.to(torch.int32)
-        for j, page in enumerate(ids.tolist()):
-            rows = min(page_size, n - j * page_size)
-            cache[page, :rows] = torch.randn(rows, DIM, generator=g)
-    q = torch.randn(len(lengths), heads, DIM, generator=g).to(q_dtype or dtype)
-    seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    return [t.to(device) for t in (q, cache.to(dtype), table, seq_lens)]
+    """Random q and a poisoned paged cache for ``lengths`` (tests/paged_inputs.py), DeepSeek widths."""
+    return paged_decode_inputs(lengths, heads, DIM, page_size, dtype, q_dtype, seed, device)
 
 
 def run_decode(q, cache, table, seq_lens, **kw):

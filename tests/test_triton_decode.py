@@ -18,6 +18,7 @@ import triton.language as tl
 import mla_core
 from mla_core import numerics
 from mla_core_triton.quant import div_by_block_scale, round_e2m1
+from paged_inputs import paged_decode_inputs
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 cpu = pytest.mark.skipif(not INTERPRETED, reason="CPU variants run the Triton interpreter (TRITON_INTERPRET=1)")
@@ -26,31 +27,8 @@ RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("
 
 
 def make_inputs(lengths, heads, rank, rope, page_size, dtype, q_dtype=None, seed=0, device="cpu"):
-    """q [B, H, rank + rope], a paged cache with each request on shuffled pages, table, lengths.
-
-    Rows no request reaches hold NaN; table entries past ceil(L / page_size) hold garbage (huge, negative).
-    """
-    g = torch.Generator().manual_seed(seed)
-    dim = rank + rope
-    pages_each = [-(-n // page_size) for n in lengths]
-    width = max(pages_each + [0]) + 2
-    num_pages = sum(pages_each) + 2
-    cache = torch.full((num_pages, page_size, dim), float("nan"))
-    order = torch.randperm(num_pages, generator=g)
-    table = torch.empty(len(lengths), width, dtype=torch.int32)
-    table[:, 0::2] = 2 ** 30
-    table[:, 1::2] = -3
-    used = 0
-    for b, (n, pages) in enumerate(zip(lengths, pages_each)):
-        ids = order[used:used + pages]
-        used += pages
-        table[b, :pages] = ids.to(torch.int32)
-        for j, page in enumerate(ids.tolist()):
-            rows = min(page_size, n - j * page_size)
-            cache[page, :rows] = torch.randn(rows, dim, generator=g)
-    q = torch.randn(len(lengths), heads, dim, generator=g).to(q_dtype or dtype)
-    seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    return [t.to(device) for t in (q, cache.to(dtype), table, seq_lens)]
+    """q [B, H, rank + rope] and a poisoned paged cache, table, lengths (tests/paged_inputs.py)."""
+    return paged_decode_inputs(lengths, heads, rank + rope, page_size, dtype, q_dtype, seed, device)
 
 
 def rel_l2(out, ref):
