@@ -63,7 +63,7 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
     """
     if _compiling():
         out, lse = torch.ops.mla_core.decode(
-            q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim,
+            q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim, page_size,
             0 if num_kv_splits == specs.AUTO else num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq,
             p_qdq_amax, return_lse, out_dtype, backend)
         return out, (lse if return_lse else None)

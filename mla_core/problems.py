@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import numerics, specs
+from . import specs
 from .problem import Problem
 
 
@@ -160,8 +160,3 @@ def output_buffers(call: Any) -> list[torch.Tensor]:
     """The caller-given output tensors of a call (written by the kernel): poisoned before a checked run."""
     names = ("out", "lse", "output", "output_lse", "q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out")
     return [t for t in (getattr(call, n, None) for n in names) if isinstance(t, torch.Tensor)]
-
-
-def pow2_buckets(values) -> list[int]:
-    """Distinct power-of-two buckets of ``values``, sorted (how warm-up grids map onto cache keys)."""
-    return sorted({numerics.bucket_pow2(int(v)) for v in values})

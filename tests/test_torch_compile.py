@@ -80,6 +80,9 @@ def test_bad_input_under_compile_is_still_an_mla_input_error():
     args["suffix_lse"] = args["suffix_lse"][:1]
     with pytest.raises(Exception, match="suffix_lse: got shape"):
         _compiled(lambda **kw: mla_core.merge_attn_states(**kw, backend=REF))(**args)
+    dec = samples.decode_inputs([5], heads=2, page_size=16, kv_lora_rank=32, rope_dim=16, dtype=torch.float32)
+    with pytest.raises(Exception, match="page_size: got 8"):
+        _compiled(lambda **kw: mla_core.mla_decode(**kw, page_size=8, backend=REF))(**dec)
 
 
 @pytest.mark.gpu
