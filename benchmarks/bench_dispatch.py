@@ -26,7 +26,7 @@ import time
 import torch
 
 import mla_core
-from mla_core import dispatch, samples, specs
+from mla_core import dispatch, inputs, specs
 
 
 def per_call_us(fn, device: torch.device, loop_s: float = 0.05, repeats: int = 7) -> float:
@@ -49,7 +49,7 @@ def per_call_us(fn, device: torch.device, loop_s: float = 0.05, repeats: int = 7
 
 
 def bench_merge(device: torch.device) -> list[dict]:
-    kw = samples.merge_inputs(4, heads=2, head_dim=16, dtype=torch.float32, device=device, seed=0)
+    kw = inputs.merge_inputs(4, heads=2, head_dim=16, dtype=torch.float32, device=device, seed=0)
     problem, call = specs.validate_merge(**kw, output=None, output_lse=None)
     choice = dispatch.choose(problem)
     rows = [
@@ -63,7 +63,7 @@ def bench_merge(device: torch.device) -> list[dict]:
 
 def bench_decode(device: torch.device, checks: str) -> list[dict]:
     os.environ[specs.ENV_CHECKS] = checks
-    kw = samples.decode_inputs([64], heads=16, page_size=64, dtype=torch.bfloat16, device=device, seed=0)
+    kw = inputs.decode_inputs([64], heads=16, page_size=64, dtype=torch.bfloat16, device=device, seed=0)
     validate = lambda: specs.validate_decode(
         **kw, page_size=None, num_kv_splits=32, k_qdq=None, k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None,
         p_qdq_amax=1.0, return_lse=True, out_dtype=None)

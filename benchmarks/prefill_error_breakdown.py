@@ -14,7 +14,7 @@ import argparse
 import torch
 
 import mla_core
-from mla_core.checking import rel_l2
+from mla_core.accuracy import rel_l2
 
 
 def main():

@@ -10,7 +10,7 @@ import torch
 
 import mla_core
 from mla_core import specs
-from mla_core.checking import rel_l2
+from mla_core.accuracy import rel_l2
 from mla_core_triton import prefill
 
 n, h = 1024, 16

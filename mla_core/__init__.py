@@ -8,6 +8,7 @@ Backends are pluggy plugins (entry-point group ``mla_core``) subclassing :class:
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import numerics, torch_ops  # torch_ops registers torch.ops.mla_core.* for torch.compile
+from . import autotune  # registers the cache and tuner as dispatch's choice sources
 from .backend import Backend, OpCapability
 from .dispatch import use_backend
 from .errors import MLAInputError, NoBackendError

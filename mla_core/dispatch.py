@@ -1,10 +1,11 @@
 """Dispatch: which ``(backend, config)`` runs a problem.
 
-Order (shared/DESIGN.md): an explicit override (the op's ``backend=`` argument, then
+Order (docs/architecture.md): an explicit override (the op's ``backend=`` argument, then
 :func:`use_backend`, then ``MLA_CORE_BACKEND``) wins; else the in-memory choice for the problem;
-else the autotuner's answer (disk caches, or tuning when allowed: :mod:`mla_core.autotune`);
-else the valid backend with the highest priority. After the first call of a problem the
-answer is one dict lookup.
+else the first answer of the registered choice sources (:func:`add_choice_source`; the autotuner
+registers the user cache, the shipped cache and tuning-on-a-miss, in that order); else the valid
+backend with the highest priority. After the first call of a problem the answer is one dict lookup.
+Dispatch imports neither the autotuner nor the CLI: they build on it.
 """
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import contextlib
 import contextvars
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .backend import Backend
 from .errors import NoBackendError
+from . import plugins
 from .plugins import backends, get_backend
 from .problem import Problem
 
@@ -30,15 +32,29 @@ class Choice:
 
     backend: Backend
     config: dict[str, Any]
-    source: str  # "override" | "priority" | "cache" | "shipped" | "tuned"
+    source: str  # "override" | "priority" | "cache" | "shipped" | "tuned" | "synced"
 
+
+ChoiceSource = Callable[[Problem, "list[Backend]"], "Choice | None"]
+"""Asked on an in-memory miss with the valid backends (highest priority first); None: no opinion."""
 
 _memory: dict[tuple[str | None, Problem], Choice] = {}
+_sources: list[ChoiceSource] = []
 
 
 def clear_memory() -> None:
     """Forget every in-memory decision (after plugins or the cache change)."""
     _memory.clear()
+
+
+plugins.on_change(clear_memory)
+
+
+def add_choice_source(source: ChoiceSource) -> None:
+    """Append ``source`` to the ordered list dispatch asks after its memory and before the priority rule."""
+    if source not in _sources:
+        _sources.append(source)
+        clear_memory()
 
 
 @contextlib.contextmanager
@@ -87,12 +103,12 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
     else:
         ok, reasons = candidates(problem)
         if not ok:
-            from .plugins import registry
-            for broken in registry().broken:
+            for broken in plugins.registry().broken:
                 reasons[broken.name] = [f"plugin failed to load: {broken.reason}"]
             raise NoBackendError(problem, reasons)
-        from . import autotune
-        choice = autotune.lookup(problem, ok) or Choice(ok[0], ok[0].configs(problem)[0], "priority")
+        choice = next((c for c in (source(problem, ok) for source in _sources) if c is not None), None)
+        if choice is None:
+            choice = Choice(ok[0], ok[0].configs(problem)[0], "priority")
     _memory[key] = choice
     return choice
 

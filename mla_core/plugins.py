@@ -14,7 +14,7 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pluggy
 
@@ -107,6 +107,17 @@ class Registry:
 
 _registry: Registry | None = None
 _lock = threading.Lock()
+_listeners: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` whenever the set of loaded backends changes (dispatch forgets its choices)."""
+    _listeners.append(listener)
+
+
+def _changed() -> None:
+    for listener in _listeners:
+        listener()
 
 
 def registry() -> Registry:
@@ -126,8 +137,7 @@ def reload() -> Registry:
     global _registry
     with _lock:
         _registry = None
-    from . import dispatch
-    dispatch.clear_memory()
+    _changed()
     return registry()
 
 
@@ -149,6 +159,5 @@ def get_backend(name: str) -> Backend:
 def register_plugin(plugin: Any, name: str | None = None) -> list[Backend]:
     """Register a plugin object or module at run time (what an entry point does at load)."""
     added = registry().register(plugin, name)
-    from . import dispatch
-    dispatch.clear_memory()
+    _changed()
     return added

@@ -32,12 +32,13 @@ def fake_world(monkeypatch, tmp_path):
     """Autotuner tests: only the fake backends of autotune_fakes are loaded, tt_exact judges correctness,
     the user cache is a fresh folder and no shipped cache is visible."""
     import autotune_fakes
-    from mla_core import autotune, cache, dispatch
+    from mla_core import dispatch
+    from mla_core.autotune import cache, tuner
     from mla_core.plugins import registry
 
     fk = autotune_fakes.install()
     monkeypatch.setattr(registry(), "backends", dict(fk))
-    monkeypatch.setattr(autotune, "REFERENCE", "tt_exact")
+    monkeypatch.setattr(tuner, "REFERENCE", "tt_exact")
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MLA_CORE_AUTOTUNE", raising=False)
     monkeypatch.setattr(cache, "shipped_dir", lambda: None)

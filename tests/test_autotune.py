@@ -4,7 +4,8 @@ import torch
 
 import autotune_fakes as fakes
 import mla_core
-from mla_core import autotune, cache, dispatch, problems, warmup
+from mla_core import dispatch, inputs
+from mla_core.autotune import cache, tuner, warmup
 from mla_core.problem import Problem
 
 
@@ -20,8 +21,8 @@ def _no_tuning(*args, **kwargs):
 
 def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
     problem = fakes.merge_problem()
-    with pytest.warns(autotune.AutotuneWarning, match="rejected tt_wrong"):
-        result = autotune.tune(problem, list(fake_world.values()))
+    with pytest.warns(tuner.AutotuneWarning, match="rejected tt_wrong"):
+        result = tuner.tune(problem, list(fake_world.values()))
     assert [(c.backend, c.config) for c in result.candidates] == [
         ("tt_slow", {}), ("tt_fast", {"sleep_s": 0.006}), ("tt_fast", {"sleep_s": 0.001}), ("tt_wrong", {}),
         ("tt_exact", {})]
@@ -33,7 +34,7 @@ def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
     assert [r["backend"] for r in result.rejected] == ["tt_wrong"] and "differs" in result.rejected[0]["reason"]
     assert result.runner_up.backend == "tt_fast" and result.runner_up.config == {"sleep_s": 0.006}
     entry = result.entry()
-    assert entry["versions"]["backend"] == "tt_fast 1" and entry["versions"]["torch"] == torch.__version__
+    assert entry["versions"]["backend"] == "1" and entry["versions"]["torch"] == torch.__version__
     assert len(entry["candidates"]) == 5 and entry["rejected"][0]["backend"] == "tt_wrong"
 
 
@@ -44,7 +45,7 @@ def test_failing_candidate_is_recorded_not_fatal(fake_world):
         def merge(self, call, config):
             raise RuntimeError("kernel launch failed")
 
-    result = autotune.tune(fakes.merge_problem(), [Crash(), fake_world["tt_slow"]])
+    result = tuner.tune(fakes.merge_problem(), [Crash(), fake_world["tt_slow"]])
     assert result.winner.backend == "tt_slow"
     assert all("kernel launch failed" in c.error for c in result.candidates if c.backend == "tt_crash")
 
@@ -52,7 +53,7 @@ def test_failing_candidate_is_recorded_not_fatal(fake_world):
 def test_dispatch_tunes_on_miss_with_mode_on_then_uses_memory_then_disk(fake_world, monkeypatch):
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "on")
     args = _merge_args()
-    with pytest.warns(autotune.AutotuneWarning):
+    with pytest.warns(tuner.AutotuneWarning):
         out, lse = mla_core.merge_attn_states(**args)
     ref_out, ref_lse = fakes.merge_math(type("C", (), {**args, "output": None})())
     torch.testing.assert_close(out, ref_out)
@@ -60,20 +61,19 @@ def test_dispatch_tunes_on_miss_with_mode_on_then_uses_memory_then_disk(fake_wor
     choice = dispatch.choose(problem)
     assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.001}, "tuned")
     # after the first call the key is an in-memory lookup: neither the tuner nor the cache is asked again
-    lookup = autotune.lookup
-    monkeypatch.setattr(autotune, "lookup", _no_tuning)
-    assert dispatch.choose(problem) is choice
-    monkeypatch.setattr(autotune, "lookup", lookup)
+    with monkeypatch.context() as m:
+        m.setattr(dispatch, "_sources", [_no_tuning])
+        assert dispatch.choose(problem) is choice
     # a new process (empty memory) finds the choice on disk without tuning
-    monkeypatch.setattr(autotune, "tune", _no_tuning)
+    monkeypatch.setattr(tuner, "tune", _no_tuning)
     dispatch.clear_memory()
     choice = dispatch.choose(problem)
     assert (choice.backend.name, choice.source) == ("tt_fast", "cache")
 
 
 def test_default_mode_is_cached_and_never_tunes(fake_world, monkeypatch):
-    assert autotune.mode() == "cached"
-    monkeypatch.setattr(autotune, "tune", _no_tuning)
+    assert tuner.mode() == "cached"
+    monkeypatch.setattr(tuner, "tune", _no_tuning)
     assert dispatch.choose(fakes.merge_problem()).source == "priority"
     mla_core.merge_attn_states(**_merge_args())
 
@@ -112,17 +112,17 @@ def test_entries_from_other_versions_are_ignored(fake_world):
 
 def test_never_tunes_during_cuda_graph_capture(fake_world, monkeypatch):
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "on")
-    monkeypatch.setattr(autotune, "capturing", lambda device_type: True)
-    monkeypatch.setattr(autotune, "measure", _no_tuning)
-    assert autotune.lookup(fakes.merge_problem(), list(fake_world.values())) is None
+    monkeypatch.setattr(tuner, "capturing", lambda device_type: True)
+    monkeypatch.setattr(tuner, "measure", _no_tuning)
+    assert tuner.tuned_choice(fakes.merge_problem(), list(fake_world.values())) is None
     with pytest.raises(RuntimeError, match="graph capture"):
-        autotune.tune(fakes.merge_problem(), list(fake_world.values()))
+        tuner.tune(fakes.merge_problem(), list(fake_world.values()))
 
 
 def test_unknown_mode_warns_and_means_cached(monkeypatch):
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "sometimes")
-    with pytest.warns(autotune.AutotuneWarning, match="sometimes"):
-        assert autotune.mode() == "cached"
+    with pytest.warns(tuner.AutotuneWarning, match="sometimes"):
+        assert tuner.mode() == "cached"
 
 
 def _decode_problem(splits, p_qdq="fp8", max_len=256):
@@ -138,10 +138,10 @@ def test_split_count_is_tuned_only_on_auto():
         def configs(self, problem):
             return [{"block": 32}, {"block": 64, "num_kv_splits": 4}]
 
-    auto = autotune.candidate_configs(Tiles(), _decode_problem("auto", max_len=256))  # 8 tiles of 32 keys
+    auto = tuner.candidate_configs(Tiles(), _decode_problem("auto", max_len=256))  # 8 tiles of 32 keys
     assert {"block": 32, "num_kv_splits": 8} in auto and {"block": 64, "num_kv_splits": 4} in auto
     assert all("num_kv_splits" in c for c in auto) and max(c["num_kv_splits"] for c in auto) == 8
-    fixed = autotune.candidate_configs(Tiles(), _decode_problem(32))
+    fixed = tuner.candidate_configs(Tiles(), _decode_problem(32))
     assert fixed == [{"block": 32}, {"block": 64}]  # the caller's count is part of the problem: never tuned
 
 
@@ -161,10 +161,10 @@ def test_inputs_rebuild_exactly_their_problem():
                                                 device="cpu"))
     assert len(preset) == 3 * 3 + 1  # per recipe: decode, prefill, prefill+lse; one merge
     for problem in small + preset:
-        call = problems.make_call(problem, "cpu", seed=1)
-        assert problems.call_nbytes(call) > 0
-    with pytest.raises(problems.ProblemInputsError):
-        problems.make_call(_decode_problem(32, max_len=8), "cpu")  # a 16-token page cannot make an 8-token bucket
+        call = inputs.make_call(problem, "cpu", seed=1)
+        assert inputs.call_nbytes(call) > 0
+    with pytest.raises(inputs.ProblemInputsError):
+        inputs.make_call(_decode_problem(32, max_len=8), "cpu")  # a 16-token page cannot make an 8-token bucket
 
 
 def test_auto_splits_are_checked_against_the_reference_at_the_same_count(monkeypatch, tmp_path):
@@ -186,7 +186,7 @@ def test_auto_splits_are_checked_against_the_reference_at_the_same_count(monkeyp
             return reference.decode(dataclasses.replace(call, num_kv_splits=config["num_kv_splits"]), {})
 
     problem = _decode_problem("auto", p_qdq="fp8", max_len=128)  # 4 tiles: splits 1, 2, 4 change P's running max
-    result = autotune.tune(problem, [SplitDecode()], warmup=1, repeats=1)
+    result = tuner.tune(problem, [SplitDecode()], warmup=1, repeats=1)
     assert sorted(set(splits_seen)) == [1, 2, 4]
     assert result.winner is not None and not result.rejected, result.rejected
     assert "num_kv_splits" in result.winner.config and "against reference" in result.check

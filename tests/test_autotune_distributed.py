@@ -1,4 +1,4 @@
-"""Two CPU ranks (gloo): ``autotune.sync`` gives every rank rank 0's choices; warm-up splits the shapes and shares them.
+"""Two CPU ranks (gloo): ``tuner.sync`` gives every rank rank 0's choices; warm-up splits the shapes and shares them.
 
 The test runs this file as a worker script in two subprocesses that meet through a file store
 (no ports), each with its own cache folder so the choices can only travel through torch.distributed.
@@ -47,22 +47,23 @@ def _worker(rank: int, store: str, out: str) -> None:
 
     sys.path.insert(0, TESTS)
     import autotune_fakes as fakes
-    from mla_core import autotune, cache, dispatch, warmup
+    from mla_core import dispatch
+    from mla_core.autotune import cache, tuner, warmup
     from mla_core.plugins import registry
 
     warnings.simplefilter("ignore")
     fk = fakes.install()
     registry().backends.clear()
     registry().backends.update(fk)
-    autotune.REFERENCE = "tt_exact"
+    tuner.REFERENCE = "tt_exact"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     result = {}
 
     tuned_problem, memory_problem = fakes.merge_problem(tokens=32), fakes.merge_problem(tokens=256)
     if rank == 0:
-        autotune.record(autotune.tune(tuned_problem, list(fk.values()), warmup=1, repeats=3))
+        tuner.record(tuner.tune(tuned_problem, list(fk.values()), warmup=1, repeats=3))
         dispatch._memory[(None, memory_problem)] = dispatch.Choice(fk["tt_exact"], {}, "tuned")  # decided in memory
-    result["received"] = autotune.sync()
+    result["received"] = tuner.sync()
     choice = dispatch.choose(tuned_problem)
     result["synced_choice"] = [choice.backend.name, choice.config]
     result["synced_source"] = choice.source
@@ -70,13 +71,13 @@ def _worker(rank: int, store: str, out: str) -> None:
     result["priority_choice_matches_rank0"] = dispatch.choose(memory_problem).backend.name == "tt_exact"
 
     problems = [fakes.merge_problem(tokens=t) for t in (8, 16, 64)]
-    tuned_here, tune = [], autotune.tune
+    tuned_here, tune = [], tuner.tune
 
     def counting_tune(problem, *args, **kwargs):
         tuned_here.append(problem.key())
         return tune(problem, *args, **kwargs)
 
-    autotune.tune = counting_tune
+    tuner.tune = counting_tune
     rows = warmup.run(problems, warmup=1, repeats=3)
     result["warmup_status"] = [r.status for r in rows]
     result["tuned_here"] = tuned_here

@@ -10,7 +10,9 @@ import pytest
 
 import autotune_fakes as fakes
 import mla_core
-from mla_core import cache, cli_autotune, dispatch
+from mla_core import dispatch
+from mla_core.autotune import cache
+from mla_core.cli import autotune as cli_autotune
 
 TESTS = os.path.dirname(__file__)
 
@@ -108,15 +110,15 @@ WRITER = textwrap.dedent("""
     import sys, warnings
     sys.path.insert(0, {tests!r})
     import autotune_fakes as fakes
-    from mla_core import autotune, cache
+    from mla_core.autotune import cache, tuner
     from mla_core.plugins import registry
     i = int(sys.argv[1])
     fk = fakes.install()
     registry().backends.clear(); registry().backends.update(fk)
     warnings.simplefilter("ignore")
-    result = autotune.tune(fakes.merge_problem(tokens=2 ** (i + 1)), [fk["tt_slow"], fk["tt_fast"]], reference="tt_exact",
+    result = tuner.tune(fakes.merge_problem(tokens=2 ** (i + 1)), [fk["tt_slow"], fk["tt_fast"]], reference="tt_exact",
                            warmup=1, repeats=3)
-    assert autotune.record(result)
+    assert tuner.record(result)
     for j in range(5):
         cache.store("cpu", {{f"extra|cpu|writer={{i}}|j={{j}}": result.entry()}})
 """)

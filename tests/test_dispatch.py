@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import mla_core
-from mla_core import dispatch, plugins, samples, specs
+from mla_core import dispatch, inputs, plugins, specs
 
 
 class _Fake(mla_core.Backend):
@@ -33,7 +33,7 @@ def fakes():
 
 
 def _merge_args(dtype=torch.float32):
-    return samples.merge_inputs(5, heads=2, head_dim=8, dtype=dtype, seed=1)
+    return inputs.merge_inputs(5, heads=2, head_dim=8, dtype=dtype, seed=1)
 
 
 def test_highest_priority_valid_backend_wins_and_reasons_are_kept(fakes):
@@ -95,7 +95,7 @@ def test_choice_is_remembered_in_memory(fakes):
 
 
 def test_problem_key_round_trips():
-    args = samples.decode_inputs([3, 40], heads=4, page_size=16)
+    args = inputs.decode_inputs([3, 40], heads=4, page_size=16)
     problem, _ = specs.validate_decode(**args, page_size=None, num_kv_splits="auto", k_qdq="fp8", k_qdq_amax=None,
                                        v_qdq=None, v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0, return_lse=True,
                                        out_dtype=None)

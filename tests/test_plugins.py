@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import mla_core
-from mla_core import plugins, samples
-from mla_core.checking import rel_l2
+from mla_core import inputs, plugins
+from mla_core.accuracy import rel_l2
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin"
 
@@ -43,7 +43,7 @@ def test_example_plugin_installs_by_entry_point_and_serves_merge(site, monkeypat
     _dist(site, "mla_core_example", "[mla_core]\nexample = mla_core_example\n")
     plugins.reload()
     assert "example" in mla_core.backends()
-    args = samples.merge_inputs(23, heads=3, head_dim=16, dtype=torch.float32, seed=7)
+    args = inputs.merge_inputs(23, heads=3, head_dim=16, dtype=torch.float32, seed=7)
     out = torch.full_like(args["prefix_output"], float("nan"))
     lse = torch.full_like(args["prefix_lse"], float("nan"))
     got, got_lse = mla_core.merge_attn_states(**args, output=out, output_lse=lse, backend="example")

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import mla_core
-from mla_core import samples
-from mla_core.checking import rel_l2
+from mla_core import inputs
+from mla_core.accuracy import rel_l2
 
 REF = "reference"
 
@@ -21,7 +21,7 @@ def fresh_dynamo():
 
 
 def test_decode_compiles_fullgraph_and_matches_eager():
-    args = samples.decode_inputs([5, 40, 0], heads=4, page_size=16, kv_lora_rank=32, rope_dim=16,
+    args = inputs.decode_inputs([5, 40, 0], heads=4, page_size=16, kv_lora_rank=32, rope_dim=16,
                                  dtype=torch.float32, seed=3)
     tensors = {k: args.pop(k) for k in ("q", "latent_cache", "block_table", "b_seq_len")}
 
@@ -36,7 +36,7 @@ def test_decode_compiles_fullgraph_and_matches_eager():
 
 
 def test_prefill_and_merge_compile_fullgraph():
-    args = samples.prefill_inputs([7, 0, 19], [12, 3, 19], heads=2, qk_dim=16, v_dim=8, dtype=torch.float32, seed=4)
+    args = inputs.prefill_inputs([7, 0, 19], [12, 3, 19], heads=2, qk_dim=16, v_dim=8, dtype=torch.float32, seed=4)
 
     def step(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q):
         o1, l1 = mla_core.mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=False,
@@ -51,7 +51,7 @@ def test_prefill_and_merge_compile_fullgraph():
 
 
 def test_rope_quantize_and_sparse_decode_compile_fullgraph_and_fill_buffers():
-    rope = samples.rope_inputs(9, heads=2, nope_dim=32, seed=5)
+    rope = inputs.rope_inputs(9, heads=2, nope_dim=32, seed=5)
     out_buf = torch.empty(9, 2, 32, dtype=torch.float8_e4m3fn)
 
     def rope_step(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids):
@@ -63,7 +63,7 @@ def test_rope_quantize_and_sparse_decode_compile_fullgraph_and_fill_buffers():
     assert all(torch.equal(g.float(), r.float()) for g, r in zip(got, ref))
     assert torch.equal(out_buf.float(), ref[2].float())
 
-    sparse = samples.sparse_decode_inputs(2, q_len=1, heads=4, top_k=64, num_pages=2, page_size=16, seed=6)
+    sparse = inputs.sparse_decode_inputs(2, q_len=1, heads=4, top_k=64, num_pages=2, page_size=16, seed=6)
 
     def sparse_step(query, kv_cache, block_tables, seq_lens):
         return mla_core.sparse_mla_fp8_decode(query, kv_cache, None, 128, 512, 64, block_tables, seq_lens, 0,
@@ -76,18 +76,18 @@ def test_rope_quantize_and_sparse_decode_compile_fullgraph_and_fill_buffers():
 
 
 def test_bad_input_under_compile_is_still_an_mla_input_error():
-    args = samples.merge_inputs(4, heads=2, head_dim=8, dtype=torch.float32)
+    args = inputs.merge_inputs(4, heads=2, head_dim=8, dtype=torch.float32)
     args["suffix_lse"] = args["suffix_lse"][:1]
     with pytest.raises(Exception, match="suffix_lse: got shape"):
         _compiled(lambda **kw: mla_core.merge_attn_states(**kw, backend=REF))(**args)
-    dec = samples.decode_inputs([5], heads=2, page_size=16, kv_lora_rank=32, rope_dim=16, dtype=torch.float32)
+    dec = inputs.decode_inputs([5], heads=2, page_size=16, kv_lora_rank=32, rope_dim=16, dtype=torch.float32)
     with pytest.raises(Exception, match="page_size: got 8"):
         _compiled(lambda **kw: mla_core.mla_decode(**kw, page_size=8, backend=REF))(**dec)
 
 
 @pytest.mark.gpu
 def test_decode_captures_into_a_cuda_graph():
-    args = samples.decode_inputs([100, 3000, 1], heads=16, device="cuda", seed=7)
+    args = inputs.decode_inputs([100, 3000, 1], heads=16, device="cuda", seed=7)
     eager, _ = mla_core.mla_decode(**args)
     static = torch.empty_like(eager)
     stream = torch.cuda.Stream()

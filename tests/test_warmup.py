@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from mla_core import autotune, cache, cli_autotune, dispatch, warmup
+from mla_core import dispatch
+from mla_core.autotune import cache, tuner, warmup
+from mla_core.cli import autotune as cli_autotune
 
 
 def _cli(*argv):
@@ -43,7 +45,7 @@ def test_presets_cover_tp_sizes_recipes_and_grids():
 def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):
     argv = ["warmup", "--device", "cpu", "--ops", "merge", "--prefill-lengths", "16,32", "--tp", "8",
             "--no-progress", "--json"]
-    with pytest.warns(autotune.AutotuneWarning, match="rejected tt_wrong"):
+    with pytest.warns(tuner.AutotuneWarning, match="rejected tt_wrong"):
         assert _cli(*argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["status"] for r in report["problems"]] == ["tuned", "tuned"]

@@ -1,13 +1,14 @@
-"""Autotuner: time every valid ``(backend, config)`` of a problem, keep the fastest correct one (shared/DESIGN.md).
+"""Autotuner: time every valid ``(backend, config)`` of a problem, keep the fastest correct one.
 
-:func:`lookup` is what dispatch asks on an in-memory miss. Order: the user cache, then the shipped
-``autotune_cache/`` files (:mod:`mla_core.cache`), then -- only with ``MLA_CORE_AUTOTUNE=on`` and never
-during CUDA graph capture -- :func:`tune`; ``None`` lets dispatch apply the priority rule.
+Dispatch asks :data:`CHOICE_SOURCES` in order on an in-memory miss: the user cache, then the shipped
+``autotune_cache/`` files (:mod:`mla_core.autotune.cache`), then -- only with ``MLA_CORE_AUTOTUNE=on``
+and never during CUDA graph capture -- a fresh :func:`tune`; none answering lets dispatch apply the
+priority rule.
 
 ``MLA_CORE_AUTOTUNE``: ``off`` (priority rule only; caches not read), ``cached`` (default: use cached
 choices, never tune implicitly; ``mla-core warmup`` fills the cache), ``on`` (tune on a miss).
 
-Tuning builds random inputs of the problem's shape on its device (:mod:`mla_core.problems`), rotating
+Tuning builds random inputs of the problem's shape on its device (:func:`mla_core.inputs.make_call`), rotating
 through enough copies that together they overflow the L2 cache; each candidate is warmed up, then
 timed in several repeats (CUDA events on a GPU, ``perf_counter`` on the CPU) and its median per-call
 time kept. The fastest candidate's output is compared once with the reference backend's on the same
@@ -28,17 +29,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from . import cache, checking, problems
-from .problem import Problem
+from .. import inputs
+from ..accuracy import REFERENCE as REFERENCE_BACKEND, compare, tolerance
+from ..dispatch import Choice
+from ..problem import Problem
+from . import cache
 
 if TYPE_CHECKING:
-    from .backend import Backend
-    from .dispatch import Choice
+    from ..backend import Backend
 
 ENV_MODE = "MLA_CORE_AUTOTUNE"
 MODES = ("off", "cached", "on")
 DEFAULT_MODE = "cached"
-REFERENCE = checking.REFERENCE
+REFERENCE = REFERENCE_BACKEND
 SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
 """Decode split counts tried when the caller passed ``num_kv_splits="auto"`` and a backend's configs name none."""
 PRUNE_FACTOR = 3.0
@@ -234,7 +237,7 @@ def _outputs(result) -> tuple[torch.Tensor, ...]:
 
 
 def _checked_run(backend: "Backend", problem: Problem, call: Any, config: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    for buf in problems.output_buffers(call):  # a kernel that skips part of its output must not pass on stale data
+    for buf in inputs.output_buffers(call):  # a kernel that skips part of its output must not pass on stale data
         buf.fill_(float("nan"))
     return _outputs(backend.run(problem, call, config))
 
@@ -264,8 +267,8 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     against. ``device``: where to run (default: the problem's device type, the current CUDA device).
     Nothing is written to the cache (see :func:`record`). Raises RuntimeError during CUDA graph capture.
     """
-    from .dispatch import candidates as valid_backends
-    from .plugins import backends
+    from ..dispatch import candidates as valid_backends
+    from ..plugins import backends
     if capturing(problem.device):
         raise RuntimeError("mla_core never tunes during CUDA graph capture; warm the cache up before capturing")
     started = time.perf_counter()
@@ -276,9 +279,9 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     dev_name = cache.device_name(device.type, device.index)
-    first = problems.make_call(problem, device, seed)
-    sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * _l2_bytes(device) / max(1, problems.call_nbytes(first)))))
-    calls = [first] + [problems.make_call(problem, device, seed + i) for i in range(1, sets)]
+    first = inputs.make_call(problem, device, seed)
+    sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * _l2_bytes(device) / max(1, inputs.call_nbytes(first)))))
+    calls = [first] + [inputs.make_call(problem, device, seed + i) for i in range(1, sets)]
 
     timed: list[Candidate] = []
     default = None
@@ -318,8 +321,8 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             ref_call = _explicit_splits(first, cand.config)
             if ref_out is None or ref_call is not first:
                 ref_out = _checked_run(ref_backend, problem, ref_call, {})
-            err = checking.compare(out, ref_out)
-            tol = checking.tolerance(ref_out[0].dtype) if ref_out else 0.0
+            err = compare(out, ref_out)
+            tol = tolerance(ref_out[0].dtype) if ref_out else 0.0
         except Exception as exc:
             rejected.append({**cand.as_dict(), "reason": f"check run failed: {_error(exc)}"})
             continue
@@ -349,29 +352,39 @@ def record(result: TuneResult) -> bool:
 # dispatch's entry point
 
 
-def _choice(backend: "Backend", config: dict[str, Any], source: str) -> "Choice":
-    from .dispatch import Choice
+def _choice(backend: "Backend", config: dict[str, Any], source: str) -> Choice:
     return Choice(backend, dict(config), source)
 
 
-def lookup(problem: Problem, valid: "list[Backend]") -> "Choice | None":
-    """A cached or freshly tuned choice among ``valid`` backends for ``problem``, or None (priority rule)."""
-    current = mode()
-    if current == "off":
-        return None
-    by_name = {b.name: b for b in valid}
-    key = problem.key()
-    dev_name = cache.device_name(problem.device)
-    for source, read in (("cache", cache.user_entries), ("shipped", cache.shipped_entries)):
-        entry = read(dev_name).get(key)
-        backend = by_name.get(entry["backend"]) if entry else None
+def _cached_choice(read: Callable[[str], dict[str, dict]], source: str):
+    """A dispatch choice source reading one cache (user or shipped): a current entry among the valid backends."""
+
+    def lookup(problem: Problem, valid: "list[Backend]") -> Choice | None:
+        if mode() == "off":
+            return None
+        dev_name = cache.device_name(problem.device)
+        entry = read(dev_name).get(problem.key())
+        backend = {b.name: b for b in valid}.get(entry["backend"]) if entry else None
         if backend is not None and cache.is_current(entry, backend, dev_name):
             return _choice(backend, entry["config"], source)
-    if current != "on" or capturing(problem.device):
         return None
+
+    lookup.__name__ = f"{source}_choice"
+    return lookup
+
+
+user_cache_choice = _cached_choice(cache.user_entries, "cache")
+shipped_choice = _cached_choice(cache.shipped_entries, "shipped")
+
+
+def tuned_choice(problem: Problem, valid: "list[Backend]") -> Choice | None:
+    """Tune ``problem`` now (only with ``MLA_CORE_AUTOTUNE=on``, never during graph capture) and record the winner."""
+    if mode() != "on" or capturing(problem.device):
+        return None
+    key = problem.key()
     try:
         result = tune(problem, valid)
-    except problems.ProblemInputsError as exc:
+    except inputs.ProblemInputsError as exc:
         warnings.warn(f"mla_core autotune cannot tune {key}: {exc}; using the priority rule", AutotuneWarning,
                       stacklevel=3)
         return None
@@ -380,7 +393,11 @@ def lookup(problem: Problem, valid: "list[Backend]") -> "Choice | None":
                       AutotuneWarning, stacklevel=3)
         return None
     record(result)
-    return _choice(by_name[result.winner.backend], result.winner.config, "tuned")
+    return _choice({b.name: b for b in valid}[result.winner.backend], result.winner.config, "tuned")
+
+
+CHOICE_SOURCES = (user_cache_choice, shipped_choice, tuned_choice)
+"""What dispatch asks on an in-memory miss, in order (:func:`mla_core.dispatch.add_choice_source`)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -389,8 +406,8 @@ def lookup(problem: Problem, valid: "list[Backend]") -> "Choice | None":
 
 def _local_choices() -> dict[str, dict[str, Any]]:
     """Every choice this process would use: current user-cache entries and the in-memory dispatch choices."""
-    from .dispatch import _memory
-    from .plugins import backends
+    from ..dispatch import _memory
+    from ..plugins import backends
     loaded = backends()
     out: dict[str, dict[str, Any]] = {}
     for (override, problem), choice in list(_memory.items()):
@@ -411,8 +428,8 @@ def install(entries: dict[str, dict[str, Any]], source: str = "synced") -> int:
     Entries whose backend is not loaded here or cannot run the problem are skipped with a warning.
     Returns the number installed.
     """
-    from .dispatch import _memory
-    from .plugins import backends
+    from ..dispatch import _memory
+    from ..plugins import backends
     loaded = backends()
     to_store: dict[str, dict[str, dict]] = {}
     count = 0

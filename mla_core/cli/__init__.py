@@ -3,17 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import torch
 
-from . import __version__
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+from .. import __version__
+from .table import table
 
 
 def _default_device() -> str:
@@ -21,7 +15,7 @@ def _default_device() -> str:
 
 
 def cmd_backends(args) -> int:
-    from .plugins import registry
+    from ..plugins import registry
     reg = registry()
     infos = [b.info() for b in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name))]
     broken = [{"plugin": b.name, "reason": b.reason} for b in reg.broken]
@@ -43,14 +37,14 @@ def cmd_backends(args) -> int:
         first, *more = r[5].split("\n")
         out.append(r[:5] + [first])
         out.extend([["", "", "", "", "", m] for m in more])
-    print(_table(out, ["backend", "version", "priority", "devices", "status", "ops (quant formats)"]))
+    print(table(out, ["backend", "version", "priority", "devices", "status", "ops (quant formats)"]))
     for b in broken:
         print(f"broken plugin {b['plugin']}: {b['reason']}")
     return 0
 
 
 def cmd_check(args) -> int:
-    from .checking import check
+    from .check import check
     device = args.device or _default_device()
     rows = check(device, args.backend or None)
     if args.json:
@@ -59,7 +53,7 @@ def cmd_check(args) -> int:
         table = [[r["backend"], r["case"], r["status"], "-" if r["error"] is None else f"{r['error']:.2e}", r["reason"] or ""]
                  for r in rows]
         print(f"mla-core check on {device}: every available backend against the reference backend")
-        print(_table(table, ["backend", "case", "status", "rel L2 error", "note"]) if table else "no backend besides the reference")
+        print(table(table, ["backend", "case", "status", "rel L2 error", "note"]) if table else "no backend besides the reference")
     return 1 if any(r["status"] == "FAIL" for r in rows) else 0
 
 
@@ -97,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", help="check only this backend (repeatable)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_check)
-    from . import cli_autotune
-    cli_autotune.add_parsers(sub)
+    from . import autotune
+    autotune.add_parsers(sub)
     return parser
 
 
@@ -110,6 +104,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,16 +13,11 @@ from pathlib import Path
 
 import torch
 
-from . import autotune, cache, warmup
+from ..autotune import cache, tuner, warmup
+from .table import table as _table_rows
 
 NO_GPU = ("mla-core warmup: no CUDA GPU is visible, so there is nothing to tune on. Run it on the machine that will "
           "serve the model, or pass --device cpu to tune the CPU backends (useful for tests).")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -93,7 +88,7 @@ def cmd_warmup(args) -> int:
                           "ranks_agree": agree, "problems": [r.as_dict() for r in rows]}, indent=2))
     else:
         header, table = warmup.summary(rows)
-        print(_table(header, table))
+        print(_table_rows(table, header))
         counts = {s: sum(r.status == s for r in rows) for s in ("tuned", "cached", "failed")}
         print(f"\n{len(rows)} shapes on {dev_name} in {wall:.1f} s: {counts['tuned']} tuned, {counts['cached']} already "
               f"cached, {counts['failed']} failed; cache: {cache.user_file(dev_name)}")
@@ -107,7 +102,7 @@ def cmd_warmup(args) -> int:
 
 
 def _entry_row(key: str, entry: dict, dev_name: str) -> dict:
-    from .plugins import backends
+    from ..plugins import backends
     backend = backends().get(entry.get("backend"))
     current = backend is not None and cache.is_current(entry, backend, dev_name)
     return {"problem": key, "backend": entry.get("backend"), "config": entry.get("config"), "us": entry.get("us"),
@@ -117,7 +112,7 @@ def _entry_row(key: str, entry: dict, dev_name: str) -> dict:
 
 def cmd_cache_show(args) -> int:
     devices = [args.device] if args.device else cache.devices()
-    report = {"cache_dir": str(cache.user_dir()), "autotune": autotune.mode(), "devices": {}}
+    report = {"cache_dir": str(cache.user_dir()), "autotune": tuner.mode(), "devices": {}}
     for dev_name in devices:
         entries = cache.user_entries(dev_name)
         report["devices"][dev_name] = {"file": str(cache.user_file(dev_name)),
@@ -137,11 +132,11 @@ def cmd_cache_show(args) -> int:
                 continue
             print(f"\n{dev_name} ({label}: {len(rows)} entries)")
             if rows:
-                print(_table(["problem", "backend", "config", "us", "vs default", "status"],
-                             [[r["problem"], r["backend"], json.dumps(r["config"], sort_keys=True),
-                               "-" if r["us"] is None else f"{r['us']:.1f}",
-                               "-" if not r["speedup_over_default"] else f"{r['speedup_over_default']:.2f}x",
-                               "current" if r["current"] else "stale (other versions: ignored)"] for r in rows]))
+                print(_table_rows([[r["problem"], r["backend"], json.dumps(r["config"], sort_keys=True),
+                                    "-" if r["us"] is None else f"{r['us']:.1f}",
+                                    "-" if not r["speedup_over_default"] else f"{r['speedup_over_default']:.2f}x",
+                                    "current" if r["current"] else "stale (other versions: ignored)"] for r in rows],
+                                  ["problem", "backend", "config", "us", "vs default", "status"]))
     return 0
 
 

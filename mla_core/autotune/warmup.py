@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from . import autotune, cache, numerics
-from .problem import Problem
+from .. import numerics
+from ..problem import Problem
+from . import cache, tuner
 
 RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
 """Quant recipe name -> the format of K, V and P (Q stays unquantized)."""
@@ -151,7 +152,7 @@ class Row:
 
 
 def _label(entry: dict[str, Any]) -> str:
-    from .autotune import Candidate
+    from .tuner import Candidate
     return Candidate(entry["backend"], entry.get("config") or {}).label()
 
 
@@ -194,7 +195,7 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
             results[i] = {"status": "cached", "entry": entry}
             continue
         try:
-            result = autotune.tune(problem, warmup=warmup, repeats=repeats)
+            result = tuner.tune(problem, warmup=warmup, repeats=repeats)
         except Exception as exc:  # one unbuildable or failing shape must not end a long warm-up
             results[i] = {"status": "failed", "note": f"{type(exc).__name__}: {exc}".splitlines()[0]}
             continue
@@ -210,9 +211,9 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
         dist.all_gather_object(gathered, results)
         results = {i: r for part in gathered for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "cached")}
-    autotune.install(tuned, source="tuned")
+    tuner.install(tuned, source="tuned")
     if dist is not None and world > 1:
-        autotune.sync()  # rank 0's view wins for anything a rank held differently (e.g. its own older cache)
+        tuner.sync()  # rank 0's view wins for anything a rank held differently (e.g. its own older cache)
     return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""))
             for i in range(len(problems))]
 
@@ -222,7 +223,7 @@ def ranks_agree(problems: list[Problem]) -> bool | None:
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
-    from .dispatch import choose
+    from ..dispatch import choose
     mine = [(p.key(), choose(p).backend.name, sorted(choose(p).config.items())) for p in problems
             if _runnable(p)]
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -238,12 +239,12 @@ def close_process_group() -> None:
 
 
 def _runnable(problem: Problem) -> bool:
-    from .dispatch import candidates
+    from ..dispatch import candidates
     return bool(candidates(problem)[0])
 
 
 def _usable(entry: dict[str, Any], dev_name: str) -> bool:
-    from .plugins import backends
+    from ..plugins import backends
     backend = backends().get(entry["backend"])
     return backend is not None and cache.is_current(entry, backend, dev_name)
 

@@ -6,8 +6,9 @@ import time
 
 import torch
 
-from . import dispatch, ops, samples, specs
-from .checking import REFERENCE, compare
+from .. import dispatch, inputs, ops, specs
+from ..accuracy import REFERENCE, compare
+from .table import table
 
 
 def _served_by(problem) -> str:
@@ -31,7 +32,7 @@ def run_demo(device: str, as_json: bool = False) -> int:
 
     # Absorbed decode: DeepSeek-V3 at TP=8 (16 heads), 576 = 512 latent + 64 rope, 64-token pages.
     lengths = [1, 300, 1000, 17] if device == "cpu" else [1, 3000, 8192, 17, 512, 4096, 77, 1024]
-    dk = samples.decode_inputs(lengths, heads=16, page_size=64, device=device, seed=0)
+    dk = inputs.decode_inputs(lengths, heads=16, page_size=64, device=device, seed=0)
     problem, _ = specs.validate_decode(**dk, page_size=None, num_kv_splits=32, k_qdq=None, k_qdq_amax=None, v_qdq=None,
                                        v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
     record("mla_decode", f"batch={len(lengths)} heads=16 576/512 page=64 lens={lengths}", problem,
@@ -45,7 +46,7 @@ def run_demo(device: str, as_json: bool = False) -> int:
     # Prefill (un-absorbed, 192/128), split into a cached-context chunk and a causal new chunk, merged.
     ctx, new = ([200, 0], [56, 40]) if device == "cpu" else ([3000, 0], [1096, 512])
     heads = 16
-    full = samples.prefill_inputs([c + n for c, n in zip(ctx, new)], heads=heads, device=device, seed=1)
+    full = inputs.prefill_inputs([c + n for c, n in zip(ctx, new)], heads=heads, device=device, seed=1)
     q, k, v = full["q"], full["k"], full["v"]
     starts = full["cu_seqlens_k"].tolist()
     q_new = torch.cat([q[s + c:s + c + n] for s, c, n in zip(starts, ctx, new)])
@@ -78,8 +79,7 @@ def run_demo(device: str, as_json: bool = False) -> int:
         print(json.dumps({"device": device, "ops": rows, "two_chunk_vs_one_shot_rel_l2": chunk_err}, indent=2))
     else:
         print(f"mla-core demo on {device} (backend chosen automatically; error = relative L2 against the reference backend)")
-        from .cli import _table
-        print(_table([[r["op"], r["shape"], r["backend"], f"{r['ms']:.1f}", f"{r['rel_l2_vs_reference']:.1e}"] for r in rows],
+        print(table([[r["op"], r["shape"], r["backend"], f"{r['ms']:.1f}", f"{r['rel_l2_vs_reference']:.1e}"] for r in rows],
                      ["op", "shape", "served by", "ms", "rel L2 vs reference"]))
         print(f"two-chunk prefill merged vs one-shot prefill (reference): rel L2 {chunk_err:.1e}")
         if device == "cpu":

@@ -10,31 +10,9 @@ from typing import Callable
 
 import torch
 
-from . import ops, samples, specs
-from .plugins import backends, get_backend
-
-REFERENCE = "reference"
-
-
-def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` in float64 over finite reference entries; inf when out has a NaN there.
-
-    Reference entries of -inf (LSE of empty rows) must be matched exactly.
-    """
-    out, ref = out.double().cpu(), ref.double().cpu()
-    finite = torch.isfinite(ref)
-    if not torch.equal(out[~finite].nan_to_num(), ref[~finite].nan_to_num()):
-        return float("inf")
-    o, r = out[finite], ref[finite]
-    if torch.isnan(o).any():
-        return float("inf")
-    denom = r.norm().item()
-    return (o - r).norm().item() / denom if denom else (o - r).norm().item()
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """DESIGN.md's relative-L2 tolerance for an output dtype: fp32 1e-5, else 1e-2."""
-    return 1e-5 if dtype == torch.float32 else 1e-2
+from .. import inputs, ops, specs
+from ..accuracy import REFERENCE, compare, output_dtype, tolerance
+from ..plugins import backends, get_backend
 
 
 @dataclass
@@ -51,26 +29,26 @@ def cases(device: str) -> list[Case]:
     """The small problems ``mla-core check`` runs on ``device``."""
     out = []
     for recipe in (None, "fp8", "nvfp4"):
-        kw = samples.decode_inputs([0, 1, 17, 100], heads=16, page_size=16, device=device, seed=1)
+        kw = inputs.decode_inputs([0, 1, 17, 100], heads=16, page_size=16, device=device, seed=1)
         q = {"k_qdq": recipe, "v_qdq": recipe, "p_qdq": recipe}
         out.append(Case("decode", f"decode bf16 heads=16 lens=[0,1,17,100] page=16 kvp={recipe or 'none'}",
                         lambda b, kw=kw, q=q: ops.mla_decode(**kw, **q, num_kv_splits=8, backend=b),
                         specs.validate_decode(**kw, page_size=None, num_kv_splits=8, **q, k_qdq_amax=None,
                                               v_qdq_amax=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)[0]))
-        pk = samples.prefill_inputs([0, 33, 70], [5, 40, 70], heads=4, qk_dim=192, v_dim=128, device=device, seed=2)
+        pk = inputs.prefill_inputs([0, 33, 70], [5, 40, 70], heads=4, qk_dim=192, v_dim=128, device=device, seed=2)
         pq = {"q_quant": recipe, "k_quant": recipe, "p_quant": recipe, "v_quant": recipe}
         out.append(Case("prefill", f"prefill bf16 causal heads=4 192/128 q=[0,33,70] k=[5,40,70] qkvp={recipe or 'none'}",
                         lambda b, pk=pk, pq=pq: ops.mla_prefill(**pk, causal=True, return_lse=True, **pq, backend=b),
                         _prefill_problem(pk, pq)))
-    mk = samples.merge_inputs(37, heads=4, head_dim=128, device=device, seed=3)
+    mk = inputs.merge_inputs(37, heads=4, head_dim=128, device=device, seed=3)
     out.append(Case("merge", "merge bf16 tokens=37 heads=4 dim=128",
                     lambda b: ops.merge_attn_states(**mk, backend=b), specs.validate_merge(**mk, output=None, output_lse=None)[0]))
-    rk = samples.rope_inputs(19, heads=4, device=device, seed=4)
+    rk = inputs.rope_inputs(19, heads=4, device=device, seed=4)
     for neox in (True, False):
         out.append(Case("rope_quantize_fp8", f"rope+fp8 bf16 nnz=19 heads=4 neox={neox}",
                         lambda b, neox=neox: ops.mla_rope_quantize_fp8(**rk, is_neox=neox, backend=b),
                         _rope_problem(rk, neox)))
-    sk = samples.sparse_decode_inputs(3, q_len=2, heads=16, top_k=128, device=device, seed=5)
+    sk = inputs.sparse_decode_inputs(3, q_len=2, heads=16, top_k=128, device=device, seed=5)
     out.append(Case("sparse_decode", "sparse fp8 batch=3 q_len=2 heads=16 top_k=128",
                     lambda b: ops.sparse_mla_fp8_decode(**sk, return_lse=True, backend=b), _sparse_problem(sk)))
     return out
@@ -93,18 +71,6 @@ def _sparse_problem(sk):
                                         None)[0]
 
 
-def _as_tuple(result) -> tuple[torch.Tensor, ...]:
-    if isinstance(result, torch.Tensor):
-        return (result,)
-    return tuple(t for t in result if t is not None)
-
-
-def compare(result, expected) -> float:
-    """Largest relative L2 error over the tensors two op results hold (FP8 tensors compared as float)."""
-    errs = [rel_l2(o.float(), r.float()) for o, r in zip(_as_tuple(result), _as_tuple(expected))]
-    return max(errs) if errs else 0.0
-
-
 def check(device: str, only: list[str] | None = None) -> list[dict]:
     """Run :func:`cases` on every available non-reference backend; one row per (backend, case)."""
     rows = []
@@ -124,7 +90,6 @@ def check(device: str, only: list[str] | None = None) -> list[dict]:
             except Exception as exc:  # a crashing backend is a failed check, reported, not fatal
                 rows.append({**row, "status": "FAIL", "error": None, "reason": f"{type(exc).__name__}: {exc}"})
                 continue
-            out_dtype = _as_tuple(expected[case.name])[0].dtype
-            tol = tolerance(out_dtype)
+            tol = tolerance(output_dtype(expected[case.name]))
             rows.append({**row, "status": "pass" if err < tol else "FAIL", "error": err, "reason": f"tolerance {tol:g}"})
     return rows

@@ -65,8 +65,8 @@ def user_dir() -> Path:
 
 def shipped_dir() -> Path | None:
     """The installed ``autotune_cache`` folder (package data), or the source tree's when running from a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "autotune_cache", here.parent / "autotune_cache"):
+    package = Path(__file__).resolve().parent.parent  # mla_core/
+    for candidate in (package / "autotune_cache", package.parent / "autotune_cache"):
         if candidate.is_dir():
             return candidate
     return None
@@ -93,8 +93,8 @@ def _package_version(name: str) -> str | None:
 
 def versions(backend, device: str) -> dict[str, str | None]:
     """What an entry tuned now for ``backend`` on ``device`` records (and must match to be trusted later)."""
-    from . import __version__
-    return {"mla_core": __version__, "backend": f"{backend.name} {backend.version}", "torch": torch.__version__,
+    from .. import __version__
+    return {"mla_core": __version__, "backend": str(backend.version), "torch": torch.__version__,
             "triton": _package_version("triton"), "cuda": torch.version.cuda, "device": device}
 
 
