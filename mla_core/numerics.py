@@ -1,4 +1,4 @@
-"""The one definition of mla_core's numerics (shared/DESIGN.md, "Numerics contract").
+"""The one definition of mla_core's numerics (docs/numerics.md).
 
 Every backend computes the function these helpers define; kernels re-implement the same rounding
 on the device but take their constants from here, and every test compares against these helpers.
@@ -180,6 +180,17 @@ def decode_split_bounds(seq_len: int, num_kv_splits: int) -> list[tuple[int, int
 def merge_lse(lse_a: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """``log(exp(a) + exp(b))`` elementwise, with -inf + -inf = -inf (float32)."""
     return torch.logaddexp(lse_a.float(), lse_b.float())
+
+
+def empty_state_lse(lse: torch.Tensor) -> torch.Tensor:
+    """An attention state's LSE as merging reads it: +inf becomes -inf (float32).
+
+    mla_core gives a row with no key LSE -inf; FlashAttention, FlashMLA and vLLM give it +inf, and
+    vLLM's merge reads +inf as an empty state. ``merge_attn_states`` accepts both: either marks a state
+    that contributes nothing to the merge.
+    """
+    lse = lse.float()
+    return torch.where(lse == float("inf"), float("-inf"), lse)
 
 
 def bucket_pow2(n: int) -> int:
