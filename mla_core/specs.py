@@ -474,6 +474,12 @@ def validate_rope_quantize(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_id
 SPARSE_LATENT = 512
 SPARSE_ROPE = 64
 SPARSE_TOPK_MULTIPLE = 64
+KV_LAYOUT_FP8 = "fp8"
+"""MATE's 576-byte rows: 576 FP8 E4M3 values (512 latent + 64 RoPE), one per-tensor scale folded into bmm1/bmm2."""
+KV_LAYOUT_DS_MLA = "fp8_ds_mla"
+"""FlashMLA's / vLLM's 656-byte rows: 512 E4M3 values, 4 float32 scales (one per 128 values), 64 bf16 RoPE values."""
+DS_MLA_ROW_BYTES = 656
+DS_MLA_SCALE_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -481,7 +487,10 @@ class SparseDecodeMetadata:
     """Reusable schedule of :func:`mla_core.sparse_mla_fp8_decode` for one query shape, top-k and ``seq_lens``.
 
     ``valid_lens`` [batch] int32 (on the query's device) holds ``min(seq_lens, top_k)``, computed on the
-    device (no host sync). Prepare a new object whenever seq_lens values, the query shape or top-k change.
+    device (no host sync). ``from_seq_lens`` records whether it was built from a ``seq_lens`` tensor (False:
+    every slot valid). Prepare a new object whenever seq_lens values, the query shape or top-k change: a
+    call refuses metadata built for another shape, top-k or q_len (always) or for other ``seq_lens`` values
+    (when content checks are on).
     """
 
     batch: int
@@ -489,6 +498,7 @@ class SparseDecodeMetadata:
     heads: int
     top_k: int
     valid_lens: torch.Tensor
+    from_seq_lens: bool = True
 
 
 def make_sparse_metadata(query: torch.Tensor, seq_lens: torch.Tensor | None, top_k: int) -> SparseDecodeMetadata:
@@ -497,15 +507,16 @@ def make_sparse_metadata(query: torch.Tensor, seq_lens: torch.Tensor | None, top
         valid = torch.full((batch,), top_k, dtype=torch.int32, device=query.device)
     else:
         valid = seq_lens.to(torch.int32).clamp(0, top_k)
-    return SparseDecodeMetadata(batch, q_len, heads, top_k, valid)
+    return SparseDecodeMetadata(batch, q_len, heads, top_k, valid, seq_lens is not None)
 
 
 @dataclass
 class SparseDecodeCall:
     """Validated arguments of :func:`mla_core.sparse_mla_fp8_decode`.
 
-    query [batch, q_len, heads, 576] FP8; kv_cache [pages * page_size, 576] FP8 (a flat view of the
-    cache: indices are physical token rows); indices [batch, q_len, top_k] int32 (-1 = none);
+    ``kv_layout`` :data:`KV_LAYOUT_FP8`: query [batch, q_len, heads, 576] FP8, kv_cache [rows, 576] FP8;
+    :data:`KV_LAYOUT_DS_MLA`: query [batch, q_len, heads, 576] bf16, kv_cache [rows, 656] uint8 (a flat
+    view of the cache: indices are physical token rows). indices [batch, q_len, top_k] int32 (-1 = none);
     ``metadata`` holds the valid length per request; scores are ``q·k * bmm1_scale``, the output
     ``softmax · V * bmm2_scale`` with V the first 512 values; out [batch, q_len, heads, 512] bf16,
     lse [batch, q_len, heads] fp32 (natural log).
@@ -520,6 +531,25 @@ class SparseDecodeCall:
     out: torch.Tensor | None
     lse: torch.Tensor | None
     return_lse: bool
+    kv_layout: str = KV_LAYOUT_FP8
+
+
+def sparse_kv_layout(kv_cache: Any) -> str:
+    """Which cache layout ``kv_cache`` holds, from its last dimension: 576 -> MATE's FP8 rows, 656 -> fp8_ds_mla."""
+    check_tensor("kv_cache", kv_cache, (3, 4))
+    width = kv_cache.shape[-1]
+    if width == SPARSE_LATENT + SPARSE_ROPE:
+        check_tensor("kv_cache", kv_cache, (3, 4), (FP8,))
+        return KV_LAYOUT_FP8
+    if width == DS_MLA_ROW_BYTES:
+        check_tensor("kv_cache", kv_cache, (3, 4), (torch.uint8, FP8))
+        return KV_LAYOUT_DS_MLA
+    raise MLAInputError(f"kv_cache: got last dimension {width}, needs {SPARSE_LATENT + SPARSE_ROPE} (FP8 E4M3 rows) "
+                        f"or {DS_MLA_ROW_BYTES} (fp8_ds_mla rows, uint8)")
+
+
+def _sparse_query_dtype(layout: str) -> torch.dtype:
+    return FP8 if layout == KV_LAYOUT_FP8 else torch.bfloat16
 
 
 def check_top_k(top_k: Any) -> int:
@@ -539,8 +569,11 @@ def _check_sparse_lens(seq_lens: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def validate_sparse_metadata(query: Any, seq_lens: Any, top_k: Any) -> SparseDecodeMetadata:
-    """Validate :func:`mla_core.get_sparse_decode_metadata`'s arguments and build the metadata."""
-    check_tensor("query", query, 4, (FP8,))
+    """Validate :func:`mla_core.get_sparse_decode_metadata`'s arguments and build the metadata.
+
+    ``query`` is FP8 (576-byte cache rows) or bf16 (fp8_ds_mla rows); only its shape and device are used.
+    """
+    check_tensor("query", query, 4, (FP8, torch.bfloat16))
     check_shape("query", query, (None, None, None, SPARSE_LATENT + SPARSE_ROPE))
     check_top_k(top_k)
     if seq_lens is not None:
@@ -550,6 +583,30 @@ def validate_sparse_metadata(query: Any, seq_lens: Any, top_k: Any) -> SparseDec
         if content_checks_enabled(seq_lens):
             _check_sparse_lens(seq_lens, top_k)
     return make_sparse_metadata(query, seq_lens, top_k)
+
+
+def _check_metadata(metadata: Any, query: torch.Tensor, seq_lens: torch.Tensor | None, top_k: int,
+                    device: torch.device, by_value: bool) -> None:
+    """Refuse metadata built for another call: shape, q_len, heads, top-k and whether seq_lens was given
+    (always, from metadata), and the valid lengths themselves when ``by_value`` (content checks on)."""
+    if not isinstance(metadata, SparseDecodeMetadata):
+        raise MLAInputError(f"metadata: got {type(metadata).__name__}, needs the object get_sparse_decode_metadata() "
+                            "returns")
+    batch, q_len, heads = query.shape[:3]
+    want = (batch, q_len, heads, top_k, seq_lens is not None)
+    got = (metadata.batch, metadata.q_len, metadata.heads, metadata.top_k, metadata.from_seq_lens)
+    if got != want or metadata.valid_lens.device != device:
+        raise MLAInputError(f"metadata: got metadata prepared for (batch, q_len, heads, top_k, seq_lens given) = {got} "
+                            f"on {metadata.valid_lens.device}, needs {want} on {device}; call "
+                            "get_sparse_decode_metadata() again")
+    if by_value and seq_lens is not None:
+        now = seq_lens.to("cpu", torch.int64).clamp(0, top_k)
+        built = metadata.valid_lens.to("cpu", torch.int64)
+        if not torch.equal(now, built):
+            b = int((now != built).nonzero()[0, 0])
+            raise MLAInputError(f"metadata: got metadata prepared for seq_lens[{b}] = {int(built[b])}, needs "
+                                f"{int(now[b])} (this call's seq_lens); call get_sparse_decode_metadata() again "
+                                "whenever seq_lens change")
 
 
 def _host_scalar(name: str, v: Any) -> float:
@@ -563,24 +620,34 @@ def _host_scalar(name: str, v: Any) -> float:
 
 
 def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables, seq_lens,
-                           sparse_mla_top_k, out, bmm1_scale, bmm2_scale, lse, return_lse,
-                           metadata) -> tuple[Problem, SparseDecodeCall]:
-    check_tensor("query", query, 4, (FP8,))
+                           sparse_mla_top_k, out, bmm1_scale, bmm2_scale, lse, return_lse, metadata, *,
+                           check_indices: bool = True) -> tuple[Problem, SparseDecodeCall]:
+    """Validate :func:`mla_core.sparse_mla_fp8_decode`'s arguments.
+
+    The cache layout comes from ``kv_cache``'s last dimension (:func:`sparse_kv_layout`): 576 FP8 values
+    with an FP8 query, or 656-byte fp8_ds_mla rows (uint8, or FP8 as FlashMLA types them) with a bf16 query.
+    ``check_indices=False`` (the FlashInfer/MATE-compatible surface) leaves index slots outside the cache to
+    the kernels, which skip them, instead of raising in the content checks.
+    """
+    layout = sparse_kv_layout(kv_cache)
+    q_dtype = _sparse_query_dtype(layout)
+    check_tensor("query", query, 4)
+    if query.dtype != q_dtype:
+        raise MLAInputError(f"query: got dtype {dtype_name(query.dtype)}, needs {dtype_name(q_dtype)} with a "
+                            f"{kv_cache.shape[-1]}-wide kv_cache ({layout} rows)")
     batch, q_len, heads, dim = query.shape
     if kv_lora_rank != SPARSE_LATENT:
         raise MLAInputError(f"kv_lora_rank: got {kv_lora_rank!r}, needs {SPARSE_LATENT}")
     if qk_rope_head_dim != SPARSE_ROPE:
         raise MLAInputError(f"qk_rope_head_dim: got {qk_rope_head_dim!r}, needs {SPARSE_ROPE}")
     full = SPARSE_LATENT + SPARSE_ROPE
+    row_width = kv_cache.shape[-1]
     check_shape("query", query, (None, None, None, full))
     check_contiguous("query", query)
-    check_tensor("kv_cache", kv_cache, (3, 4), (FP8,))
     if kv_cache.dim() == 4:
-        check_shape("kv_cache", kv_cache, (None, 1, None, full))
-    else:
-        check_shape("kv_cache", kv_cache, (None, None, full))
+        check_shape("kv_cache", kv_cache, (None, 1, None, row_width))
     check_contiguous("kv_cache", kv_cache)
-    rows = kv_cache.numel() // full
+    rows = kv_cache.numel() // row_width
     check_top_k(sparse_mla_top_k)
     check_tensor("block_tables", block_tables, 3, (torch.int32,))
     check_shape("block_tables", block_tables, (batch, q_len, sparse_mla_top_k))
@@ -603,29 +670,28 @@ def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_r
         raise MLAInputError(f"return_lse: got {return_lse!r}, needs a bool")
     device = check_same_device(query=query, kv_cache=kv_cache, block_tables=block_tables, seq_lens=seq_lens,
                                out=out, lse=lse)
+    by_value = content_checks_enabled(query)
     if metadata is not None:
-        if not isinstance(metadata, SparseDecodeMetadata):
-            raise MLAInputError(f"metadata: got {type(metadata).__name__}, needs the object get_sparse_decode_metadata() returns")
-        want = (batch, q_len, heads, sparse_mla_top_k)
-        got = (metadata.batch, metadata.q_len, metadata.heads, metadata.top_k)
-        if got != want or metadata.valid_lens.device != device:
-            raise MLAInputError(f"metadata: got metadata prepared for (batch, q_len, heads, top_k) = {got} on "
-                                f"{metadata.valid_lens.device}, needs {want} on {device}; call get_sparse_decode_metadata() again")
-    if content_checks_enabled(query):
+        _check_metadata(metadata, query, seq_lens, sparse_mla_top_k, device, by_value)
+    if by_value:
         if seq_lens is not None:
             s = _check_sparse_lens(seq_lens, sparse_mla_top_k)
         else:
             s = torch.full((batch,), sparse_mla_top_k, dtype=torch.int64)
-        idx = block_tables.to("cpu", torch.int64)
-        valid = torch.arange(sparse_mla_top_k)[None, None, :] < s[:, None, None]
-        used = idx[valid & (idx != -1)]
-        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
-            bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
-            raise MLAInputError(f"block_tables: got token index {bad}, needs -1 or 0..{rows - 1} (kv_cache rows)")
+        if check_indices:
+            idx = block_tables.to("cpu", torch.int64)
+            valid = torch.arange(sparse_mla_top_k)[None, None, :] < s[:, None, None]
+            used = idx[valid & (idx != -1)]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
+                bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
+                raise MLAInputError(f"block_tables: got token index {bad}, needs -1 or 0..{rows - 1} (kv_cache rows)")
     if metadata is None:
         metadata = make_sparse_metadata(query, seq_lens, sparse_mla_top_k)
     features = {"lse"} if (return_lse or lse is not None) else set()
     problem = Problem.make("sparse_decode", device.type, features, heads=heads, q_len=q_len, top_k=sparse_mla_top_k,
-                           kv_lora_rank=SPARSE_LATENT, rope_dim=SPARSE_ROPE, batch=numerics.bucket_pow2(batch))
-    call = SparseDecodeCall(query, kv_cache.view(rows, full), block_tables, metadata, b1, b2, out, lse, return_lse)
+                           kv_lora_rank=SPARSE_LATENT, rope_dim=SPARSE_ROPE, kv_layout=layout,
+                           batch=numerics.bucket_pow2(batch))
+    flat = kv_cache.view(torch.uint8) if layout == KV_LAYOUT_DS_MLA else kv_cache
+    call = SparseDecodeCall(query, flat.view(rows, row_width), block_tables, metadata, b1, b2, out, lse, return_lse,
+                            layout)
     return problem, call

@@ -24,8 +24,10 @@ class ReferenceBackend(mla_core.Backend):
                     "v_quant": _ALL_FORMATS},
             features=frozenset({"lse", "nm_sparsity", "gqa"}), notes="causal and non-causal, any head dims"),
         "merge": OpCapability(),
-        "rope_quantize_fp8": OpCapability(notes="neox and interleaved"),
-        "sparse_decode": OpCapability(features=frozenset({"lse"})),
+        "rope_quantize_fp8": OpCapability(notes="neox and interleaved; positions outside cos/sin give rope 0"),
+        "sparse_decode": OpCapability(limits={"kv_layout": frozenset({"fp8", "fp8_ds_mla"})},
+                                      features=frozenset({"lse"}),
+                                      notes="576-byte FP8 rows (FP8 query) and 656-byte fp8_ds_mla rows (bf16 query)"),
     }
 
     def decode(self, call, config):

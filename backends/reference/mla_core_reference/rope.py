@@ -3,6 +3,10 @@
 The rotation runs in float32 from the upcast inputs and the upcast cos/sin cache; each rotated (or
 NOPE) value times its per-tensor scale is rounded to E4M3 by :func:`mla_core.numerics.round_e4m3`
 (nearest even, saturating at ±448, NaN kept) and stored as ``torch.float8_e4m3fn``.
+
+A position outside the cos/sin table (possible only when content checks are off) is masked, never
+gathered: its cos and sin are 0, so that token's two rope outputs are 0; its NOPE outputs are quantized
+as usual (the kernels do the same).
 """
 from __future__ import annotations
 
@@ -40,7 +44,12 @@ def rope_quantize_fp8_reference(call: RopeQuantizeCall):
     """Returns ``(q_rope_out [nnz, heads, rope], k_rope_out [nnz, rope], q_nope_out [nnz, heads, nope],
     k_nope_out [nnz, nope])``, FP8 E4M3; the call's buffers when given, else new tensors."""
     half = call.q_rope.shape[-1] // 2
-    rows = call.cos_sin_cache[call.pos_ids.long()].float()  # [nnz, rope]
+    pos = call.pos_ids.long()
+    inside = (pos >= 0) & (pos < call.cos_sin_cache.shape[0])
+    table = call.cos_sin_cache
+    if table.shape[0] == 0:  # no row to stand in: every position is outside
+        table = torch.zeros(1, table.shape[1], dtype=table.dtype, device=table.device)
+    rows = torch.where(inside[:, None], table[torch.where(inside, pos, 0)].float(), 0.0)  # [nnz, rope]; row 0 stands in
     cos, sin = rows[:, :half], rows[:, half:]
     q_rot = rotate(call.q_rope.float(), cos[:, None, :], sin[:, None, :], call.is_neox)
     k_rot = rotate(call.k_rope.float(), cos, sin, call.is_neox)
