@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-OPS = ("decode", "prefill", "merge", "rope_quantize_fp8", "sparse_decode")
+OPS = ("decode", "prefill", "merge", "rope_quantize_fp8", "sparse_decode", "layer")
 """Op names, as backends declare capabilities for them and as they appear in cache keys."""
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mla_core
 from mla_core import OpCapability
 
-from . import decode, merge, prefill, rope, sparse
+from . import decode, layer, merge, prefill, rope, sparse
 
 _ALL_FORMATS = frozenset({None, "fp8", "nvfp4"})
 
@@ -28,6 +28,8 @@ class ReferenceBackend(mla_core.Backend):
         "sparse_decode": OpCapability(limits={"kv_layout": frozenset({"fp8", "fp8_ds_mla"})},
                                       features=frozenset({"lse"}),
                                       notes="576-byte FP8 rows (FP8 query) and 656-byte fp8_ds_mla rows (bf16 query)"),
+        "layer": OpCapability(features=frozenset({"sinks", "fp8_weights"}),
+                              notes="mla_forward: bf16/fp16/fp32 cache; FP8 block-scaled or float weights"),
     }
 
     def decode(self, call, config):
@@ -44,3 +46,6 @@ class ReferenceBackend(mla_core.Backend):
 
     def sparse_decode(self, call, config):
         return sparse.sparse_decode_reference(call)
+
+    def layer(self, call, config):
+        return layer.mla_forward_reference(call)

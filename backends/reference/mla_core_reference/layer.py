@@ -1,0 +1,130 @@
+"""Reference fused MLA layer: the executable definition of :func:`mla_core.mla_forward` (docs/layer.md).
+
+Per token ``t`` of request ``b`` at position ``pos = cache_offsets[b] + i``:
+
+- the new cache row is ``[rmsnorm(kv_latent) * gamma, rope(kv_rope, pos)]``: RMSNorm and RoPE in float32 from
+  the upcast inputs, rounded once to the cache dtype, written at ``block_table[b, pos // page_size]``,
+  slot ``pos % page_size`` (a slot whose page index lies outside the cache or the table is never written);
+- ``q_rope`` is rotated in float32 at ``pos``; weights are dequantized exactly (FP8 code x block scale) to float32;
+- decode (``max_seq_len == 1``): ``q_lat[h] = w_uk[h] @ q_nope[h]`` in float32, ``[q_lat, q_rope]`` rounded to
+  the cache dtype, :func:`mla_core.mla_decode` over the request's ``pos + 1`` cached rows (output in the cache
+  dtype, natural-log LSE), then ``out[h] = w_uv[h] @ o_lat[h]`` in float32;
+- prefill: each request's cached rows ``0..cache_offsets[b] + len_b - 1`` give ``K = [w_k @ latent, k_rope]`` and
+  ``V = w_uv @ latent`` (float32, rounded to the cache dtype), ``Q = [q_nope, q_rope]`` rounded to the cache
+  dtype, and :func:`mla_core.mla_prefill` runs bottom-right causal attention (query ``i`` of ``len_q`` sees keys
+  ``j <= i + len_k - len_q``);
+- sinks scale each head's output by ``1 / (1 + exp(sink - lse))`` (an extra ``exp(sink)`` in the denominator);
+- the output is cast to q's dtype.
+
+The attention step runs on ``call.attention_backend`` (None: automatic dispatch); every backend computes the
+attention ops' contract, so the layer's numerics do not depend on it beyond the attention tolerance.
+"""
+from __future__ import annotations
+
+import torch
+
+import mla_core
+from mla_core import layer
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """RoPE of float32 ``x`` [..., rope] by angles with ``cos``/``sin`` [..., rope/2] (broadcast), float32.
+
+    ``interleave`` rotates pairs ``(2i, 2i + 1)`` and keeps them in place; otherwise pairs ``(i, i + rope/2)``.
+    """
+    if interleave:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _sink_factor(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``1 / (1 + exp(sink - lse))`` per (token, head); lse [tokens, heads] float32, -inf gives 0."""
+    return torch.sigmoid(lse - sinks.float()[None, :])
+
+
+def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
+    """Run one validated layer call; returns out [tokens, heads, v_dim] in q's dtype (the cache is written)."""
+    q, cache = call.q, call.latent_cache
+    tokens, heads = q.shape[0], q.shape[1]
+    device, cdtype = q.device, cache.dtype
+    latent, rope, nope = call.kv_lora_rank, call.rope_dim, call.nope_dim
+    page_size, width = cache.shape[1], call.block_table.shape[1]
+    out = torch.zeros(tokens, heads, call.v_dim, dtype=q.dtype, device=device)
+    if tokens == 0:
+        return out
+
+    offsets = call.input_row_offsets.to(device, torch.int64)
+    lens = offsets[1:] - offsets[:-1]
+    batch = lens.shape[0]
+    request = torch.repeat_interleave(torch.arange(batch, device=device), lens, output_size=tokens)   # [tokens]
+    starts = call.cache_offsets.to(device, torch.int64)
+    pos = starts[request] + torch.arange(tokens, device=device) - offsets[request]                   # [tokens]
+    freqs = call.freqs_cis.float()[pos.clamp(0, call.freqs_cis.shape[0] - 1)]                         # [tokens, rope]
+    cos, sin = freqs[:, 0::2], freqs[:, 1::2]
+
+    # 1. the new cache rows, written where the table says (never outside the cache).
+    kv = call.kv.float()
+    lat = kv[:, :latent]
+    lat = lat * torch.rsqrt(lat.pow(2).mean(dim=-1, keepdim=True) + call.epsilon) * call.kv_norm_gamma.float()
+    rows = torch.cat((lat, rotate(kv[:, latent:], cos, sin, call.rope_interleave)), dim=-1).to(cdtype)
+    table = call.block_table.to(torch.int64)
+    page_col = pos // page_size
+    page = table[request, page_col.clamp(0, width - 1)]
+    ok = (page_col < width) & (page >= 0) & (page < cache.shape[0])
+    cache[page[ok], (pos % page_size)[ok]] = rows[ok]
+
+    # 2. queries and weights in float32.
+    q32 = q.float()
+    q_nope = q32[..., :nope]
+    q_rope = rotate(q32[..., nope:], cos[:, None, :], sin[:, None, :], call.rope_interleave)
+    block = call.weight_block_size
+    w_uv = layer.dequantize_weight(call.w_uv, call.w_uv_scale, block, "w_uv")                        # [H, v, latent]
+    kv_lens = starts + lens
+
+    if call.decode:
+        w_uk = layer.dequantize_weight(call.w_uk, call.w_uk_scale, block, "w_uk")                    # [H, latent, nope]
+        q_lat = torch.einsum("thn,hln->thl", q_nope, w_uk)
+        q_dec = torch.cat((q_lat, q_rope), dim=-1).to(cdtype)
+        o_lat, lse = mla_core.mla_decode(
+            q_dec, cache, call.block_table[request], kv_lens[request], softmax_scale=call.softmax_scale,
+            kv_lora_rank=latent, qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True,
+            backend=call.attention_backend)
+        o = torch.einsum("thl,hvl->thv", o_lat.float(), w_uv)
+    else:
+        w_k = layer.dequantize_weight(call.w_k, call.w_k_scale, block, "w_k")                        # [H*nope, latent]
+        k_pages, k_slots, k_ok, cu_k = _key_rows(table, kv_lens, page_size, cache.shape[0])
+        key_rows = torch.where(k_ok[:, None], cache[k_pages, k_slots].float(), 0.0)                  # [total_k, D]
+        k_lat = key_rows[:, :latent]
+        k_nope = (k_lat @ w_k.T).view(-1, heads, nope)
+        k_rope = key_rows[:, None, latent:].expand(-1, heads, rope)
+        k = torch.cat((k_nope, k_rope), dim=-1).to(cdtype)
+        v = torch.einsum("kl,hvl->khv", k_lat, w_uv).to(cdtype)
+        q_pre = torch.cat((q_nope, q_rope), dim=-1).to(cdtype)
+        o, lse = mla_core.mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
+                                      return_lse=True, backend=call.attention_backend)
+        o, lse = o.float(), lse.T                                                                    # lse [tokens, H]
+    if call.attn_sinks is not None:
+        o = o * _sink_factor(lse, call.attn_sinks)[..., None]
+    return o.to(q.dtype)
+
+
+def _key_rows(table: torch.Tensor, kv_lens: torch.Tensor, page_size: int, num_pages: int):
+    """Cache coordinates of every request's keys ``0..kv_lens[b] - 1``, packed in request order.
+
+    Returns (page [total_k], slot [total_k], ok [total_k] bool: page index inside table and cache, cu_k [batch + 1]).
+    A key whose page is not ``ok`` is read from page 0 and zeroed by the caller (never outside the cache).
+    """
+    device = table.device
+    batch, width = table.shape
+    total = int(kv_lens.sum())
+    cu_k = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+    cu_k[1:] = torch.cumsum(kv_lens, 0)
+    request = torch.repeat_interleave(torch.arange(batch, device=device), kv_lens, output_size=total)
+    pos = torch.arange(total, device=device) - cu_k[request]
+    col = pos // page_size
+    page = table[request, col.clamp(0, width - 1)]
+    ok = (col < width) & (page >= 0) & (page < num_pages)
+    return torch.where(ok, page, 0), pos % page_size, ok, cu_k

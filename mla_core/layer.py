@@ -1,0 +1,296 @@
+"""The fused MLA layer: one call that normalizes, rotates and caches the new latent rows, then runs decode or prefill.
+
+:func:`mla_forward` follows MAX's ``mla_prefill_decode_graph_fp8`` in a Python signature (docs/layer.md):
+
+1. the new latent rows ``kv`` [tokens, kv_lora_rank + rope] (before normalization) get RMSNorm on the latent part
+   (``kv_norm_gamma``, ``epsilon``) and RoPE on the rope part at each token's position, and are written into the
+   paged latent cache;
+2. the rope part of ``q`` is rotated at the same positions;
+3. ``max_seq_len == 1`` runs the absorbed decode: ``q_nope`` goes through ``w_uk`` into latent space, attention
+   runs over the latent cache (:func:`mla_core.mla_decode`), the latent output goes through ``w_uv``;
+   ``max_seq_len > 1`` runs prefill: each request's cached latent rows (prefix and new tokens) are up-projected
+   by ``w_k`` / ``w_uv`` to K and V, and varlen causal attention runs over them (:func:`mla_core.mla_prefill`);
+4. optional per-head attention sinks add ``exp(sink)`` to each softmax denominator.
+
+Weights are FP8 E4M3 with float32 block scales (``weight_block_size``, 128 x 128 as DeepSeek-V3 ships) or plain
+bf16 / fp16 / fp32 (no scale). This module validates the arguments, builds the :class:`LayerCall` backends
+receive, and dispatches; the reference backend's ``layer`` method is the definition of the numerics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import dispatch, numerics
+from .errors import MLAInputError
+from .problem import Problem, dtype_name
+from .specs import (FLOAT_DTYPES, FP8, INDEX_DTYPES, check_contiguous, check_int, check_positive_float,
+                    check_same_device, check_shape, check_tensor, content_checks_enabled)
+
+DEFAULT_WEIGHT_BLOCK = (128, 128)
+"""DeepSeek-V3's FP8 weight block: 128 output rows x 128 input columns share one float32 scale."""
+
+
+@dataclass
+class LayerCall:
+    """Validated arguments of :func:`mla_forward`.
+
+    q [tokens, heads, nope + rope]; kv [tokens, latent + rope]; input_row_offsets [batch + 1];
+    freqs_cis [max_pos, rope] (interleaved cos/sin pairs); kv_norm_gamma [latent];
+    latent_cache [num_pages, page_size, latent + rope] (written in place); block_table [batch, max_pages];
+    cache_offsets [batch] (tokens already cached per request = position of its first new token);
+    w_k [heads * nope, latent], w_uk [heads, latent, nope], w_uv [heads, v_dim, latent], each FP8 with a
+    float32 ``*_scale`` (see :func:`weight_scale_shape`) or a float dtype with scale None; attn_sinks [heads]
+    or None. ``decode`` is ``max_seq_len == 1``.
+    """
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    input_row_offsets: torch.Tensor
+    freqs_cis: torch.Tensor
+    kv_norm_gamma: torch.Tensor
+    latent_cache: torch.Tensor
+    block_table: torch.Tensor
+    cache_offsets: torch.Tensor
+    max_seq_len: int
+    w_k: torch.Tensor
+    w_k_scale: torch.Tensor | None
+    w_uk: torch.Tensor
+    w_uk_scale: torch.Tensor | None
+    w_uv: torch.Tensor
+    w_uv_scale: torch.Tensor | None
+    weight_block_size: tuple[int, int]
+    softmax_scale: float
+    epsilon: float
+    attn_sinks: torch.Tensor | None
+    rope_interleave: bool
+    attention_backend: str | None
+    heads: int
+    nope_dim: int
+    rope_dim: int
+    kv_lora_rank: int
+    v_dim: int
+
+    @property
+    def decode(self) -> bool:
+        return self.max_seq_len == 1
+
+
+def weight_scale_shape(name: str, weight_shape, block: tuple[int, int]) -> tuple[int, ...]:
+    """Shape of the float32 block scales of one layer weight.
+
+    Blocks cover the weight's last two dimensions: ``block = (b_out, b_in)`` rows x columns of ``w_k``
+    [heads * nope, latent] and of each head of ``w_uv`` [heads, v_dim, latent]; ``w_uk`` [heads, latent, nope]
+    is the per-head transpose of ``w_k``'s rows, so its blocks are ``(b_in, b_out)``, and its scales the per-head
+    transpose of ``w_k``'s (a checkpoint's ``kv_b_proj`` scales split without re-quantizing).
+    """
+    rows_block, cols_block = (block[1], block[0]) if name == "w_uk" else block
+    *lead, rows, cols = weight_shape
+    return (*lead, -(-rows // rows_block), -(-cols // cols_block))
+
+
+def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int],
+                      name: str = "w_k") -> torch.Tensor:
+    """The float32 value of a layer weight: FP8 codes times their block scale (exact); a float weight upcast.
+
+    ``w`` [..., rows, cols]; ``scale`` [..., ceil(rows / b_rows), ceil(cols / b_cols)] float32 with the block of
+    ``name`` (:func:`weight_scale_shape`), or None for a float weight. The same rule dequantizes any 2-D
+    block-scaled FP8 matrix (a checkpoint's ``weight`` with its ``weight_scale_inv``) with ``name="w_k"``.
+    """
+    if scale is None:
+        return w.float()
+    rows_block, cols_block = (block[1], block[0]) if name == "w_uk" else block
+    rows, cols = w.shape[-2], w.shape[-1]
+    full = scale.float().repeat_interleave(rows_block, dim=-2)[..., :rows, :]
+    full = full.repeat_interleave(cols_block, dim=-1)[..., :cols]
+    return w.float() * full
+
+
+def _check_weight(name: str, w: Any, scale: Any, shape: tuple, block: tuple[int, int]) -> None:
+    check_tensor(name, w, len(shape), (FP8, *FLOAT_DTYPES))
+    check_shape(name, w, shape)
+    scale_name = f"{name}_scale"
+    if w.dtype == FP8:
+        if scale is None:
+            raise MLAInputError(f"{scale_name}: got None for an FP8 {name}, needs its float32 block scales")
+        check_tensor(scale_name, scale, len(shape), (torch.float32,))
+        check_shape(scale_name, scale, weight_scale_shape(name, w.shape, block))
+    elif scale is not None:
+        raise MLAInputError(f"{scale_name}: got a tensor for a {dtype_name(w.dtype)} {name}, needs None "
+                            "(block scales belong to FP8 weights)")
+
+
+def _check_block(block: Any) -> tuple[int, int]:
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block)):
+        raise MLAInputError(f"weight_block_size: got {block!r}, needs two positive ints (rows, columns)")
+    return int(block[0]), int(block[1])
+
+
+def _content_checks(call: LayerCall) -> None:
+    """Value checks (eager calls, unless ``MLA_CORE_CHECKS=metadata``): offsets, lengths, pages, positions."""
+    offsets = call.input_row_offsets.to("cpu", torch.int64)
+    tokens = call.q.shape[0]
+    if int(offsets[0]) != 0:
+        raise MLAInputError(f"input_row_offsets: got first entry {int(offsets[0])}, needs 0")
+    lens = offsets[1:] - offsets[:-1]
+    if lens.numel() and int(lens.min()) < 0:
+        raise MLAInputError(f"input_row_offsets: got decreasing entries {offsets.tolist()[:16]}, needs non-decreasing")
+    if int(offsets[-1]) != tokens:
+        raise MLAInputError(f"input_row_offsets: got last entry {int(offsets[-1])}, needs the token count {tokens}")
+    if lens.numel() == 0:
+        return
+    longest = int(lens.max())
+    if longest > call.max_seq_len:
+        raise MLAInputError(f"max_seq_len: got {call.max_seq_len}, needs at least the longest request ({longest})")
+    starts = call.cache_offsets.to("cpu", torch.int64)
+    if int(starts.min()) < 0:
+        raise MLAInputError(f"cache_offsets: got {int(starts.min())}, needs >= 0")
+    ends = starts + lens
+    page_size = call.latent_cache.shape[1]
+    capacity = call.block_table.shape[1] * page_size
+    if int(ends.max()) > capacity:
+        raise MLAInputError(f"cache_offsets: got a request ending at token {int(ends.max())}, needs <= {capacity} "
+                            f"(block_table.shape[1] * page_size = {call.block_table.shape[1]} * {page_size})")
+    if tokens and int(ends[lens > 0].max()) > call.freqs_cis.shape[0]:
+        raise MLAInputError(f"freqs_cis: got {call.freqs_cis.shape[0]} positions, needs one per position up to "
+                            f"{int(ends[lens > 0].max()) - 1} (cache_offsets + request lengths)")
+    used = (ends + page_size - 1) // page_size
+    reached = torch.arange(call.block_table.shape[1])[None, :] < used[:, None]
+    entries = call.block_table.to("cpu", torch.int64)[reached]
+    num_pages = call.latent_cache.shape[0]
+    if entries.numel() and (int(entries.min()) < 0 or int(entries.max()) >= num_pages):
+        bad = int(entries.min()) if int(entries.min()) < 0 else int(entries.max())
+        raise MLAInputError(f"block_table: got page index {bad} within a request's length, needs 0..{num_pages - 1} "
+                            "(the latent_cache page count)")
+
+
+def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, *,
+                   max_seq_len, w_k, w_uk, w_uv, softmax_scale, epsilon, w_k_scale, w_uk_scale, w_uv_scale,
+                   weight_block_size, attn_sinks, rope_interleave, attention_backend) -> tuple[Problem, LayerCall]:
+    """Check every argument of :func:`mla_forward` (raising :class:`MLAInputError` naming it) and build the call."""
+    check_tensor("latent_cache", latent_cache, 3, FLOAT_DTYPES)
+    check_contiguous("latent_cache", latent_cache)
+    dtype = latent_cache.dtype
+    check_tensor("q", q, 3, (dtype,))
+    check_tensor("kv", kv, 2, (dtype,))
+    check_tensor("input_row_offsets", input_row_offsets, 1, INDEX_DTYPES)
+    check_tensor("freqs_cis", freqs_cis, 2, FLOAT_DTYPES)
+    check_tensor("kv_norm_gamma", kv_norm_gamma, 1, FLOAT_DTYPES)
+    check_tensor("block_table", block_table, 2, INDEX_DTYPES)
+    check_tensor("cache_offsets", cache_offsets, 1, INDEX_DTYPES)
+    rope = freqs_cis.shape[1]
+    if rope < 2 or rope % 2:
+        raise MLAInputError(f"freqs_cis: got {rope} columns, needs an even RoPE width >= 2 (cos/sin pairs)")
+    check_tensor("w_uk", w_uk, 3, (FP8, *FLOAT_DTYPES))
+    heads, nope = w_uk.shape[0], w_uk.shape[2]            # [heads, kv_lora_rank, qk_nope]
+    if heads < 1 or nope < 1:
+        raise MLAInputError(f"w_uk: got shape {list(w_uk.shape)}, needs [heads >= 1, kv_lora_rank, qk_nope >= 1]")
+    check_shape("q", q, (None, heads, nope + rope))
+    tokens = q.shape[0]
+    latent = w_uk.shape[1]
+    if latent < 1:
+        raise MLAInputError(f"w_uk: got shape {list(w_uk.shape)}, needs kv_lora_rank >= 1")
+    check_shape("kv_norm_gamma", kv_norm_gamma, (latent,))
+    check_shape("kv", kv, (tokens, latent + rope))
+    check_shape("latent_cache", latent_cache, (None, None, latent + rope))
+    if latent_cache.shape[1] < 1:
+        raise MLAInputError("latent_cache: got page size 0, needs at least 1")
+    if input_row_offsets.shape[0] < 1:
+        raise MLAInputError("input_row_offsets: got an empty tensor, needs [batch + 1] entries")
+    batch = input_row_offsets.shape[0] - 1
+    check_shape("block_table", block_table, (batch, None))
+    check_shape("cache_offsets", cache_offsets, (batch,))
+    check_int("max_seq_len", max_seq_len, 0)
+    block = _check_block(weight_block_size)
+    _check_weight("w_k", w_k, w_k_scale, (heads * nope, latent), block)
+    check_tensor("w_uv", w_uv, 3, (FP8, *FLOAT_DTYPES))
+    v_dim = w_uv.shape[1]
+    if v_dim < 1:
+        raise MLAInputError("w_uv: got v_head_dim 0, needs [heads, v_head_dim >= 1, kv_lora_rank]")
+    _check_weight("w_uk", w_uk, w_uk_scale, (heads, latent, nope), block)
+    _check_weight("w_uv", w_uv, w_uv_scale, (heads, v_dim, latent), block)
+    softmax_scale = check_positive_float("softmax_scale", softmax_scale)
+    epsilon = check_positive_float("epsilon", epsilon)
+    if attn_sinks is not None:
+        check_tensor("attn_sinks", attn_sinks, 1, FLOAT_DTYPES)
+        check_shape("attn_sinks", attn_sinks, (heads,))
+    if not isinstance(rope_interleave, bool):
+        raise MLAInputError(f"rope_interleave: got {rope_interleave!r}, needs a bool")
+    if attention_backend is not None and not isinstance(attention_backend, str):
+        raise MLAInputError(f"attention_backend: got {attention_backend!r}, needs a backend name or None")
+    device = check_same_device(q=q, kv=kv, input_row_offsets=input_row_offsets, freqs_cis=freqs_cis,
+                               kv_norm_gamma=kv_norm_gamma, latent_cache=latent_cache, block_table=block_table,
+                               cache_offsets=cache_offsets, w_k=w_k, w_k_scale=w_k_scale, w_uk=w_uk,
+                               w_uk_scale=w_uk_scale, w_uv=w_uv, w_uv_scale=w_uv_scale, attn_sinks=attn_sinks)
+    call = LayerCall(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+                     max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, block, softmax_scale, epsilon,
+                     attn_sinks, rope_interleave, attention_backend, heads, nope, rope, latent, v_dim)
+    if content_checks_enabled(input_row_offsets, q):
+        _content_checks(call)
+    features = {"sinks"} if attn_sinks is not None else set()
+    weight_formats = {w.dtype == FP8 for w in (w_k, w_uk, w_uv)}
+    if True in weight_formats:
+        features.add("fp8_weights")
+    problem = Problem.make(
+        "layer", device.type, features, dtype=dtype_name(dtype), heads=heads, nope_dim=nope, rope_dim=rope,
+        kv_lora_rank=latent, v_dim=v_dim, page_size=latent_cache.shape[1], mode="decode" if call.decode else "prefill",
+        batch=numerics.bucket_pow2(batch), max_seq_len=numerics.bucket_pow2(max_seq_len))
+    return problem, call
+
+
+def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, *,
+                max_seq_len, w_k, w_uk, w_uv, softmax_scale, epsilon=1e-6, w_k_scale=None, w_uk_scale=None,
+                w_uv_scale=None, weight_block_size=DEFAULT_WEIGHT_BLOCK, attn_sinks=None, rope_interleave=True,
+                attention_backend: str | None = None, backend: str | None = None):
+    """The fused MLA layer (MAX's ``mla_prefill_decode_graph_fp8``): cache the new latent rows, then decode or prefill.
+
+    Request ``b`` owns tokens ``input_row_offsets[b]:input_row_offsets[b + 1]`` of ``q`` and ``kv``; its token
+    ``i`` sits at position ``cache_offsets[b] + i`` (the first ``cache_offsets[b]`` positions are already in the
+    cache), which picks its RoPE row and its cache slot ``block_table[b, pos // page_size]``, ``pos % page_size``.
+    The new rows ``[rmsnorm(kv_latent) * kv_norm_gamma, rope(kv_rope)]`` are written into ``latent_cache`` first;
+    then each token attends causally to its request's cached positions ``0..pos``.
+
+    Args:
+        q: [tokens, heads, qk_nope + qk_rope] bf16 / fp16 / fp32 (latent_cache's dtype); the rope part is rotated here.
+        kv: [tokens, kv_lora_rank + qk_rope] new latent rows before normalization and RoPE (latent_cache's dtype).
+        input_row_offsets: [batch + 1] int32/int64 cumulative token counts (0 first, tokens last).
+        freqs_cis: [max_pos, qk_rope] float, row ``pos`` holding ``(cos_0, sin_0, cos_1, sin_1, ...)`` of the
+            rotation by frequency ``i`` (RoPE scaling such as YaRN's mscale folded in).
+        kv_norm_gamma: [kv_lora_rank] RMSNorm weight of the latent part.
+        latent_cache: [num_pages, page_size, kv_lora_rank + qk_rope] contiguous, written in place.
+        block_table: [batch, max_pages] int32/int64 page indices.
+        cache_offsets: [batch] int32/int64 tokens already cached per request.
+        max_seq_len: the longest request's token count in this call: 1 selects decode, more selects prefill.
+        w_k: [heads * qk_nope, kv_lora_rank] K up-projection (prefill).
+        w_uk: [heads, kv_lora_rank, qk_nope] absorption of q_nope into latent space (decode).
+        w_uv: [heads, v_head_dim, kv_lora_rank] V up-projection (prefill) / output projection of the latent (decode).
+        softmax_scale: scale of ``q·k`` before the softmax.
+        epsilon: RMSNorm epsilon (default 1e-6, DeepSeek-V3's).
+        w_k_scale, w_uk_scale, w_uv_scale: float32 block scales of FP8 E4M3 weights (:func:`weight_scale_shape`);
+            None for bf16 / fp16 / fp32 weights. A weight's value is ``code * scale`` of its block.
+        weight_block_size: ``(rows, columns)`` of one scale block (default 128 x 128).
+        attn_sinks: optional [heads] per-head sink logits (units of the scaled scores): each softmax
+            denominator gains ``exp(sink)``, so ``out = attention * 1 / (1 + exp(sink - lse))``.
+        rope_interleave: True rotates pairs ``(2i, 2i + 1)`` (DeepSeek's layout); False rotates ``(i, i + rope/2)``.
+        attention_backend: backend name for the inner mla_decode / mla_prefill call (None: automatic).
+        backend: backend name for the layer itself (None: automatic).
+
+    Returns:
+        out [tokens, heads, v_head_dim] in q's dtype. A request with no visible key (none: every token sees
+        itself) would give 0.
+    """
+    if torch.compiler.is_compiling():
+        return torch.ops.mla_core.mla_forward(
+            q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+            max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, list(weight_block_size),
+            softmax_scale, epsilon, attn_sinks, rope_interleave, attention_backend, backend)
+    problem, call = validate_layer(
+        q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+        max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
+        w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=weight_block_size,
+        attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend)
+    choice = dispatch.choose(problem, backend)
+    return choice.backend.run(problem, call, choice.config)
