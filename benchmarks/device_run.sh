@@ -4,7 +4,7 @@
 # Steps: tests (pytest -m gpu), decode / prefill (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
 # WARMUP_TP, default 8, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
-# Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS.
+# sparse / rope (musa_fp8 benchmarks). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
@@ -34,6 +34,8 @@ for step in "$@"; do
     tests)    python3 -m pytest -m gpu -q -p no:cacheprovider -x --durations=10 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 ;;
     decode)   OUT=$LOGS python3 benchmarks/bench_decode.py ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/bench_decode.log" ;;
     prefill)  OUT=$LOGS python3 benchmarks/bench_prefill.py ${PREFILL_ARGS:-} 2>&1 | tee "$LOGS/bench_prefill.log" ;;
+    sparse)   OUT=$LOGS python3 benchmarks/bench_sparse.py ${SPARSE_ARGS:-} 2>&1 | tee "$LOGS/bench_sparse.log" ;;
+    rope)     OUT=$LOGS python3 benchmarks/bench_rope.py ${ROPE_ARGS:-} 2>&1 | tee "$LOGS/bench_rope.log" ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda --json "$LOGS/bench_dispatch.json" 2>&1 | tee "$LOGS/bench_dispatch.log" ;;
     check)    mla_core_cli check --device cuda 2>&1 | tee "$LOGS/check.log" ;;
     warmup)
