@@ -1,23 +1,63 @@
-"""The CUDA C++ backend object. No kernels yet: it declares no ops, and says why it cannot run."""
+"""The CUDA C++ backend object: capabilities, configs, and the entry to the kernels built from csrc/.
+
+The extension is built on first use (``build.py``): asking whether the backend is available on a machine
+with a compute capability 9.0 GPU builds it (or loads the cached build); a failed build makes the backend
+unavailable with the compiler's first error line. Nothing here imports the extension at module load.
+"""
 from __future__ import annotations
 
-import shutil
-
 import mla_core
+from mla_core import OpCapability
+
+from . import build
+
+_FORMATS = frozenset({None, "fp8", "nvfp4"})
+CAPABILITY = (9, 0)
+"""The compute capability the kernels are built for (sm_90a: H100 / H200)."""
+
+
+def device_reason() -> str | None:
+    """Why this machine cannot run the kernels at all (no GPU, another compute capability), or None."""
+    import torch
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    cap = torch.cuda.get_device_capability()
+    if tuple(cap) != CAPABILITY:
+        return (f"compute capability {cap[0]}.{cap[1]} (built only for {CAPABILITY[0]}.{CAPABILITY[1]}, "
+                f"{build.ARCH}: H100 / H200)")
+    return None
 
 
 class CudaBackend(mla_core.Backend):
     name = "cuda"
-    version = "0"
+    version = "0.1 (sm_90a, mma.sync)"
     priority = 300
     device_types = frozenset({"cuda"})
-    description = "CUDA C++ kernels from csrc/ via pybind11 + ninja (no ops implemented yet)"
-    capabilities = {}
+    description = "CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA decode"
+    capabilities = {
+        "decode": OpCapability(
+            limits={"dtype": frozenset({"bfloat16", "float16"}), "q_dtype": frozenset({"bfloat16", "float16"}),
+                    "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS, "heads": range(1, 129),
+                    "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
+            features=frozenset({"lse"}),
+            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128; any page size >= 1; "
+                  "q in the cache dtype (bf16/fp16)"),
+    }
 
     def unavailable_reason(self) -> str | None:
-        import torch
-        if not torch.cuda.is_available():
-            return "no CUDA device"
-        if shutil.which("nvcc") is None:
-            return "nvcc not found on PATH (needed to build csrc/)"
-        return None
+        reason = device_reason()
+        if reason:
+            return reason
+        _, reason = build.load_or_reason()
+        return reason
+
+    def configs(self, problem):
+        from . import decode
+        return decode.configs(problem)
+
+    def decode(self, call, config):
+        from . import decode
+        module, reason = build.load_or_reason()
+        if module is None:
+            raise RuntimeError(f"the cuda backend is unavailable: {reason}")
+        return decode.run(module, call, config)

@@ -1,0 +1,85 @@
+"""Launcher of the CUDA decode kernels (csrc/mla_decode.cu): scales, buffers, split count, configs.
+
+The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
+tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
+(IEEE divisions, E4M3 by the hardware's round-to-nearest-even conversion, E2M1 ties to even). Quantized
+operands enter the tensor-core products as unscaled codes (exact in bf16/fp16); the per-tensor factors
+scale the float32 scores (``k_scale``) and the output (``v_scale * p_scale``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mla_core import numerics
+from mla_core.specs import DecodeCall, decode_num_splits
+
+KV_LORA_RANK = 512
+ROPE_DIM = 64
+_FMT = {None: 0, "fp8": 1, "nvfp4": 2}
+EXACT_DIV_FREE_RANGE = (1e-12 / 2688, 5e20 / 448)
+"""Per-tensor factors (amax / 448, amax / 2688) for which the kernel divides without a division instruction
+(Markstein-corrected reciprocal, bitwise the IEEE quotient); outside it the kernel uses ``__fdiv_rn``."""
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _scale(fmt: str | None, amax: float | None) -> float:
+    """Per-tensor factor left out of the codes: FP8 ``amax / 448``, NVFP4 ``amax / 2688`` (1.0 without amax)."""
+    if fmt == "fp8":
+        return numerics.fp8_scale(amax)
+    if fmt == "nvfp4":
+        return numerics.nvfp4_global_scale(amax)
+    return 1.0
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (as the kernel holds it)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def configs(problem) -> list[dict]:
+    """Launch choices: 16-head m-tiles per CTA (``head_tiles``); for "auto" also the split counts."""
+    heads = problem["heads"]
+    out = [{"head_tiles": 1}] if heads <= 16 else [{"head_tiles": 2}, {"head_tiles": 1}]
+    if problem.get("num_kv_splits") == "auto":
+        out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
+    return out
+
+
+def run(module, call: DecodeCall, config: dict):
+    """Decode with the built extension ``module``.
+
+    Returns (out [batch, heads, 512] in ``call.out_dtype``, lse [batch, heads] float32 natural log, or None).
+    """
+    q, cache = call.q, call.latent_cache
+    batch, heads, _ = q.shape
+    device = q.device
+    out = torch.empty(batch, heads, KV_LORA_RANK, dtype=call.out_dtype, device=device)
+    lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
+    if batch == 0:
+        return out, lse
+    splits = decode_num_splits(call, config, _sm_count(device))
+    head_tiles = int(config.get("head_tiles", 1 if heads <= 16 else 2))
+    k_scale, v_scale, p_scale = (_scale(call.k_qdq, call.k_amax), _scale(call.v_qdq, call.v_amax),
+                                 _scale(call.p_qdq, call.p_amax))
+    v_from_k = call.k_qdq == call.v_qdq == "fp8" and _f32(k_scale) == _f32(v_scale)
+    # division-free quotients are proven for per-tensor factors well inside float32's range (docs/decisions.md)
+    exact_div = any(not EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in (k_scale, v_scale, p_scale))
+    if splits > 1:
+        part_o = torch.empty(batch * heads * splits * KV_LORA_RANK, dtype=torch.float32, device=device)
+        part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
+    else:
+        part_o = part_lse = None
+    module.decode(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
+                  float(call.softmax_scale) * _f32(k_scale) * math.log2(math.e), _f32(v_scale) * _f32(p_scale),
+                  k_scale, v_scale, p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k,
+                  exact_div, head_tiles)
+    return out, lse

@@ -1,0 +1,112 @@
+// pybind11 bindings of the CUDA decode (mla_decode.cu). The Python side (backends/cuda/mla_core_cuda)
+// validates the call and allocates every tensor; this layer only reads pointers and strides and
+// launches on the current stream (so CUDA-graph capture records the launches).
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <optional>
+
+#include "mla_decode.h"
+
+namespace {
+
+int dtype_code(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kBFloat16: return mla_core_cuda::kBF16;
+    case torch::kHalf: return mla_core_cuda::kFP16;
+    case torch::kFloat: return mla_core_cuda::kFP32;
+    default: TORCH_CHECK(false, "mla_core cuda decode: unsupported dtype ", t.scalar_type());
+  }
+  return -1;
+}
+
+void check_index(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == torch::kInt || t.scalar_type() == torch::kLong, name, " must be int32 or int64");
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+}
+
+// out [batch, heads, 512] and lse [batch, heads] (optional) are written; part_o / part_lse are the
+// float32 per-split buffers ([batch * heads * splits * 512], [batch * heads * splits]) when splits > 1.
+void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
+            const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
+            std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
+            double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale, int64_t k_fmt,
+            int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles) {
+  TORCH_CHECK(q.is_cuda() && cache.is_cuda() && out.is_cuda(), "mla_core cuda decode: tensors must be on CUDA");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "q must be [batch, heads, 576], last dim contiguous");
+  TORCH_CHECK(cache.dim() == 3 && cache.size(2) == 576 && cache.stride(2) == 1,
+              "latent_cache must be [pages, page_size, 576], last dim contiguous");
+  TORCH_CHECK(q.scalar_type() == cache.scalar_type(), "q and latent_cache must share a dtype");
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
+  TORCH_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..32");
+  TORCH_CHECK(head_tiles == 1 || head_tiles == 2, "head_tiles must be 1 or 2");
+  check_index(block_table, "block_table");
+  check_index(seq_lens, "seq_lens");
+  const c10::cuda::CUDAGuard guard(q.device());
+
+  mla_core_cuda::DecodeParams p{};
+  p.q = q.data_ptr();
+  p.q_stride_b = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.cache = cache.data_ptr();
+  p.cache_stride_page = cache.stride(0);
+  p.cache_stride_tok = cache.stride(1);
+  p.num_pages = cache.size(0);
+  p.page_size = cache.size(1);
+  p.block_table = block_table.data_ptr();
+  p.table_stride_b = block_table.stride(0);
+  p.table_stride_col = block_table.stride(1);
+  p.table_width = block_table.size(1);
+  p.table_i64 = block_table.scalar_type() == torch::kLong;
+  p.seq_lens = seq_lens.data_ptr();
+  p.lens_stride = seq_lens.stride(0);
+  p.lens_i64 = seq_lens.scalar_type() == torch::kLong;
+  p.batch = static_cast<int>(q.size(0));
+  p.heads = static_cast<int>(q.size(1));
+  p.num_splits = static_cast<int>(num_splits);
+  p.dtype = dtype_code(cache);
+  TORCH_CHECK(p.dtype != mla_core_cuda::kFP32, "latent_cache must be bfloat16 or float16");
+  p.out_dtype = dtype_code(out);
+  p.out = out.data_ptr();
+  p.lse = nullptr;
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->scalar_type() == torch::kFloat && lse->is_contiguous(), "lse must be contiguous float32");
+    p.lse = lse->data_ptr<float>();
+  }
+  if (num_splits > 1) {
+    TORCH_CHECK(part_o.has_value() && part_lse.has_value(), "part_o and part_lse are needed with num_splits > 1");
+    TORCH_CHECK(part_o->numel() >= static_cast<int64_t>(p.batch) * p.heads * num_splits * 512 &&
+                    part_lse->numel() >= static_cast<int64_t>(p.batch) * p.heads * num_splits,
+                "part_o / part_lse too small");
+    p.part_o = part_o->data_ptr<float>();
+    p.part_lse = part_lse->data_ptr<float>();
+  }
+  p.qk_scale_log2 = static_cast<float>(qk_scale_log2);
+  p.out_scale = static_cast<float>(out_scale);
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
+  p.p_scale = static_cast<float>(p_scale);
+  p.k_fmt = static_cast<int>(k_fmt);
+  p.v_fmt = static_cast<int>(v_fmt);
+  p.p_fmt = static_cast<int>(p_fmt);
+  p.v_from_k = v_from_k;
+  p.exact_div = exact_div;
+  p.head_tiles = static_cast<int>(head_tiles);
+  const cudaError_t err = mla_core_cuda::launch_decode(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "mla_core CUDA kernels (sm_90a): paged MLA decode with fused fake quantization";
+  m.def("decode", &decode, "Paged MLA decode (see backends/cuda/mla_core_cuda/decode.py)", pybind11::arg("q"),
+        pybind11::arg("cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"), pybind11::arg("out"),
+        pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"), pybind11::arg("num_splits"),
+        pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"), pybind11::arg("k_scale"),
+        pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"), pybind11::arg("v_fmt"),
+        pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
+        pybind11::arg("head_tiles"));
+}

@@ -1,0 +1,59 @@
+// Paged MLA decode for sm_90a: the launch parameters shared by the kernels (mla_decode.cu) and the
+// PyTorch binding (bindings.cpp). Plain data only, so the .cu file compiles without PyTorch headers.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace mla_core_cuda {
+
+// Element types of q / the cache (kernel template argument) and of the output.
+enum DType : int { kBF16 = 0, kFP16 = 1, kFP32 = 2 };
+// Fake-quant formats of K, V and P (mla_core.numerics: None, "fp8", "nvfp4").
+enum QuantFormat : int { kNoQuant = 0, kFP8 = 1, kNVFP4 = 2 };
+
+struct DecodeParams {
+  // q [batch, heads, 576] (cache dtype; last dimension contiguous), strides in elements.
+  const void* q;
+  int64_t q_stride_b, q_stride_h;
+  // latent_cache [num_pages, page_size, 576], strides in elements; rows 0..511 are V, all 576 are K.
+  const void* cache;
+  int64_t cache_stride_page, cache_stride_tok;
+  int64_t num_pages;
+  int64_t page_size;
+  // block_table [batch, table_width] int32 or int64; seq_lens [batch] int32 or int64.
+  const void* block_table;
+  int64_t table_stride_b, table_stride_col, table_width;
+  bool table_i64;
+  const void* seq_lens;
+  int64_t lens_stride;
+  bool lens_i64;
+  int batch, heads, num_splits;
+  int dtype;      // DType of q and the cache (kBF16 or kFP16)
+  int out_dtype;  // DType of out
+  // out [batch, heads, 512] (contiguous); lse [batch, heads] float32 or null.
+  void* out;
+  float* lse;
+  // Per-split partial results (num_splits > 1): part_o [batch, heads, splits, 512], part_lse [batch, heads, splits].
+  float* part_o;
+  float* part_lse;
+  // (q . k_codes) * qk_scale_log2 is the score in the log2 domain (softmax_scale * k_scale * log2(e)).
+  float qk_scale_log2;
+  // acc * out_scale / l is the output (v_scale * p_scale: the per-tensor factors left out of the codes).
+  float out_scale;
+  // Per-tensor scales: FP8 amax / 448, NVFP4 global g = amax / 2688 (1.0 without an amax).
+  float k_scale, v_scale, p_scale;
+  int k_fmt, v_fmt, p_fmt;  // QuantFormat each
+  bool v_from_k;            // V codes equal K's first 512 codes (FP8 K and V with one scale)
+  bool exact_div;           // quantizer quotients by __fdiv_rn (per-tensor factors near float32's range ends)
+  int head_tiles;           // 16-head m-tiles per CTA (1 or 2)
+};
+
+// Launch the decode (split kernel, then the combine kernel when num_splits > 1) on `stream`.
+// Returns the first CUDA error (a launch error), or cudaSuccess.
+cudaError_t launch_decode(const DecodeParams& params, cudaStream_t stream);
+
+// Dynamic shared memory bytes one CTA of the split kernel needs for these parameters.
+int decode_smem_bytes(const DecodeParams& params);
+
+}  // namespace mla_core_cuda

@@ -1,0 +1,178 @@
+"""The cuda backend's Python side on any machine: capabilities, why not on CPU, the build key, the private
+build folder, and the build-error path (a fake compiler that fails: the backend becomes unavailable with the
+compiler's first error line, never a crash)."""
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+
+import pytest
+import torch
+
+import mla_core
+from mla_core_cuda import backend as cuda_backend
+from mla_core_cuda import build, cli
+from mla_core_cuda import decode as cuda_decode
+
+
+def _problem(**kw):
+    base = dict(dtype="bfloat16", q_dtype="bfloat16", out_dtype="bfloat16", heads=16, kv_lora_rank=512, rope_dim=64,
+                page_size=64, num_kv_splits=32, k_qdq=None, v_qdq=None, p_qdq=None, batch=1, max_len=4096)
+    base.update(kw)
+    return mla_core.Problem.make("decode", "cuda", {"lse"}, **base)
+
+
+def test_registered_and_capabilities():
+    backend = mla_core.get_backend("cuda")
+    cap = backend.capabilities["decode"]
+    assert set(backend.capabilities) == {"decode"}
+    assert cap.why_not(_problem()) == []
+    assert cap.why_not(_problem(heads=128, k_qdq="nvfp4", v_qdq="fp8", p_qdq="nvfp4", page_size=1)) == []
+    assert cap.why_not(_problem(dtype="float16", q_dtype="float16", out_dtype="float32")) == []
+    assert any("heads" in r for r in cap.why_not(_problem(heads=129)))
+    assert any("kv_lora_rank" in r for r in cap.why_not(_problem(kv_lora_rank=256)))
+    assert any("rope_dim" in r for r in cap.why_not(_problem(rope_dim=32)))
+    assert any("dtype" in r for r in cap.why_not(_problem(dtype="float32", q_dtype="float32")))
+    problem = mla_core.Problem.make("decode", "cuda", {"lse", "fp32_q"}, **{**dict(_problem().params),
+                                                                             "q_dtype": "float32"})
+    assert cap.why_not(problem)  # the caller-quantized fp32 q is not supported (yet)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
+def test_why_not_on_cpu():
+    backend = cuda_backend.CudaBackend()
+    assert backend.unavailable_reason() == "no CUDA device"
+    assert backend.why_not(_problem()) == ["unavailable: no CUDA device"]
+    assert backend.info()["available"] is False
+
+
+def test_configs():
+    assert cuda_decode.configs(_problem(heads=16)) == [{"head_tiles": 1}]
+    assert cuda_decode.configs(_problem(heads=128))[0] == {"head_tiles": 2}
+    auto = cuda_decode.configs(_problem(heads=16, num_kv_splits="auto"))
+    assert {c.get("num_kv_splits") for c in auto} == {None, 1, 2, 4, 8, 16, 32}
+
+
+def test_build_key():
+    src = {"a.cu": b"kernel", "b.h": b"header"}
+    versions = dict(torch_version="2.11.0", cuda_version="13.0", nvcc_version="release 13.0, V13.0.48")
+    key = build.build_key(src, **versions)
+    assert len(key) == 16 and int(key, 16) >= 0
+    assert build.build_key(dict(src), **versions) == key  # deterministic
+    assert build.build_key({**src, "a.cu": b"kernel "}, **versions) != key  # any source byte
+    assert build.build_key({**src, "c.cu": b""}, **versions) != key  # a new file
+    for name, other in (("torch_version", "2.13.0"), ("cuda_version", "12.8"), ("nvcc_version", "release 12.8")):
+        assert build.build_key(src, **{**versions, name: other}) != key, name
+
+
+def test_build_key_covers_flags(monkeypatch):
+    src = {"a.cu": b"kernel"}
+    versions = dict(torch_version="2.11.0", cuda_version="13.0", nvcc_version="13.0")
+    key = build.build_key(src, **versions)
+    monkeypatch.setattr(build, "CUDA_FLAGS", build.CUDA_FLAGS + ("-DX",))
+    assert build.build_key(src, **versions) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "ARCH", "sm_100a")
+    assert build.build_key(src, **versions) != key
+
+
+def test_real_sources_found():
+    src = build.source_dir()
+    assert (src / "mla_decode.cu").is_file() and (src / "bindings.cpp").is_file()
+    assert len(build.build_key(torch_version="x", cuda_version="y", nvcc_version="z")) == 16
+
+
+def test_cache_dir_private(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "deep" / "cache"))
+    d = build.build_dir("0123456789abcdef")
+    assert d == tmp_path / "deep" / "cache" / "build" / "0123456789abcdef"
+    for p in (d, d.parent, d.parent.parent, d.parent.parent.parent):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+    monkeypatch.delenv("MLA_CORE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_root() == tmp_path / "xdg" / "mla_core"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert build.cache_root() == tmp_path / "home" / ".cache" / "mla_core"
+
+
+def test_cache_dir_refuses_shared(monkeypatch, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(shared))
+    with pytest.raises(build.BuildError, match="writable by group or others"):
+        build.build_dir("0123456789abcdef")
+    os.chmod(shared, 0o700)
+    (shared / "build").mkdir(mode=0o700)
+    os.chmod(shared / "build", 0o775)
+    with pytest.raises(build.BuildError, match="writable by group or others"):
+        build.build_dir("0123456789abcdef")
+
+
+def test_first_error():
+    log = ("Error building extension 'x': [1/3] c++ -c a.cpp\nFAILED: a.o\n"
+           "/tmp/a.cu(12): warning #177-D: unused\n/tmp/a.cu(40): error: identifier \"foo\" is undefined\n"
+           "/tmp/a.cu(41): error: second\nninja: build stopped: subcommand failed.\n")
+    assert build.first_error(log) == '/tmp/a.cu(40): error: identifier "foo" is undefined'
+    assert build.first_error("a.cpp:3:10: fatal error: x.h: No such file\n") == "a.cpp:3:10: fatal error: x.h: No such file"
+    assert build.first_error("something odd\n") == "something odd"
+    assert build.first_error("") == "build failed with no output"
+
+
+@pytest.fixture
+def fake_compilers(monkeypatch, tmp_path):
+    """nvcc and c++ that fail with a planted error (nvcc --version answers), in a fresh private cache."""
+    from torch.utils import cpp_extension
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    script = ("#!/bin/sh\n"
+              "if [ \"$1\" = \"--version\" ]; then echo 'Cuda compilation tools, release 99.9, V99.9.1'; exit 0; fi\n"
+              "echo 'planted.cu(7): error: planted compiler failure' >&2\nexit 1\n")
+    for name in ("nvcc", "c++"):
+        (home / "bin" / name).write_text(script)
+        (home / "bin" / name).chmod(0o755)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(home))
+    monkeypatch.setenv("CXX", str(home / "bin" / "c++"))
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_LOADED", {})
+    monkeypatch.setattr(build, "_FAILED", {})
+    monkeypatch.setattr(build, "_DEFAULT_KEY", None)
+    return home
+
+
+def test_build_error_fake_compiler(fake_compilers, monkeypatch, capsys):
+    with pytest.raises(build.BuildError, match=r"^planted\.cu\(7\): error: planted compiler failure$"):
+        build.build()
+    err = capsys.readouterr().err
+    assert "building the CUDA kernels" in err  # the progress message
+    key = build.build_key()
+    assert (build.build_dir(key) / "build_error.log").is_file()
+    # The backend turns it into its unavailable reason (remembered), never an exception.
+    monkeypatch.setattr(cuda_backend, "device_reason", lambda: None)
+    backend = cuda_backend.CudaBackend()
+    reason = backend.unavailable_reason()
+    assert reason == "build failed: planted.cu(7): error: planted compiler failure"
+    assert backend.why_not(_problem()) == [f"unavailable: {reason}"]
+    assert backend.info()["reason"] == reason
+    assert backend.unavailable_reason() == reason  # remembered: no second build in this process
+    assert build._FAILED[key] == "planted.cu(7): error: planted compiler failure"
+
+
+def test_missing_nvcc(fake_compilers, monkeypatch):
+    from torch.utils import cpp_extension
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(build.BuildError, match="nvcc not found"):
+        build.build()
+
+
+def test_cli_build_command(fake_compilers, capsys):
+    parser = argparse.ArgumentParser(prog="mla-core")
+    sub = parser.add_subparsers()
+    cli.add_parser(sub)
+    args = parser.parse_args(["build", "--verbose"])
+    assert args.verbose and not args.force
+    assert args.func(args) == 1
+    assert "failed: planted.cu(7): error: planted compiler failure" in capsys.readouterr().err

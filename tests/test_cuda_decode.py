@@ -1,0 +1,199 @@
+"""CUDA decode (csrc/mla_decode.cu) against the reference backend, on the GPU (``pytest -m gpu``).
+
+DeepSeek sizes (kv_lora_rank 512, rope 64), heads 16 and 128, pages 1/16/64, lengths on every 32- and
+64-key tile edge plus 1000 and 32768, splits 1/32/auto, every recipe. Unreached cache rows hold NaN and
+block-table entries past each length hold out-of-range garbage (tests/paged_inputs.py), so a kernel that
+reads them fails; output buffers come from memory just filled with NaN, so an unwritten element fails.
+Quantized cases also show the result is far from the unquantized reference.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import mla_core
+from mla_core.testing.shapes import boundary_lengths
+from paged_inputs import paged_decode_inputs
+
+pytestmark = pytest.mark.gpu
+
+RANK, ROPE = 512, 64
+RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4")}
+LENGTHS = boundary_lengths([32, 64], extra=(1000, 32768))  # 0, 1, 31, 32, 33, 63, 64, 65, 127..129, 1000, 32768
+
+
+@functools.lru_cache(maxsize=4)
+def _inputs(lengths: tuple, heads: int, page_size: int, dtype=torch.bfloat16, seed=0):
+    return tuple(paged_decode_inputs(list(lengths), heads, RANK + ROPE, page_size, dtype, seed=seed, device="cuda"))
+
+
+def rel_l2(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _poison_allocator():
+    """Fill recently freed allocator memory with NaN, so buffers the next call allocates start as NaN."""
+    junk = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MB
+    del junk
+
+
+def decode(backend, inputs, **kw):
+    q, cache, table, lens = inputs
+    kw.setdefault("softmax_scale", (RANK + ROPE) ** -0.5)
+    if backend == "cuda":
+        _poison_allocator()
+    return mla_core.mla_attention_decode(q, cache, table, lens, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                                         backend=backend, **kw)
+
+
+def check(inputs, tol=1e-2, quantized=False, lens=None, **kw):
+    """cuda vs reference (out and LSE); ``quantized``: also far from the unquantized reference."""
+    out, lse = decode("cuda", inputs, **kw)
+    ref, ref_lse = decode("reference", inputs, **kw)
+    assert out.dtype == ref.dtype and out.shape == ref.shape and lse.shape == ref_lse.shape
+    assert not torch.isnan(out).any(), "NaN in out"
+    assert not torch.isnan(lse).any(), "NaN in lse"
+    lens = (inputs[3] if lens is None else lens).to(out.device)
+    empty = lens == 0
+    assert (out[empty] == 0).all() and (lse[empty] == float("-inf")).all()
+    if (~empty).any():
+        err = rel_l2(out[~empty], ref[~empty])
+        per_request = [f"{rel_l2(out[i], ref[i]):.1e}" for i in range(out.shape[0]) if not empty[i]]
+        assert err < tol, f"rel L2 {err:.2e} >= {tol}; per request {per_request}"
+        lse_err = (lse[~empty] - ref_lse[~empty]).abs().max().item()
+        assert lse_err < 1e-3, f"LSE off by {lse_err:.2e}"
+        if quantized:
+            plain = {k: v for k, v in kw.items() if not k.endswith(("_qdq", "_qdq_amax"))}
+            unq, _ = decode("reference", inputs, **plain)
+            far = rel_l2(out[~empty], unq[~empty])
+            assert far > 10 * max(err, tol / 10), f"quantized output {far:.2e} from the unquantized one (err {err:.2e})"
+    return out, lse
+
+
+def test_backend_available():
+    backend = mla_core.get_backend("cuda")
+    assert backend.unavailable_reason() is None
+
+
+@pytest.mark.parametrize("splits", [1, 32, "auto"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+def test_deepseek(recipe, heads, page_size, splits):
+    k, v, p = RECIPES[recipe]
+    inputs = _inputs(tuple(LENGTHS), heads, page_size)
+    check(inputs, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits=splits)
+
+
+@pytest.mark.parametrize("heads", [1, 20, 64])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_heads_and_out_dtypes(heads, out_dtype):
+    inputs = _inputs((1, 700, 0, 64), heads, 16)
+    check(inputs, k_qdq="nvfp4", v_qdq="fp8", p_qdq="fp8", num_kv_splits=5, out_dtype=out_dtype, quantized=True)
+    check(inputs, num_kv_splits=1, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+def test_fp16_cache(recipe):
+    k, v, p = RECIPES[recipe]
+    inputs = _inputs((2000, 1, 33), 16, 16, torch.float16)
+    check(inputs, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits=3)
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
+def test_calibrated_amax(recipe):
+    """Per-tensor amaxes that put many values on rounding ties (26.88 gives an NVFP4 g of 0.01)."""
+    k, v, p = RECIPES[recipe]
+    inputs = _inputs((1000, 129), 128, 16)
+    check(inputs, quantized=True, k_qdq=k, k_qdq_amax=26.88, v_qdq=v, v_qdq_amax=4.48, p_qdq=p, p_qdq_amax=0.5,
+          num_kv_splits=4)
+    check(inputs, quantized=True, k_qdq="fp8", k_qdq_amax=3.0, v_qdq="fp8", v_qdq_amax=3.0, p_qdq=p)  # V = K codes
+
+
+def test_index_dtypes_and_strides():
+    """int64 table and lengths, a cache whose rows are not 16-byte aligned (a column slice of a wider
+    tensor), q a head slice of a larger tensor."""
+    q, cache, table, lens = _inputs((300, 17, 0), 16, 16)
+    wide = torch.full((cache.shape[0], cache.shape[1], 577), float("nan"), dtype=cache.dtype, device="cuda")
+    wide[..., 1:] = cache
+    sliced = wide[..., 1:]
+    q_big = torch.randn(q.shape[0], 32, q.shape[2], dtype=q.dtype, device="cuda")
+    q_big[:, 8:24] = q
+    out_ref, _ = check((q, cache, table, lens), num_kv_splits=2)
+    out_a, _ = check((q, sliced, table.long(), lens.long()), num_kv_splits=2)
+    out_b, _ = check((q_big[:, 8:24], cache, table, lens), num_kv_splits=2)
+    assert torch.equal(out_a, out_ref) and torch.equal(out_b, out_ref)
+
+
+def test_unchecked_metadata_is_masked_and_clamped(monkeypatch):
+    """With content checks off, a length past the table's capacity is clamped to it, and table entries within
+    a length that point outside the cache are absent keys (what the reference does)."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    q, cache, table, lens = _inputs((100, 64, 40), 16, 16)
+    cache = cache.nan_to_num(0.0)  # the clamped request reaches the tail rows of its last page
+    width = table.shape[1]
+    table = table.clone()
+    table[0, 1] = 10 ** 9
+    table[1, 0] = -5
+    capacity = width * 16
+    long_lens = torch.tensor([2 ** 31 - 1, 64, 40], dtype=torch.int32, device="cuda")
+    clamped = torch.tensor([capacity, 64, 40], dtype=torch.int32, device="cuda")
+    out, lse = decode("cuda", (q, cache, table, long_lens), num_kv_splits=3)
+    # clamped, request 0 also reaches the garbage entries past its pages (huge and negative): absent keys
+    ref, ref_lse = decode("reference", (q, cache, table, clamped), num_kv_splits=3)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert rel_l2(out, ref) < 1e-2
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+
+
+def test_head_tiles_agree():
+    from mla_core.specs import validate_decode
+    from mla_core_cuda import build, decode as launcher
+    inputs = _inputs((1000, 129), 128, 16)
+    problem, call = validate_decode(*inputs, softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                                    page_size=None, num_kv_splits=4, k_qdq="nvfp4", k_qdq_amax=None, v_qdq="nvfp4",
+                                    v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+    module = build.build()
+    outs = [launcher.run(module, call, config) for config in launcher.configs(problem)]
+    for out, lse in outs[1:]:
+        assert rel_l2(out, outs[0][0]) < 1e-5 and rel_l2(lse, outs[0][1]) < 1e-6
+
+
+def test_cuda_graph_capture():
+    q, cache, table, lens = _inputs((100, 3000, 1, 0), 128, 64)
+    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=8, k_qdq="fp8",
+              v_qdq="fp8", p_qdq="nvfp4", backend="cuda")
+    eager, eager_lse = mla_core.mla_attention_decode(q, cache, table, lens, **kw)
+    static_q = q.clone()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        mla_core.mla_attention_decode(static_q, cache, table, lens, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = mla_core.mla_attention_decode(static_q, cache, table, lens, **kw)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+    static_q.copy_(q * 0.5)  # new inputs, same graph
+    graph.replay()
+    want, _ = mla_core.mla_attention_decode(q * 0.5, cache, table, lens, **kw)
+    assert torch.equal(out, want)
+
+
+def test_torch_compile_fullgraph():
+    q, cache, table, lens = _inputs((100, 33), 16, 16)
+
+    def step(q, cache, table, lens):
+        out, lse = mla_core.mla_attention_decode(q, cache, table, lens, softmax_scale=0.04, num_kv_splits=4,
+                                                 backend="cuda")
+        return out.float() * 2, lse
+
+    torch._dynamo.reset()
+    got, got_lse = torch.compile(step, fullgraph=True)(q, cache, table, lens)
+    want, want_lse = step(q, cache, table, lens)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
