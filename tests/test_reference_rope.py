@@ -185,3 +185,14 @@ def test_empty_batch():
     q_rope, k_rope, q_nope, k_nope, cache, pos = make_inputs(nnz=0)
     got = mla_core.mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cache, pos, backend="reference")
     assert [tuple(t.shape) for t in got] == [(0, 4, 64), (0, 64), (0, 4, 512), (0, 512)]
+
+
+def test_positions_outside_the_table_raise_in_full_mode_and_give_zero_rope_otherwise(monkeypatch):
+    q_rope, k_rope, q_nope, k_nope, cache, pos = make_inputs(nnz=3, max_pos=20, seed=9)
+    bad = torch.tensor([-1, 20, 10 ** 6])
+    with pytest.raises(mla_core.MLAInputError, match="pos_ids"):
+        mla_core.mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cache, bad, backend="reference")
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    q_r, k_r, q_n, _ = mla_core.mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cache, bad, backend="reference")
+    assert (q_r.float() == 0).all() and (k_r.float() == 0).all()
+    assert_fp8_of(q_n, q_nope.double(), 1.0, min_exact=1.0)  # NOPE parts are quantized as usual

@@ -200,3 +200,45 @@ def test_deepseek_heads_q_len_one():
     seq_lens = torch.tensor([100], dtype=torch.int32)
     out, lse = run(case, seq_lens, return_lse=True, bmm1_scale=576 ** -0.5)
     check(case, seq_lens, out, lse, bmm1=576 ** -0.5)
+
+
+def test_stale_metadata_is_refused_by_value_in_full_mode_and_by_shape_in_metadata_mode(monkeypatch):
+    """Metadata built from seq_lens [5, 5] is refused for [100, 0] (issue: it used to run silently)."""
+    case = make_case(seed=12, top_k=128)
+    meta = mla_core.get_sparse_decode_metadata(case["query"], torch.tensor([5, 5], dtype=torch.int32), 128)
+    new_lens = torch.tensor([100, 0], dtype=torch.int32)
+    with pytest.raises(mla_core.MLAInputError, match=r"metadata: .*seq_lens\[0\] = 5"):
+        run(case, new_lens, metadata=meta)
+    run(case, torch.tensor([5, 5], dtype=torch.int32), metadata=meta)  # the lengths it was built from: fine
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    run(case, new_lens, metadata=meta)  # values unseen without a sync: accepted (documented)
+    other_q = dict(case, query=case["query"][:, :1].contiguous(), indices=case["indices"][:, :1].contiguous())
+    with pytest.raises(mla_core.MLAInputError, match="metadata"):
+        run(other_q, new_lens, metadata=meta)  # another q_len
+    with pytest.raises(mla_core.MLAInputError, match="metadata"):
+        run(case, None, metadata=meta)  # built from seq_lens, called without
+    meta64 = mla_core.get_sparse_decode_metadata(case["query"], new_lens.clamp(max=64), 64)
+    with pytest.raises(mla_core.MLAInputError, match="metadata"):
+        run(case, new_lens, metadata=meta64)  # another top-k
+
+
+def test_fp8_ds_mla_rows_match_float64_of_the_unpacked_values():
+    """656-byte rows: the reference equals float64 math on layouts.unpack's values (code * block scale, bf16 rope)."""
+    from mla_core import layouts
+    g = torch.Generator().manual_seed(13)
+    latent = torch.randn(6 * 16, WIDTH, generator=g) * torch.tensor([0.01, 1.0, 50.0, 3.0]).repeat_interleave(144)
+    packed = layouts.pack_fp8_ds_mla(latent)
+    query = torch.randn(2, 2, 4, WIDTH, generator=g).to(torch.bfloat16)
+    indices = torch.randint(0, 96, (2, 2, 64), generator=g, dtype=torch.int32)
+    indices[torch.rand(indices.shape, generator=g) < 0.2] = -1
+    seq_lens = torch.tensor([40, 64], dtype=torch.int32)
+    out, lse = mla_core.sparse_mla_fp8_decode(query, packed.view(6, 16, 656), None, 128, 512, 64, indices, seq_lens,
+                                              0, 64, bmm1_scale=0.02, return_lse=True, backend="reference")
+    exp_out, exp_lse = sparse_expected(query, layouts.unpack_fp8_ds_mla(packed), indices, seq_lens, 64, 0.02, 1.0)
+    assert rel_l2(out, exp_out) < 1e-2 and rel_l2(lse, exp_lse) < 1e-5
+    with pytest.raises(mla_core.MLAInputError, match="query: got dtype float8_e4m3fn, needs bfloat16"):
+        mla_core.sparse_mla_fp8_decode(query.to(FP8), packed.view(6, 16, 656), None, 128, 512, 64, indices, seq_lens,
+                                       0, 64, backend="reference")
+    with pytest.raises(mla_core.MLAInputError, match="kv_cache: got last dimension 600"):
+        mla_core.sparse_mla_fp8_decode(query, torch.zeros(6, 16, 600, dtype=torch.uint8), None, 128, 512, 64,
+                                       indices, seq_lens, 0, 64, backend="reference")
