@@ -13,6 +13,7 @@ from . import autotune  # registers the cache and tuner as dispatch's choice sou
 from .backend import Backend, OpCapability
 from .dispatch import use_backend
 from .errors import MLAInputError, NoBackendError
+from .explain import explain  # the function; its module stays importable as mla_core.explain
 from .layer import mla_forward
 from .ops import (get_batch_decode_metadata_mla, get_sparse_decode_metadata, merge_attn_states, mla_attention_decode,
                   mla_decode, mla_prefill, mla_prefill_attention, mla_rope_quantize_fp8, sparse_mla_fp8_decode)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -110,6 +111,8 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
         if choice is None:
             choice = Choice(ok[0], ok[0].configs(problem)[0], "priority")
     _memory[key] = choice
+    logging.getLogger(__name__).info("%s -> %s %s (%s)", problem.key(), choice.backend.name, choice.config,
+                                     choice.source)  # the first decision per problem (MLA_CORE_LOG=info)
     return choice
 
 

@@ -3,8 +3,8 @@
 A preset lists a model's problem keys (:func:`preset_problems`): decode over a grid of batch sizes and
 KV lengths, prefill over a grid of lengths, and the merge of prefill chunks, for each quant recipe
 (``bf16``: none; ``fp8``: K, V and P FP8; ``nvfp4``: K, V and P NVFP4). :func:`run` tunes each key
-missing from the cache (:func:`mla_core.autotune.tune`), records it and returns one row per problem for
-the summary table. Under torch.distributed (e.g. ``torchrun``) every rank tunes its share on its own
+missing from the cache (:func:`mla_core.autotune.tune`; a key only one ``(backend, config)`` can run is
+recorded without timing), records it and returns one row per problem for the summary table. Under torch.distributed (e.g. ``torchrun``) every rank tunes its share on its own
 GPU, the results are exchanged, and every rank records and uses all of them.
 """
 from __future__ import annotations
@@ -133,7 +133,11 @@ def describe(problem: Problem) -> str:
 
 @dataclass
 class Row:
-    """One warm-up summary row: the problem and what was decided (``status``: tuned / cached / failed)."""
+    """One warm-up summary row: the problem and what was decided.
+
+    ``status``: tuned (timed), recorded (the only valid candidate, stored without timing), cached (already
+    in the cache) or failed.
+    """
 
     problem: Problem
     status: str
@@ -188,11 +192,19 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
     dist, rank, world = _dist()
     mine = [(i, p) for i, p in enumerate(problems) if i % world == rank]
     results: dict[int, dict[str, Any]] = {}
-    for i, problem in (progress or (lambda it: it))(mine):
+    bar = (progress or (lambda it: it))(mine)
+    for i, problem in bar:
+        if hasattr(bar, "set_postfix_str"):  # a tqdm bar names the shape it is on
+            bar.set_postfix_str(describe(problem))
         dev_name = cache.device_name(problem.device)
         entry = cache.user_entries(dev_name).get(problem.key())
         if entry is not None and not force and _usable(entry, dev_name):
             results[i] = {"status": "cached", "entry": entry}
+            continue
+        only = _only_candidate(problem)
+        if only is not None:
+            cache.store(dev_name, {problem.key(): only})
+            results[i] = {"status": "recorded", "entry": only, "note": "only valid candidate: recorded without timing"}
             continue
         try:
             result = tuner.tune(problem, warmup=warmup, repeats=repeats)
@@ -210,12 +222,31 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, results)
         results = {i: r for part in gathered for i, r in part.items()}
-    tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "cached")}
+    tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "recorded", "cached")}
     tuner.install(tuned, source="tuned")
     if dist is not None and world > 1:
         tuner.sync()  # rank 0's view wins for anything a rank held differently (e.g. its own older cache)
     return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""))
             for i in range(len(problems))]
+
+
+def _only_candidate(problem: Problem) -> dict[str, Any] | None:
+    """The cache entry of ``problem`` when exactly one ``(backend, config)`` can run it (nothing to time), else None.
+
+    Timing a lone candidate decides nothing (the reference on a CPU took 14 s per DeepSeek shape).
+    """
+    from ..dispatch import candidates
+    valid = candidates(problem)[0]
+    if len(valid) != 1:
+        return None
+    configs = tuner.candidate_configs(valid[0], problem)
+    if len(configs) != 1:
+        return None
+    dev_name = cache.device_name(problem.device)
+    return {"backend": valid[0].name, "config": configs[0], "us": None, "versions": cache.versions(valid[0], dev_name),
+            "default": None, "speedup": None, "candidates": [{"backend": valid[0].name, "config": configs[0]}],
+            "rejected": [], "check": "only valid candidate: not timed",
+            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def ranks_agree(problems: list[Problem]) -> bool | None:

@@ -1,69 +1,112 @@
-"""The ``mla-core`` command line: demo, backends, check (and the autotuner's warmup and cache commands)."""
+"""The ``mla-core`` command line: demo, backends, check, explain, bench, build, new-backend (and the autotuner's
+warmup and cache commands).
+
+Every command returns its exit code: 0 success, 1 a check or an op failed, 2 a usage error. A usage error
+(unknown backend, ``--device cuda`` without CUDA, a bad argument, a file that cannot be written) is one line
+on stderr saying what to do, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
 from .. import __version__
+from ..errors import MLAInputError, NoBackendError
 from .table import table
 
+DEVICES = ("cpu", "cuda")
 
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+class UsageError(ValueError):
+    """A command cannot run as asked; the message says what to do instead."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``mla-core check: argument --device: ...; see mla-core check --help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str | None) -> str:
+    """The device a command runs on: the one asked for (cuda only when visible), else cuda when available, else cpu."""
+    if device is None:
+        return "cuda" if cuda_available() else "cpu"
+    if device == "cuda" and not cuda_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UsageError(f"--device cuda: no CUDA device is visible here (torch {torch.__version__}, {built}); run it "
+                         "on a GPU machine, or pass --device cpu")
+    return device
+
+
+def runnable_device_types() -> set[str]:
+    """Device types this machine can run kernels on: cpu, cuda when a GPU is visible (and others torch reports)."""
+    out = {"cpu"}
+    for name in ("cuda", "xpu", "mps", "musa"):
+        module = getattr(torch, name, None)
+        try:
+            if module is not None and module.is_available():
+                out.add(name)
+        except Exception:  # a half-installed device runtime: not runnable
+            pass
+    return out
+
+
+def backend_status(backend) -> tuple[bool, str]:
+    """``(can run here, status text)``: "available"; "installed; no CUDA device" for a backend that loads but
+    whose devices are absent here; "unavailable: <reason>" for one that cannot run at all."""
+    here = runnable_device_types() & set(backend.device_types)
+    reason = backend.unavailable_reason()
+    if not here and (reason is None or "device" in reason.lower()):
+        missing = " or ".join(sorted(t.upper() for t in backend.device_types)) or "supported"
+        return False, f"installed; no {missing} device"
+    if reason:
+        return False, f"unavailable: {reason}"
+    return True, "available"
 
 
 def cmd_backends(args) -> int:
     from ..plugins import registry
     reg = registry()
-    infos = [b.info() for b in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name))]
+    ordered = sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name))
+    infos = []
+    for b in ordered:
+        runs, status = backend_status(b)
+        infos.append({**b.info(), "runs_here": runs, "status": status})
     broken = [{"plugin": b.name, "reason": b.reason} for b in reg.broken]
     if args.json:
         print(json.dumps({"backends": infos, "broken_plugins": broken}, indent=2, default=str))
         return 0
-    rows = []
+    out = []
     for info in infos:
-        status = "available" if info["available"] else f"unavailable: {info['reason']}"
         ops = []
         for op, cap in info["ops"].items():
             fmts = {k: v for k, v in cap["limits"].items() if k.endswith(("_qdq", "_quant"))}
-            fmt = " (" + "; ".join(f"{k}: {v}" for k, v in fmts.items()) + ")" if fmts else ""
-            ops.append(op + fmt)
-        rows.append([info["name"], info["version"], str(info["priority"]), ",".join(info["devices"]), status,
-                     "\n".join(ops) or "none yet"])
-    out = []
-    for r in rows:  # ops one per line under their backend keep the table narrow
-        first, *more = r[5].split("\n")
-        out.append(r[:5] + [first])
-        out.extend([["", "", "", "", "", m] for m in more])
+            ops.append(op + (" (" + "; ".join(f"{k}: {v}" for k, v in fmts.items()) + ")" if fmts else ""))
+        first, *more = ops or ["none yet"]
+        out.append([info["name"], info["version"], str(info["priority"]), ",".join(info["devices"]), info["status"],
+                    first])
+        out.extend([["", "", "", "", "", m] for m in more])  # ops one per line keep the table narrow
     print(table(out, ["backend", "version", "priority", "devices", "status", "ops (quant formats)"]))
     for b in broken:
         print(f"broken plugin {b['plugin']}: {b['reason']}")
     return 0
 
 
-def cmd_check(args) -> int:
-    from .check import check
-    device = args.device or _default_device()
-    rows = check(device, args.backend or None)
-    if args.json:
-        print(json.dumps({"device": device, "results": rows}, indent=2))
-    else:
-        table = [[r["backend"], r["case"], r["status"], "-" if r["error"] is None else f"{r['error']:.2e}", r["reason"] or ""]
-                 for r in rows]
-        print(f"mla-core check on {device}: every available backend against the reference backend")
-        print(table(table, ["backend", "case", "status", "rel L2 error", "note"]) if table else "no backend besides the reference")
-    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
-
-
 def cmd_demo(args) -> int:
     from .demo import run_demo
-    return run_demo(args.device or _default_device(), as_json=args.json)
+    return run_demo(resolve_device(args.device), as_json=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mla-core",
         description="mla_core: Multi-head Latent Attention kernels behind one API. "
                     "Backends are plugins; the fastest valid one per shape is chosen and remembered.")
@@ -74,26 +117,33 @@ def build_parser() -> argparse.ArgumentParser:
                                    "latent cache, a varlen prefill (192/128) split into two chunks merged with "
                                    "merge_attn_states, and prints the backend that served each op and its error "
                                    "against the reference backend.")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", choices=DEVICES, help="where to run (default: cuda when available, else cpu)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("backends", help="list backends: version, availability (or why not), ops and formats",
                        description="Lists every loaded backend plugin with its version, priority, devices, whether it "
-                                   "can run here (or why not) and the ops and quant formats it declares; plugins that "
-                                   "failed to load are listed with the reason.")
+                                   "can run here ('available'; 'installed; no CUDA device' when it loads but its "
+                                   "devices are absent; 'unavailable: why' otherwise) and the ops and quant formats it "
+                                   "declares; plugins that failed to load are listed with the reason.")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_backends)
-    p = sub.add_parser("check", help="run every available backend against the reference on small random problems",
-                       description="Runs each available backend on small random problems of every op it supports and "
-                                   "compares with the reference backend (relative L2; fp32 < 1e-5, else < 1e-2). "
-                                   "Exit code 1 when any check fails.")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--backend", action="append", help="check only this backend (repeatable)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p.set_defaults(func=cmd_check)
-    from . import autotune
+    from . import autotune, bench, build, check, explain, new_backend
+    check.add_parser(sub)
+    explain.add_parser(sub)
+    bench.add_parser(sub)
+    build.add_parser(sub)
+    new_backend.add_parser(sub)
     autotune.add_parsers(sub)
     return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, NoBackendError):
+        why = "; ".join(f"{name}: {', '.join(r)}" for name, r in exc.reasons.items())
+        return (f"no backend can run this {exc.problem.op} problem ({why}); change the shape or options, or install "
+                "a backend that supports it (`mla-core backends`)")
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,5 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    return args.func(args)
-
+    prog = f"mla-core {args.command}"
+    try:
+        return args.func(args)
+    except (UsageError, MLAInputError, NoBackendError, ValueError, OSError) as exc:
+        print(f"{prog}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

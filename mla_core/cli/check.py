@@ -5,6 +5,9 @@ who want to see that a backend computes the reference's function on their machin
 """
 from __future__ import annotations
 
+import json
+import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,6 +16,7 @@ import torch
 from .. import inputs, ops, specs
 from ..accuracy import REFERENCE, compare, output_dtype, tolerance
 from ..plugins import backends, get_backend
+from .table import table
 
 
 @dataclass
@@ -72,13 +76,18 @@ def _sparse_problem(sk):
 
 
 def check(device: str, only: list[str] | None = None) -> list[dict]:
-    """Run :func:`cases` on every available non-reference backend; one row per (backend, case)."""
+    """Run :func:`cases` on every available non-reference backend; one row per (backend, case).
+
+    ``status`` is pass / FAIL / skip; ``error`` the relative L2 error against the reference (None when not
+    run); ``reason`` the tolerance, the failure, or why the backend cannot run the case here.
+    """
     rows = []
-    all_cases = cases(device)
-    expected = {c.name: c.run(REFERENCE) for c in all_cases}
     names = only or [n for n in sorted(backends()) if n != REFERENCE]
-    for name in names:
-        backend = get_backend(name)
+    chosen = [get_backend(name) for name in names]  # unknown names fail before any work
+    all_cases = cases(device)
+    expected: dict[str, tuple] = {}  # the reference's results, computed for the cases some backend runs
+    for backend in chosen:
+        name = backend.name
         for case in all_cases:
             why = backend.why_not(case.problem)
             row = {"backend": name, "op": case.op, "case": case.name}
@@ -86,6 +95,8 @@ def check(device: str, only: list[str] | None = None) -> list[dict]:
                 rows.append({**row, "status": "skip", "error": None, "reason": "; ".join(why)})
                 continue
             try:
+                if case.name not in expected:
+                    expected[case.name] = case.run(REFERENCE)
                 err = compare(case.run(name), expected[case.name])
             except Exception as exc:  # a crashing backend is a failed check, reported, not fatal
                 rows.append({**row, "status": "FAIL", "error": None, "reason": f"{type(exc).__name__}: {exc}"})
@@ -93,3 +104,64 @@ def check(device: str, only: list[str] | None = None) -> list[dict]:
             tol = tolerance(output_dtype(expected[case.name]))
             rows.append({**row, "status": "pass" if err < tol else "FAIL", "error": err, "reason": f"tolerance {tol:g}"})
     return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """Counts of checked / passed / failed / skipped rows, and the skip reasons with how often each occurred."""
+    skipped = Counter(f"{r['backend']}: {r['reason']}" for r in rows if r["status"] == "skip")
+    return {"checked": sum(r["status"] != "skip" for r in rows), "passed": sum(r["status"] == "pass" for r in rows),
+            "failed": sum(r["status"] == "FAIL" for r in rows), "skipped": sum(skipped.values()),
+            "skip_reasons": dict(skipped.most_common())}
+
+
+def hints(rows: list[dict], device: str) -> list[str]:
+    """How to check more on this machine: the Triton interpreter for kernels skipped on a CPU, a GPU otherwise."""
+    out = []
+    skipped_for_device = sorted({r["backend"] for r in rows if r["status"] == "skip" and "device=" in r["reason"]})
+    if device == "cpu" and "triton" in skipped_for_device and os.environ.get("TRITON_INTERPRET") != "1":
+        out.append("check the Triton kernels on this CPU under the interpreter (slow, small shapes): "
+                   "TRITON_INTERPRET=1 mla-core check --backend triton --device cpu")
+    others = [b for b in skipped_for_device if b != "triton" or device != "cpu"]
+    if others or any(r["status"] == "skip" and "no CUDA device" in r["reason"] for r in rows):
+        out.append("backends that need a GPU are checked on one: mla-core check --device cuda")
+    return out
+
+
+def cmd_check(args) -> int:
+    from . import resolve_device
+    device = resolve_device(args.device)
+    rows = check(device, args.backend or None)
+    counts = summary(rows)
+    if args.json:
+        print(json.dumps({"device": device, "summary": counts, "hints": hints(rows, device), "results": rows},
+                         indent=2))
+        return 1 if counts["failed"] else 0
+    print(f"mla-core check on {device}: every backend against the reference backend (relative L2 error)")
+    if rows:
+        print(table([[r["backend"], r["case"], r["status"], "-" if r["error"] is None else f"{r['error']:.2e}",
+                      r["reason"] or ""] for r in rows], ["backend", "case", "status", "rel L2 error", "note"]))
+    else:
+        print("no backend besides the reference is loaded")
+    print(f"\nchecked {counts['checked']}: {counts['passed']} passed, {counts['failed']} failed; "
+          f"skipped {counts['skipped']}" + (":" if counts["skipped"] else ""))
+    for reason, n in counts["skip_reasons"].items():
+        print(f"  {n} x {reason}")
+    for hint in hints(rows, device):
+        print(f"to check more: {hint}")
+    if counts["failed"]:
+        print("FAILED: a backend disagrees with the reference (or crashed) on the cases marked FAIL")
+    return 1 if counts["failed"] else 0
+
+
+def add_parser(subparsers) -> None:
+    """Add ``check`` to the ``mla-core`` subparsers."""
+    p = subparsers.add_parser(
+        "check", help="run every backend against the reference on small random problems; summary and exit code",
+        description="Runs each backend on small random problems of every op it supports (boundary lengths, "
+                    "empty rows, every quant recipe) and compares with the reference backend (relative L2; fp32 "
+                    "< 1e-5, else < 1e-2). Prints each case, then a summary: checked / failed / skipped and why, "
+                    "and how to check more on this machine. Exit code 1 when any check fails.")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where to run (default: cuda when available, else cpu)")
+    p.add_argument("--backend", action="append", help="check only this backend (repeatable)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=cmd_check)

@@ -1,0 +1,5 @@
+"""``mla-core new-backend NAME``: placeholder replaced below."""
+
+
+def add_parser(subparsers) -> None:
+    pass
