@@ -1,0 +1,448 @@
+"""The cudnn backend: capability detection and ``why_not`` (CPU), its ragged decomposition against the
+reference through an emulation of torch's cuDNN call (CPU), and the real thing on the GPU (``-m gpu``).
+
+The CPU emulation computes what ``aten._cudnn_attention_forward`` promises (per piece of the cumulative
+offsets, top-left causal, natural-log LSE as ``[tokens, heads, 1]``) in float64, and fills every row
+of a piece without keys with NaN, the worst cuDNN could leave there: a NaN in a result means the
+backend let such a row through. It also asserts that every piece fits the ``max_q`` / ``max_k`` the
+backend passed. fp32 inputs (cuDNN itself takes bf16/fp16; the emulation does not care) make the
+comparison with the reference a float32-rounding one (< 1e-5).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import sys
+import types
+
+import pytest
+import torch
+
+import mla_core
+from mla_core import numerics, specs
+from mla_core.testing.shapes import boundary_lengths
+from mla_core_cudnn import backend as cudnn_backend
+from mla_core_cudnn import prefill as cudnn_prefill
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from reference_math import rel_l2, same_lse  # noqa: E402
+
+FP32_TOL = 1e-5
+HALF_TOL = 1e-2
+NEG_INF = float("-inf")
+QKV = ("q_quant", "k_quant", "v_quant")
+
+
+def make_inputs(seqs, heads, kv_heads, qk_dim, v_dim, dtype=torch.float32, seed=0, device="cpu", shared_cu=False):
+    """Packed standard-normal q/k/v for (len_q, len_k) per sequence, cu_seqlens (int32) and max_seqlen_q.
+
+    ``shared_cu``: one tensor serves as both cu_seqlens (needs len_q == len_k everywhere).
+    """
+    g = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(s[0] for s in seqs), sum(s[1] for s in seqs)
+    q = torch.randn(total_q, heads, qk_dim, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(total_k, kv_heads, qk_dim, generator=g).to(device=device, dtype=dtype)
+    v = torch.randn(total_k, kv_heads, v_dim, generator=g).to(device=device, dtype=dtype)
+    cu_q = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32,
+                        device=device)
+    cu_k = cu_q if shared_cu else torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))],
+                                               dtype=torch.int32, device=device)
+    return [q, k, v, cu_q, cu_k, max([s[0] for s in seqs] + [0])]
+
+
+def validated(inputs, causal=True, return_lse=True, **kw):
+    """(problem, call) of mla_prefill's own validation for these inputs."""
+    args = dict(q_quant=None, k_quant=None, p_quant=None, v_quant=None, q_amax=None, k_amax=None, p_amax=1.0,
+                v_amax=None, sparsity_n=0, sparsity_m=4, dense_sink_tokens=0, dense_recent_tokens=64, block_m=64,
+                block_n=64)
+    args.update(kw)
+    return specs.validate_prefill(*inputs, None, causal, return_lse, **args)
+
+
+# ------------------------------------------------------------------------------------------------
+# capability detection and why_not (CPU)
+
+
+def test_on_the_cpu_the_backend_is_loaded_and_says_why_it_cannot_run():
+    backend = mla_core.get_backend("cudnn")
+    problem, _ = validated(make_inputs([(3, 3)], 2, 2, 16, 8))
+    reasons = backend.why_not(problem)
+    assert reasons and reasons[0].startswith("unavailable: ")
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in reasons[0]
+    info = backend.info()
+    assert info["name"] == "cudnn" and info["priority"] > mla_core.get_backend("triton").priority
+    assert set(info["ops"]) == {"prefill"}
+
+
+class _FakeOp:
+    def __init__(self, names, returns=9):
+        arg = types.SimpleNamespace
+        self.default = types.SimpleNamespace(_schema=types.SimpleNamespace(
+            arguments=[arg(name=n) for n in names], returns=[arg(name=f"r{i}") for i in range(returns)]))
+
+
+def test_probe_accepts_the_installed_signature_and_explains_a_changed_or_missing_op(monkeypatch):
+    assert cudnn_backend.probe_op() is None  # torch's CPU builds carry the schema too
+    names = list(cudnn_backend.OP_ARGUMENTS) + ["scale"]
+    monkeypatch.setattr(torch.ops.aten, "_cudnn_attention_forward", _FakeOp(names), raising=False)
+    assert cudnn_backend.probe_op() is None
+    renamed = ["cu_seqlens_q" if n == "cum_seq_q" else n for n in names]
+    monkeypatch.setattr(torch.ops.aten, "_cudnn_attention_forward", _FakeOp(renamed))
+    reason = cudnn_backend.probe_op()
+    assert "cu_seqlens_q" in reason and "takes" in reason
+    monkeypatch.setattr(torch.ops.aten, "_cudnn_attention_forward", _FakeOp(names, returns=1))
+    assert "returns 1 values" in cudnn_backend.probe_op()
+    monkeypatch.setattr(torch.ops.aten, "_cudnn_attention_forward", types.SimpleNamespace())  # no overload
+    assert "has no aten._cudnn_attention_forward" in cudnn_backend.probe_op()
+
+
+@pytest.mark.parametrize("cuda,cudnn,version,triton,expect", [
+    (False, True, 91900, True, "no CUDA device"),
+    (True, False, None, True, "built without cuDNN"),
+    (True, True, 8907, True, "older than"),
+    (True, True, 91900, False, "triton package is not installed"),
+    (True, True, 91900, True, None)])
+def test_cuda_probe_reports_each_missing_piece(monkeypatch, cuda, cudnn, version, triton, expect):
+    import importlib.util
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: cudnn)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: version)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" and not triton
+                        else real_find_spec(name, *a))
+    reason = cudnn_backend.probe_cuda()
+    assert reason is None if expect is None else expect in reason
+
+
+@pytest.fixture
+def available(monkeypatch):
+    """A cudnn backend that believes it runs on an sm90 GPU with cuDNN 9.19."""
+    backend = cudnn_backend.CudnnBackend()
+    monkeypatch.setattr(cudnn_backend, "probe_op", lambda: None)
+    monkeypatch.setattr(cudnn_backend, "probe_cuda", lambda: None)
+    monkeypatch.setattr(cudnn_backend, "device_capability", lambda: (9, 0))
+    return backend
+
+
+def _cuda_problem(seqs=((5, 9), (3, 3)), heads=8, kv_heads=8, qk_dim=192, v_dim=128, dtype=torch.bfloat16, **kw):
+    problem, _ = validated(make_inputs(list(seqs), heads, kv_heads, qk_dim, v_dim, dtype=dtype), **kw)
+    return dataclasses.replace(problem, device="cuda")
+
+
+def test_why_not_accepts_what_cudnn_computes_as_the_reference_does(available):
+    assert available.why_not(_cuda_problem()) == []
+    assert available.why_not(_cuda_problem(causal=False, return_lse=False)) == []
+    assert available.why_not(_cuda_problem(heads=8, kv_heads=2)) == []                       # GQA
+    assert available.why_not(_cuda_problem(dtype=torch.float16, q_quant="fp8", k_quant="nvfp4", v_quant="nvfp4")) == []
+
+
+def test_why_not_explains_p_quantization_sparsity_and_the_limits(available):
+    reasons = available.why_not(_cuda_problem(p_quant="fp8"))
+    assert len(reasons) == 1 and reasons[0].startswith("p_quant=fp8") and "P" in reasons[0]
+    reasons = available.why_not(_cuda_problem(sparsity_n=2, sparsity_m=4))
+    assert len(reasons) == 1 and reasons[0].startswith("nm_sparsity:")
+    assert any(r.startswith("dtype=float32") for r in available.why_not(_cuda_problem(dtype=torch.float32)))
+    assert any(r.startswith("qk_dim=576") for r in available.why_not(_cuda_problem(qk_dim=576, v_dim=512)))
+    assert any(r.startswith("v_dim=100") for r in available.why_not(_cuda_problem(v_dim=100)))
+    big = dataclasses.replace(_cuda_problem(), params=tuple(
+        (k, 1 << 24 if k == "total_k" else v) for k, v in _cuda_problem().params))
+    assert any("int32" in r for r in available.why_not(big))
+    assert available.why_not(dataclasses.replace(_cuda_problem(), device="cpu"))[0].startswith("device=cpu")
+
+
+def test_why_not_refuses_old_gpus(available, monkeypatch):
+    monkeypatch.setattr(cudnn_backend, "device_capability", lambda: (7, 5))
+    assert available.why_not(_cuda_problem())[0].startswith("compute capability 7.5")
+
+
+def test_offset_overflow_is_an_input_error_before_any_launch():
+    q = torch.empty(1 << 18, 128, 192, device="meta")
+    k = torch.empty(8, 128, 192, device="meta")
+    v = torch.empty(8, 128, 128, device="meta")
+    call = types.SimpleNamespace(q=q, k=k, v=v)
+    with pytest.raises(mla_core.MLAInputError, match="^q: got 262144 tokens"):
+        cudnn_prefill._check_offsets(call)
+
+
+# ------------------------------------------------------------------------------------------------
+# the decomposition against the reference, through an emulation of cuDNN (CPU)
+
+
+class EmulatedCudnn:
+    """float64 stand-in for ``cudnn_attend``: per piece, softmax(q k^T * scale) v, top-left causal."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, need_lse):
+        assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape
+        assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        self.calls.append(dict(pieces=cu_q.shape[0] - 1, causal=causal))
+        tokens, heads, _ = q.shape
+        group = heads // k.shape[1]
+        out = torch.full((tokens, heads, v.shape[2]), float("nan"), dtype=q.dtype)
+        lse = torch.full((tokens, heads, 1), float("nan"), dtype=torch.float32)
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        for q0, q1, k0, k1 in zip(cq[:-1], cq[1:], ck[:-1], ck[1:]):
+            assert 0 <= q1 - q0 <= max_q and 0 <= k1 - k0 <= max_k, (q0, q1, k0, k1, max_q, max_k)
+            if q1 == q0 or k1 == k0:
+                continue
+            qs = q[q0:q1].double()
+            ks = k[k0:k1].double().repeat_interleave(group, dim=1)
+            vs = v[k0:k1].double().repeat_interleave(group, dim=1)
+            s = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+            if causal:
+                s = s.masked_fill(torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).triu(1), NEG_INF)
+            out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vs).to(q.dtype)
+            lse[q0:q1, :, 0] = torch.logsumexp(s, -1).t().float()
+        return out, (cudnn_prefill.lse_heads_tokens(lse, tokens, heads) if need_lse else None)
+
+
+def run_emulated(inputs, causal=True, return_lse=True, **kw):
+    """(emulated cudnn backend (out, lse), reference (out, lse), the emulator)."""
+    problem, call = validated(inputs, causal=causal, return_lse=return_lse, **kw)
+    emulator = EmulatedCudnn()
+    out = cudnn_prefill.run(call, {}, attend=emulator)
+    ref = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference", **kw)
+    return out, ref, emulator
+
+
+def check(out, ref, tol, return_lse=True):
+    assert out[0].shape == ref[0].shape and out[0].dtype == ref[0].dtype
+    err = rel_l2(out[0], ref[0])
+    assert err < tol, f"relative L2 {err:.3g} >= {tol}"
+    if return_lse:
+        assert out[1].shape == ref[1].shape and out[1].dtype == torch.float32 and out[1].is_contiguous()
+        assert same_lse(out[1], ref[1], max(tol, 1e-5) * 10)
+    else:
+        assert out[1] is None
+
+
+TILES = boundary_lengths([64, 128], limit=200)  # cuDNN's query and key tiles are 64 or 128 rows
+# len_q < len_k (cached prefix), equal, len_q > len_k (leading rows see no key), empty queries / keys
+RAGGED = [(17, 40), (0, 0), (0, 5), (1, 1), (1, 129), (63, 128), (65, 64), (129, 3), (5, 0), (127, 127), (40, 257)]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_ragged_lengths_match_the_reference(causal, return_lse):
+    inputs = make_inputs(RAGGED, 4, 4, 16, 8, seed=1)
+    out, ref, emulator = run_emulated(inputs, causal=causal, return_lse=return_lse)
+    check(out, ref, FP32_TOL, return_lse)
+    assert [c["causal"] for c in emulator.calls] == ([False, True] if causal else [False])
+    if causal:
+        assert all(c["pieces"] == 2 * len(RAGGED) for c in emulator.calls)
+
+
+def test_equal_lengths_with_one_cu_tensor_take_one_call():
+    seqs = [(n, n) for n in TILES]
+    out, ref, emulator = run_emulated(make_inputs(seqs, 4, 4, 16, 8, seed=2, shared_cu=True))
+    check(out, ref, FP32_TOL)
+    assert emulator.calls == [dict(pieces=len(seqs), causal=True)]
+    # the same lengths in two tensors: metadata cannot prove them equal, so the split runs (same result)
+    inputs = make_inputs(seqs, 4, 4, 16, 8, seed=2)
+    out2, _, emulator = run_emulated(inputs)
+    check(out2, ref, FP32_TOL)
+    assert len(emulator.calls) == 2
+
+
+@pytest.mark.parametrize("len_q,len_k", [(70, 70), (70, 200), (200, 70)])
+def test_one_sequence_uses_its_token_counts(len_q, len_k):
+    out, ref, emulator = run_emulated(make_inputs([(len_q, len_k)], 4, 2, 16, 8, seed=len_q))
+    check(out, ref, FP32_TOL)
+    assert len(emulator.calls) == (1 if len_q == len_k else 2)
+
+
+def test_gqa_and_the_default_scale_match():
+    inputs = make_inputs(RAGGED, 8, 2, 24, 16, seed=4)
+    out, ref, _ = run_emulated(inputs)
+    check(out, ref, FP32_TOL)
+
+
+def test_no_tokens_at_all():
+    out, ref, emulator = run_emulated(make_inputs([(0, 4), (0, 0)], 4, 4, 16, 8))
+    check(out, ref, FP32_TOL)
+    out, ref, emulator = run_emulated(make_inputs([(3, 0), (2, 0)], 4, 4, 16, 8), causal=False)
+    check(out, ref, FP32_TOL)
+    assert emulator.calls == []
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("amax", [None, 3.7])
+def test_qkv_quantization_is_the_fused_definition(fmt, amax):
+    """QDQ then attention equals the reference's fused quantization (Q/K along features, V along keys per
+    sequence), and is measurably far from the unquantized result."""
+    inputs = make_inputs(RAGGED, 4, 4, 32, 32, seed=5)
+    kw = {name: fmt for name in QKV}
+    kw.update(q_amax=amax, k_amax=amax, v_amax=amax)
+    out, ref, _ = run_emulated(inputs, **kw)
+    check(out, ref, FP32_TOL)
+    plain = mla_core.mla_prefill(*inputs, backend="reference")
+    assert rel_l2(out[0], plain) > 2e-2
+
+
+def test_v_quantized_alone_per_sequence_blocks():
+    inputs = make_inputs(RAGGED, 4, 4, 16, 32, seed=6)
+    out, ref, _ = run_emulated(inputs, v_quant="nvfp4", v_amax=2.5)
+    check(out, ref, FP32_TOL)
+
+
+def test_per_sequence_v_blocks_are_bitwise_the_reference_blocks():
+    lens = [0, 1, 15, 16, 17, 33, 0, 64, 5]
+    v = torch.randn(sum(lens), 3, 32, generator=torch.Generator().manual_seed(7))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    got = cudnn_prefill.qdq_v_per_sequence(v, cu, 1.5)
+    want = torch.cat([numerics.qdq_nvfp4(v[a:b], 1.5, dim=0) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    assert torch.equal(got, want)
+
+
+def test_codes_are_exact_in_half_precision():
+    x = torch.randn(64, 4, 32, generator=torch.Generator().manual_seed(8))
+    for fmt in ("fp8", "nvfp4"):
+        for dtype in (torch.bfloat16, torch.float16):
+            codes, factor = cudnn_prefill._codes(x.to(dtype), fmt, 3.7)
+            assert codes.dtype == dtype
+            mantissa, _ = torch.frexp(codes.float())       # at most 6 significant bits: nothing was rounded away
+            assert torch.equal(mantissa * 64, torch.round(mantissa * 64))
+            # codes x factor is the QDQ value up to float32 rounding (the factor is applied in float32 later)
+            assert torch.allclose(codes.float() * factor, numerics.qdq(x.to(dtype), fmt, 3.7, dim=-1), rtol=2 ** -22,
+                                  atol=0)
+
+
+def test_half_precision_through_the_finishing_kernels():
+    """fp16 outputs and LSE through mask_rows and merge (the interpreter handles fp16 loads and stores)."""
+    inputs = make_inputs(RAGGED, 4, 4, 16, 16, dtype=torch.float16, seed=9)
+    for causal in (True, False):
+        out, ref, _ = run_emulated(inputs, causal=causal)
+        check(out, ref, HALF_TOL)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: the real cuDNN against the reference at DeepSeek sizes (pytest -m gpu)
+
+HEADS, QK_DIM, V_DIM = 128, 192, 128
+GPU_RAGGED = [(17, 40), (0, 0), (0, 5), (1, 1), (1, 129), (127, 128), (129, 64), (300, 1000), (1000, 4096), (64, 64)]
+
+
+def _poison_allocator(nbytes: int = 3 << 30) -> None:
+    """Fill free CUDA-allocator memory with NaN so the buffers cuDNN allocates for its outputs start as NaN."""
+    torch.cuda.empty_cache()
+    junk = torch.full((nbytes // 4,), float("nan"), dtype=torch.float32, device="cuda")
+    del junk
+
+
+def _gpu_pair(inputs, causal=True, dtype_tol=HALF_TOL, **kw):
+    ref = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference", **kw)
+    _poison_allocator()
+    out = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="cudnn", **kw)
+    torch.cuda.synchronize()
+    check(out, ref, dtype_tol)
+    return out, ref
+
+
+@pytest.mark.gpu
+def test_gpu_backend_is_available_and_first_for_plain_prefill(monkeypatch):
+    backend = mla_core.get_backend("cudnn")
+    assert backend.unavailable_reason() is None, backend.unavailable_reason()
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
+    from mla_core import dispatch
+    dispatch.clear_memory()
+    problem, _ = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"))
+    assert dispatch.choose(problem).backend.name == "cudnn"
+    fp8 = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"),
+                    **dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "fp8"))[0]
+    assert dispatch.choose(fp8).backend.name == "triton"
+    dispatch.clear_memory()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_ragged_deepseek_dims(causal):
+    """bf16 tolerance 1e-2: cuDNN rounds P to bf16 against its own running maximum (tiles other than the
+    reference's block_n), so rows differ by bf16 rounding of P and of the output (measured ~3e-3)."""
+    inputs = make_inputs(GPU_RAGGED, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=11, device="cuda")
+    _gpu_pair(inputs, causal=causal)
+
+
+@pytest.mark.gpu
+def test_gpu_equal_lengths_one_cu_tensor_boundary_lengths():
+    seqs = [(n, n) for n in boundary_lengths([64, 128], limit=300)] + [(4096, 4096)]
+    _gpu_pair(make_inputs(seqs, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=12, device="cuda", shared_cu=True))
+
+
+@pytest.mark.gpu
+def test_gpu_gqa_and_fp16():
+    _gpu_pair(make_inputs(GPU_RAGGED[:8], HEADS, 16, QK_DIM, V_DIM, torch.bfloat16, seed=13, device="cuda"))
+    _gpu_pair(make_inputs(GPU_RAGGED[:8], 16, 16, 64, 64, torch.float16, seed=14, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,amax", [("fp8", 4.0), ("nvfp4", 5.0), ("nvfp4", None)])
+def test_gpu_qkv_recipes(fmt, amax):
+    inputs = make_inputs(GPU_RAGGED[:8], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=15, device="cuda")
+    kw = dict({name: fmt for name in QKV}, q_amax=amax, k_amax=amax, v_amax=amax)
+    out, _ = _gpu_pair(inputs, **kw)
+    plain = mla_core.mla_prefill(*inputs, backend="reference")
+    assert rel_l2(out[0], plain) > 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_never_uses_rows_past_the_tensors():
+    """k and v are the head of larger buffers whose tail is NaN: a tile read past the last key must not
+    reach the output (0 * NaN)."""
+    inputs = make_inputs([(100, 100), (37, 300)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=16,
+                         device="cuda")
+    q, k, v = inputs[:3]
+    for i, t in ((1, k), (2, v)):
+        big = torch.full((t.shape[0] + 256,) + tuple(t.shape[1:]), float("nan"), dtype=t.dtype, device="cuda")
+        big[:t.shape[0]] = t
+        inputs[i] = big[:t.shape[0]]
+    for causal in (True, False):
+        _gpu_pair(inputs, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shared_cu", [True, False])
+def test_gpu_cuda_graph_capture_replays_new_values(shared_cu, monkeypatch):
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    seqs = [(300, 300), (1, 1), (129, 129)] if shared_cu else [(300, 700), (1, 1), (129, 64), (0, 9)]
+    inputs = make_inputs(seqs, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=17, device="cuda",
+                         shared_cu=shared_cu)
+
+    def step():
+        return mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cudnn")
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    fresh = make_inputs(seqs, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=18, device="cuda")
+    for dst, src in zip(inputs[:3], fresh[:3]):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference")
+    check((out, lse), ref, HALF_TOL)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    inputs = make_inputs([(200, 500), (64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=19, device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v, cu_q, cu_k):
+        out, lse = mla_core.mla_prefill(q, k, v, cu_q, cu_k, 500, causal=True, return_lse=True, backend="cudnn")
+        return out * 2, lse
+
+    out, lse = step(*inputs[:5])
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference")
+    check((out / 2, lse), ref, HALF_TOL)
+    torch._dynamo.reset()
+    assert math.isfinite(float(out.float().abs().sum()))
