@@ -17,9 +17,9 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/insta
   echo "editable install did not register the plugins; using PYTHONPATH + a hand-written dist-info" | tee -a "$LOGS/install.log"
   ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
   printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
-  printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\n[console_scripts]\nmla-core = mla_core.cli:main\n' \
+  printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n[console_scripts]\nmla-core = mla_core.cli:main\n' \
     >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
-  export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$ep${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep${PYTHONPATH:+:$PYTHONPATH}"
   mla_core_cli() { python3 -m mla_core.cli "$@"; }
 else
   mla_core_cli() { mla-core "$@"; }
