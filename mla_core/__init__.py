@@ -14,6 +14,7 @@ from .backend import Backend, OpCapability
 from .dispatch import use_backend
 from .errors import MLAInputError, NoBackendError
 from .explain import explain  # the function; its module stays importable as mla_core.explain
+from . import nn
 from .layer import mla_forward
 from .ops import (get_batch_decode_metadata_mla, get_sparse_decode_metadata, merge_attn_states, mla_attention_decode,
                   mla_decode, mla_prefill, mla_prefill_attention, mla_rope_quantize_fp8, sparse_mla_fp8_decode)
@@ -30,5 +31,5 @@ __all__ = [
     "Backend", "MLAInputError", "NoBackendError", "OpCapability", "Problem", "SparseDecodeMetadata", "backends",
     "get_backend", "get_batch_decode_metadata_mla", "get_sparse_decode_metadata", "hookimpl", "hookspec",
     "merge_attn_states", "mla_attention_decode", "mla_decode", "mla_prefill", "mla_prefill_attention",
-    "mla_forward", "mla_rope_quantize_fp8", "numerics", "register_plugin", "sparse_mla_fp8_decode", "use_backend",
+    "mla_forward", "mla_rope_quantize_fp8", "nn", "numerics", "register_plugin", "sparse_mla_fp8_decode", "use_backend",
 ]
