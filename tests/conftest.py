@@ -27,6 +27,50 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_GPU_DESELECTED = []
+
+
+def pytest_deselected(items):
+    """Count the GPU tests the default ``-m 'not gpu'`` leaves out (reported in the terminal summary)."""
+    _GPU_DESELECTED.extend(item.nodeid for item in items if "gpu" in item.keywords)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say how many GPU tests did not run and why: they are the only coverage of the hardware paths."""
+    if not _GPU_DESELECTED:
+        return
+    n = len(_GPU_DESELECTED)
+    why = ("this machine has a CUDA device: run `pytest -m gpu` here" if torch.cuda.is_available()
+           else "no CUDA device here; run `pytest -m gpu` on a GPU machine")
+    terminalreporter.write_sep("-", "GPU coverage")
+    terminalreporter.write_line(f"{n} GPU test{'s' * (n != 1)} deselected (-m 'not gpu'): {why}")
+
+
+@pytest.fixture
+def global_defaults():
+    """Set torch's global defaults as model loaders do, for one test: ``global_defaults(dtype=..., device=...)``.
+
+    ``torch.set_default_dtype`` / ``torch.set_default_device`` are process-wide; the previous values are
+    restored when the test ends, pass or fail.
+    """
+    saved_dtype = torch.get_default_dtype()
+    # None when no default device was set: restoring "cpu" instead would leave a device mode installed
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    saved_device = None if context is None else torch.get_default_device()
+
+    def set_defaults(dtype=None, device=None):
+        if dtype is not None:
+            torch.set_default_dtype(dtype)
+        if device is not None:
+            torch.set_default_device(device)
+
+    try:
+        yield set_defaults
+    finally:
+        torch.set_default_dtype(saved_dtype)
+        torch.set_default_device(saved_device)
+
+
 @pytest.fixture
 def fake_world(monkeypatch, tmp_path):
     """Autotuner tests: only the fake backends of autotune_fakes are loaded, tt_exact judges correctness,
