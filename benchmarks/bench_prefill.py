@@ -16,9 +16,12 @@ tensors when torch takes them, else one call per sequence; for the chunk causal_
 mla_core backend that accepts the problem (the reference only with --reference: eager, slow) with its
 default config (--all-configs: every config); ``auto`` is mla_core's automatic dispatch (the backend it
 picked in brackets). Recipes fp8 / nvfp4 quantize Q/K/V/P (only backends that run P quantization).
-Times are median µs of CUDA-graph replays with the L2 flushed before each; TFLOP/s counts
+Times are median µs of CUDA-graph replays with the L2 flushed before each ("timed" says graph), or of
+eager calls (Python and launches included: sdpa-cudnn and cudnn always get one such row, and anything a
+graph cannot capture is timed so); TFLOP/s counts
 2 * (192 + 128) FLOPs per visible (query, key) pair per head; "% mm" is the percentage of the bf16 matmul
-rate measured in the same run; "x sdpa" is the time over sdpa-cudnn's for the same case (bf16).
+rate measured in the same run; "x sdpa" is the time over sdpa-cudnn's for the same case, timed the same
+way (graph or eager).
 JSON goes to $OUT/bench_prefill.json.
 """
 from __future__ import annotations
@@ -152,17 +155,29 @@ def main() -> None:
     rows = []
 
     def record(case, recipe, backend, config, fn, flops, graph=True):
-        try:
-            us = time_graph(fn, iters=iters) if graph else time_eager(fn, iters=3, warmup=1)
-        except Exception as e:  # noqa: BLE001 (a backend that fails here is reported, the others still run)
-            print(f"  {case} {recipe} {backend}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-            torch.cuda.synchronize()
-            return None
+        """Time ``fn`` in a CUDA graph (eagerly when it cannot be captured, or when ``graph`` is False)."""
+        us, mode = None, "graph"
+        if graph:
+            try:
+                us = time_graph(fn, iters=iters)
+            except Exception as e:  # noqa: BLE001 (reported; timed eagerly instead)
+                torch.cuda.synchronize()
+                print(f"  {case} {recipe} {backend}: no CUDA graph ({type(e).__name__}: "
+                      f"{(str(e).splitlines() or [''])[0][:160]}); timing eagerly", flush=True)
+        if us is None:
+            mode = "eager"
+            try:
+                us = time_eager(fn, iters=max(5, iters // 3), warmup=2)
+            except Exception as e:  # noqa: BLE001 (a backend that fails here is reported, the others still run)
+                print(f"  {case} {recipe} {backend}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                      flush=True)
+                torch.cuda.synchronize()
+                return None
         row = dict(case=case, recipe=recipe, backend=backend, config=config, us=us, tflops=flops / us / 1e6,
-                   graph=graph)
+                   mode=mode)
         row["pct_mm"] = 100 * row["tflops"] / ceilings["bf16_tflops"]
         rows.append(row)
-        print(f"  {case} {recipe} {backend} {config}: {us:.0f} µs, {row['tflops']:.1f} TFLOP/s", flush=True)
+        print(f"  {case} {recipe} {backend} {config}: {us:.0f} µs ({mode}), {row['tflops']:.1f} TFLOP/s", flush=True)
         return row
 
     for case in args.cases:
@@ -177,14 +192,20 @@ def main() -> None:
             if recipe == "bf16":
                 label, fn = sdpa_cudnn(inputs, seqs)
                 record(case, recipe, "sdpa-cudnn", label, fn, flops)
+                record(case, recipe, "sdpa-cudnn", label, fn, flops, graph=False)  # Python and launch costs included
+                cudnn = mla_core.get_backend("cudnn")
+                if not cudnn.why_not(problem) and cudnn.capture_reason() is None:  # else its row below is eager
+                    record(case, recipe, "cudnn", "-", lambda: mla_core.mla_prefill(*inputs, causal=True, backend="cudnn"),
+                           flops, graph=False)
             for name, backend in sorted(mla_core.backends().items()):
                 if backend.why_not(problem) or (name == "reference" and not args.reference):
                     continue
                 configs = backend.configs(problem) if args.all_configs else backend.configs(problem)[:1]
                 for config in configs:
                     label = ",".join(f"{k}={v}" for k, v in config.items()) or "-"
+                    capturable = name != "reference" and not (name == "cudnn" and backend.capture_reason())
                     record(case, recipe, name, label, lambda b=backend, c=config: b.run(problem, call, c), flops,
-                           graph=name != "reference")
+                           graph=capturable)
             picked = dispatch.choose(problem).backend.name
             record(case, recipe, "auto", f"[{picked}]", lambda: mla_core.mla_prefill(*inputs, causal=True, **kw), flops)
             if case.startswith("chunk") and recipe == "bf16":
@@ -202,10 +223,10 @@ def main() -> None:
         del inputs
         torch.cuda.empty_cache()
 
-    base = {r["case"]: r["us"] for r in rows if r["backend"] == "sdpa-cudnn"}
-    for r in rows:
-        if r["case"] in base:
-            r["x_sdpa"] = r["us"] / base[r["case"]]
+    base = {(r["case"], r["mode"]): r["us"] for r in rows if r["backend"] == "sdpa-cudnn"}
+    for r in rows:  # graph rows against SDPA in a graph, eager rows against SDPA called eagerly
+        if (r["case"], r["mode"]) in base:
+            r["x_sdpa"] = r["us"] / base[(r["case"], r["mode"])]
     print()
     print_table(rows, COLUMNS)
     path = write_json("bench_prefill.json", {"device": device_info(), "ceilings": ceilings, "rows": rows,
@@ -215,7 +236,7 @@ def main() -> None:
 
 
 COLUMNS = [("case", "case", "s"), ("recipe", "recipe", "s"), ("backend", "backend", "s"), ("config", "config", "s"),
-           ("us", "µs", ".0f"), ("tflops", "TFLOP/s", ".1f"), ("pct_mm", "% mm", ".1f"), ("x_sdpa", "x sdpa", ".2f")]
+           ("mode", "timed", "s"), ("us", "µs", ".0f"), ("tflops", "TFLOP/s", ".1f"), ("pct_mm", "% mm", ".1f"), ("x_sdpa", "x sdpa", ".2f")]
 
 if __name__ == "__main__":
     main()

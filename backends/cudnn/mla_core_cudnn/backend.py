@@ -66,11 +66,42 @@ def device_capability() -> tuple[int, int]:
     return torch.cuda.get_device_capability()
 
 
+def probe_capture() -> str | None:
+    """Why a ragged cuDNN attention call cannot be captured in a CUDA graph with this torch, or None.
+
+    Runs one tiny call eagerly, then tries to capture the same call in a throwaway graph (torch 2.11
+    rebuilds the cuDNN graph of its ragged path on every call, which a capture does not allow).
+    """
+    import torch
+    from .prefill import cudnn_attend
+    x = torch.randn(8, 1, 64, dtype=torch.bfloat16, device="cuda")
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda")
+    cudnn_attend(x, x, x, cu, cu, 5, 5, True, 0.125, True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            cudnn_attend(x, x, x, cu, cu, 5, 5, True, 0.125, True)
+    except Exception as e:  # noqa: BLE001 (any failure means: not capturable; the message says why)
+        torch.cuda.synchronize()
+        first_line = (str(e).splitlines() or [""])[0][:160]
+        return (f"torch {torch.__version__}'s ragged cuDNN attention cannot be captured in a CUDA graph "
+                f"({type(e).__name__}: {first_line})")
+    finally:
+        del graph
+    return None
+
+
+PRIORITY_CAPTURABLE = 250
+"""Above triton (200): where both run (bf16/fp16, P unquantized, dense scores) cuDNN measured 1.4x faster
+on the H200 (docs/cudnn.md); the autotuner still times both when it tunes."""
+PRIORITY_EAGER_ONLY = 150
+"""Below triton where the installed torch cannot capture the ragged cuDNN call: the priority rule also
+serves CUDA-graph captures, which must not land on a backend that breaks them."""
+
+
 class CudnnBackend(mla_core.Backend):
     name = "cudnn"
-    priority = 250
-    """Above triton (200): where both run (bf16/fp16, P unquantized, dense scores) cuDNN measured 1.4x faster
-    on the H200 (docs/cudnn.md); the autotuner still times both when it tunes."""
     device_types = frozenset({"cuda"})
     description = "cuDNN fused attention through torch (aten._cudnn_attention_forward): ragged prefill, no build"
     capabilities = {
@@ -85,6 +116,21 @@ class CudnnBackend(mla_core.Backend):
 
     def __init__(self) -> None:
         self._unavailable: str | None | bool = False  # False: not probed yet
+        self._not_capturable: str | None | bool = False
+
+    @property
+    def priority(self) -> int:
+        return PRIORITY_CAPTURABLE if self.capture_reason() is None else PRIORITY_EAGER_ONLY
+
+    def capture_reason(self) -> str | None:
+        """Why this backend's calls cannot be captured in a CUDA graph here, or None (probed once, on the GPU)."""
+        if self._not_capturable is False:
+            import torch
+            reason = self.unavailable_reason()
+            if reason is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return "not probed yet (first asked during a capture)"
+            self._not_capturable = reason if reason is not None else probe_capture()
+        return self._not_capturable
 
     @property
     def version(self) -> str:
@@ -126,4 +172,8 @@ class CudnnBackend(mla_core.Backend):
         return reasons
 
     def prefill(self, call, config):
+        import torch
+        if call.q.is_cuda and torch.cuda.is_current_stream_capturing() and self.capture_reason() is not None:
+            raise RuntimeError(f"the cudnn backend cannot run inside a CUDA graph capture: {self.capture_reason()}; "
+                               "pass backend='triton' for captured prefill")
         return importlib.import_module(f"{__package__}.prefill").run(call, config)
