@@ -33,7 +33,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
             const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
             std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
             double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale, int64_t k_fmt,
-            int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles) {
+            int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles, int64_t warps) {
   TORCH_CHECK(q.is_cuda() && cache.is_cuda() && out.is_cuda(), "mla_core cuda decode: tensors must be on CUDA");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "q must be [batch, heads, 576], last dim contiguous");
   TORCH_CHECK(cache.dim() == 3 && cache.size(2) == 576 && cache.stride(2) == 1,
@@ -41,7 +41,8 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   TORCH_CHECK(q.scalar_type() == cache.scalar_type(), "q and latent_cache must share a dtype");
   TORCH_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
   TORCH_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..32");
-  TORCH_CHECK(head_tiles == 1 || head_tiles == 2, "head_tiles must be 1 or 2");
+  TORCH_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
+              "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
   check_index(block_table, "block_table");
   check_index(seq_lens, "seq_lens");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -94,6 +95,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   p.v_from_k = v_from_k;
   p.exact_div = exact_div;
   p.head_tiles = static_cast<int>(head_tiles);
+  p.warps = static_cast<int>(warps);
   const cudaError_t err = mla_core_cuda::launch_decode(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode launch failed: ", cudaGetErrorString(err));
 }
@@ -108,5 +110,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"), pybind11::arg("k_scale"),
         pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"), pybind11::arg("v_fmt"),
         pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
-        pybind11::arg("head_tiles"));
+        pybind11::arg("head_tiles"), pybind11::arg("warps"));
 }

@@ -1,16 +1,16 @@
 // Paged MLA decode (kv_lora_rank 512 + rope 64) for sm_90a with fused K/V/P fake quantization.
 //
-// Split kernel: one CTA of 4 warps per (request, split, group of 16 * HT heads). It walks its split's
+// Split kernel: one CTA of 4 or 8 warps per (request, split, group of 16 * HT heads). It walks its split's
 // 32-key tiles (the numerics contract's P tile, at absolute positions), double-buffered in shared memory
 // with cp.async (rows whose page lies outside the cache, or past the split's end, are zero-filled and
 // masked), and per tile:
-//   1. (quantized K or V) writes K codes along the 576 features and V codes along the tokens (16-token
-//      blocks at absolute positions) into their own shared buffers: unscaled codes, exact in bf16/fp16;
-//   2. S = Q K^T with mma.sync m16n8k16 (warp w: keys 8w..8w+7, all 576 features), scaled to the log2
-//      domain and masked, into shared memory;
+//   1. (quantized K or V) writes K codes along the 576 features into a code tile and V codes along the
+//      tokens (16-token blocks at absolute positions) in place: unscaled codes, exact in bf16/fp16;
+//   2. S = Q K^T with mma.sync m16n8k16 (warp w: keys 8 (w % 4) .. + 7, all 576 features), scaled to the
+//      log2 domain and masked, into shared memory;
 //   3. online softmax, the running max updated once per tile; P = exp2(s - m) rounded to V's dtype (or
 //      its FP8 / NVFP4 codes) into shared memory, the row sum from the float32 P;
-//   4. acc = acc * alpha + P V with mma.sync (warp w: output columns 128w..128w+127).
+//   4. acc = acc * alpha + P V with mma.sync (warp w: output columns w * 512 / warps ..).
 // Each CTA writes every row it owns: the output (or its split's partial) and the LSE; an empty split
 // writes 0 and -inf. The combine kernel merges the splits through their log-sum-exp.
 // Quantizer quotients are correctly rounded (__fdiv_rn, or its division-free Markstein form), so every rounding
@@ -31,9 +31,8 @@ namespace {
 constexpr int kNope = 512;             // V width (kv_lora_rank)
 constexpr int kDim = 576;              // K width (kv_lora_rank + rope)
 constexpr int kTile = 32;              // keys per tile (the P tile)
-constexpr int kThreads = 128;          // 4 warps
+constexpr int kCombineThreads = 128;   // combine kernel: 4 output columns per thread
 constexpr int kRowElems = kDim + 8;    // shared row stride of K tiles / Q: 1168 B (ldmatrix conflict-free)
-constexpr int kVRowElems = kNope + 8;  // shared row stride of V codes: 1040 B
 constexpr int kSRow = 40;              // shared row stride (floats) of the score tile
 constexpr int kPRow = kTile + 8;       // shared row stride (elements) of the P tile: 80 B
 constexpr float kLn2 = 0.6931471805599453f;
@@ -149,18 +148,19 @@ __device__ __forceinline__ float nvfp4_unscaled(float x, const BlockScale& b, bo
 // ---------------------------------------------------------------------------------------- split kernel
 
 struct SharedLayout {
-  int q, k0, k1, kc, vc, s, p, alpha, valid, bytes;
+  int q, k0, k1, kc, s, p, alpha, valid, bytes;
 };
 
-__host__ __device__ inline SharedLayout shared_layout(int head_tiles, bool k_codes, bool v_codes) {
+// Q rows, two raw K tiles (double buffer), one code tile (K codes, or V codes when only V is quantized),
+// the score tile, the P tile, per-row factors, per-key validity of both buffers.
+__host__ __device__ inline SharedLayout shared_layout(int head_tiles, bool code_tile) {
   SharedLayout l{};
   const int rows = 16 * head_tiles;
   int off = 0;
   l.q = off;  off += rows * kRowElems * 2;
   l.k0 = off; off += kTile * kRowElems * 2;
   l.k1 = off; off += kTile * kRowElems * 2;
-  l.kc = off; off += k_codes ? kTile * kRowElems * 2 : 0;
-  l.vc = off; off += v_codes ? kTile * kVRowElems * 2 : 0;
+  l.kc = off; off += code_tile ? kTile * kRowElems * 2 : 0;
   l.s = off;  off += rows * kSRow * 4;
   l.p = off;  off += rows * kPRow * 2;
   l.alpha = off; off += rows * 4;
@@ -169,10 +169,18 @@ __host__ __device__ inline SharedLayout shared_layout(int head_tiles, bool k_cod
   return l;
 }
 
-template <typename T>
+__host__ __device__ inline bool needs_code_tile(const DecodeParams& p) {
+  return p.k_fmt != kNoQuant || p.v_fmt != kNoQuant;
+}
+
+// One 32-key tile of cache rows into shared memory with cp.async (kThreads / 32 threads per row); rows past
+// `hi` or whose page lies outside the cache are zero-filled and marked invalid.
+template <typename T, int kThreads>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t tok0, int64_t hi, T* dst, int* valid,
                                           bool aligned) {
-  const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
+  constexpr int kParts = kThreads / kTile;         // threads per row
+  constexpr int kChunks = kDim / 8 / kParts;       // 16-byte chunks per thread
+  const int row = threadIdx.x / kParts, part = threadIdx.x % kParts;
   const int64_t tok = tok0 + row;
   bool ok = false;
   int64_t page = 0;
@@ -185,71 +193,115 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t 
   T* drow = dst + row * kRowElems;
   if (aligned) {
 #pragma unroll
-    for (int j = 0; j < kDim / 8 / 4; ++j) {
-      const int chunk = part + 4 * j;
+    for (int j = 0; j < kChunks; ++j) {
+      const int chunk = part + kParts * j;
       cp_async_16(drow + chunk * 8, src + chunk * 8, ok ? 16 : 0);
     }
   } else {
-    for (int j = 0; j < kDim / 8 / 4; ++j) {
-      const int chunk = part + 4 * j;
+    for (int j = 0; j < kChunks; ++j) {
+      const int chunk = part + kParts * j;
       for (int e = 0; e < 8; ++e) drow[chunk * 8 + e] = ok ? src[chunk * 8 + e] : from_float<T>(0.f);
     }
   }
   if (part == 0) valid[row] = ok;
 }
 
-// K codes along the features (FP8 elementwise, NVFP4 in 36 blocks of 16 per row) and V codes along the
-// tokens (FP8 elementwise, NVFP4 per column in the tile's two 16-token blocks), from the raw tile.
+// Eight consecutive elements (16 bytes of shared memory) as float32, and back.
 template <typename T>
-__device__ void quantize_tile(const DecodeParams& p, const T* raw, T* kc, T* vc) {
-  const int tid = threadIdx.x;
-  const float k_inv = __frcp_rn(p.k_scale), v_inv = __frcp_rn(p.v_scale);
-  if (p.k_fmt == kFP8) {
-    for (int i = tid; i < kTile * kDim; i += kThreads) {
-      const int r = i / kDim, c = i % kDim;
-      kc[r * kRowElems + c] = from_float<T>(fp8_code(to_float(raw[r * kRowElems + c]), p.k_scale, k_inv, p.exact_div));
-    }
-  } else if (p.k_fmt == kNVFP4) {
-    for (int blk = tid; blk < kTile * (kDim / 16); blk += kThreads) {
-      const int r = blk / (kDim / 16), c0 = (blk % (kDim / 16)) * 16;
-      float x[16], bmax = 0.f;
+__device__ __forceinline__ void load8(const T* src, float* x) {
+  const uint4 v = *reinterpret_cast<const uint4*>(src);
+  const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
-      for (int e = 0; e < 16; ++e) {
-        x[e] = to_float(raw[r * kRowElems + c0 + e]);
-        bmax = fmaxf(bmax, fabsf(x[e]));
-      }
+  for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* dst, const float* x) {
+  uint4 v;
+  T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_float<T>(x[i]);
+  *reinterpret_cast<uint4*>(dst) = v;
+}
+
+// K codes along the features into `kc` (FP8 elementwise, NVFP4 in 36 blocks of 16 per row), from `raw`.
+template <typename T, int kThreads>
+__device__ void quantize_k(const DecodeParams& p, const T* raw, T* kc) {
+  const float inv = __frcp_rn(p.k_scale);
+  for (int blk = threadIdx.x; blk < kTile * (kDim / 16); blk += kThreads) {
+    const int off = (blk / (kDim / 16)) * kRowElems + (blk % (kDim / 16)) * 16;
+    float x[16];
+    load8(raw + off, x);
+    load8(raw + off + 8, x + 8);
+    if (p.k_fmt == kFP8) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) x[e] = fp8_code(x[e], p.k_scale, inv, p.exact_div);
+    } else {
+      float bmax = 0.f;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) bmax = fmaxf(bmax, fabsf(x[e]));
       const BlockScale bs = nvfp4_block_scale(bmax, p.k_scale);
 #pragma unroll
-      for (int e = 0; e < 16; ++e) kc[r * kRowElems + c0 + e] = from_float<T>(nvfp4_unscaled(x[e], bs, p.exact_div));
+      for (int e = 0; e < 16; ++e) x[e] = nvfp4_unscaled(x[e], bs, p.exact_div);
     }
+    store8(kc + off, x);
+    store8(kc + off + 8, x + 8);
   }
-  if (p.v_fmt == kNoQuant || p.v_from_k) return;
-  if (p.v_fmt == kFP8) {
-    for (int i = tid; i < kTile * kNope; i += kThreads) {
-      const int r = i / kNope, c = i % kNope;
-      vc[r * kVRowElems + c] = from_float<T>(fp8_code(to_float(raw[r * kRowElems + c]), p.v_scale, v_inv, p.exact_div));
+}
+
+// V codes along the tokens, in place in `v` (rows of kRowElems, columns 0..511): FP8 elementwise, NVFP4 per
+// column in the tile's two 16-token blocks (absolute positions: tiles start at multiples of 32). Each thread
+// reads and rewrites only its own (column pair, token block), so in place is safe.
+template <typename T, int kThreads>
+__device__ void quantize_v(const DecodeParams& p, T* v) {
+  const float inv = __frcp_rn(p.v_scale);
+  for (int item = threadIdx.x; item < 2 * (kNope / 2); item += kThreads) {
+    const int r0 = (item / (kNope / 2)) * 16, c = (item % (kNope / 2)) * 2;
+    float x0[16], x1[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      x0[e] = to_float(v[(r0 + e) * kRowElems + c]);
+      x1[e] = to_float(v[(r0 + e) * kRowElems + c + 1]);
     }
-  } else {
-    for (int blk = tid; blk < 2 * kNope; blk += kThreads) {  // (token block, column): neighbours share a block
-      const int r0 = (blk / kNope) * 16, c = blk % kNope;
-      float x[16], bmax = 0.f;
+    if (p.v_fmt == kFP8) {
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
-        x[e] = to_float(raw[(r0 + e) * kRowElems + c]);
-        bmax = fmaxf(bmax, fabsf(x[e]));
+        x0[e] = fp8_code(x0[e], p.v_scale, inv, p.exact_div);
+        x1[e] = fp8_code(x1[e], p.v_scale, inv, p.exact_div);
       }
-      const BlockScale bs = nvfp4_block_scale(bmax, p.v_scale);
+    } else {
+      float m0 = 0.f, m1 = 0.f;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) vc[(r0 + e) * kVRowElems + c] = from_float<T>(nvfp4_unscaled(x[e], bs, p.exact_div));
+      for (int e = 0; e < 16; ++e) {
+        m0 = fmaxf(m0, fabsf(x0[e]));
+        m1 = fmaxf(m1, fabsf(x1[e]));
+      }
+      const BlockScale b0 = nvfp4_block_scale(m0, p.v_scale), b1 = nvfp4_block_scale(m1, p.v_scale);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        x0[e] = nvfp4_unscaled(x0[e], b0, p.exact_div);
+        x1[e] = nvfp4_unscaled(x1[e], b1, p.exact_div);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      v[(r0 + e) * kRowElems + c] = from_float<T>(x0[e]);
+      v[(r0 + e) * kRowElems + c + 1] = from_float<T>(x1[e]);
     }
   }
 }
 
-template <typename T, int HT>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeParams p) {
-  constexpr int kRows = 16 * HT;                // heads per CTA
+// HT: 16-head m-tiles per CTA; WARPS: 4 or 8. Scores: warp w takes keys 8 (w % 4) .. + 7 of m-tiles
+// (w / 4) * kMPerWarp .. + kMPerWarp - 1; P V: warp w takes output columns w * 512 / WARPS .. .
+template <typename T, int HT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) decode_split_kernel(const DecodeParams p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kRows = 16 * HT;                 // heads per CTA
+  constexpr int kMPerWarp = HT * 4 / WARPS;      // m-tiles per warp in the score product
   constexpr int kRowThreads = kThreads / kRows;  // softmax threads per row
   constexpr int kRowCols = kTile / kRowThreads;  // P columns per softmax thread
+  constexpr int kCols = kNope / WARPS;           // output columns per warp
+  constexpr int kNT = kCols / 8;                 // 8-column n-tiles per warp
+  static_assert(kMPerWarp >= 1 && kRowThreads >= 1 && kRowThreads <= 32 && kNT % 2 == 0, "tile shape");
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int head_groups = (p.heads + kRows - 1) / kRows;
@@ -261,11 +313,10 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
 
   const bool k_codes = p.k_fmt != kNoQuant;
   const bool v_codes = p.v_fmt != kNoQuant && !p.v_from_k;
-  const SharedLayout lay = shared_layout(HT, k_codes, v_codes);
+  const SharedLayout lay = shared_layout(HT, needs_code_tile(p));
   T* sQ = reinterpret_cast<T*>(smem + lay.q);
   T* sK[2] = {reinterpret_cast<T*>(smem + lay.k0), reinterpret_cast<T*>(smem + lay.k1)};
   T* sKc = reinterpret_cast<T*>(smem + lay.kc);
-  T* sVc = reinterpret_cast<T*>(smem + lay.vc);
   float* sS = reinterpret_cast<float*>(smem + lay.s);
   T* sP = reinterpret_cast<T*>(smem + lay.p);
   float* sAlpha = reinterpret_cast<float*>(smem + lay.alpha);
@@ -283,26 +334,32 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
 
   const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
                        (p.cache_stride_tok % 8 == 0);
-  if (tiles > 0) {
-    load_tile<T>(p, b, lo, hi, sK[0], sValid, aligned);
-    cp_async_commit();
-  }
-  // Q rows of this head group (heads past the count are zeros; their rows are never written out).
+  // Q rows of this head group (heads past the count are zeros; their rows are never written out), in the
+  // first tile's copy group.
   const T* q = static_cast<const T*>(p.q);
-  for (int i = tid; i < kRows * kDim; i += kThreads) {
-    const int r = i / kDim, c = i % kDim, head = hg * kRows + r;
-    sQ[r * kRowElems + c] = head < p.heads ? q[b * p.q_stride_b + head * p.q_stride_h + c] : from_float<T>(0.f);
+  const bool q_aligned = (reinterpret_cast<uintptr_t>(q) % 16 == 0) && (p.q_stride_b % 8 == 0) &&
+                         (p.q_stride_h % 8 == 0);
+  for (int i = tid; i < kRows * (kDim / 8); i += kThreads) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8, head = hg * kRows + r;
+    const T* src = head < p.heads ? q + b * p.q_stride_b + head * p.q_stride_h + c : q;
+    if (q_aligned) {
+      cp_async_16(sQ + r * kRowElems + c, src, head < p.heads ? 16 : 0);
+    } else {
+      for (int e = 0; e < 8; ++e) sQ[r * kRowElems + c + e] = head < p.heads ? src[e] : from_float<T>(0.f);
+    }
   }
+  if (tiles > 0) load_tile<T, kThreads>(p, b, lo, hi, sK[0], sValid, aligned);
+  cp_async_commit();
 
   // Softmax state: thread tid owns row tid / kRowThreads (replicated over its kRowThreads lanes).
   const int srow = tid / kRowThreads, scol = (tid % kRowThreads) * kRowCols;
   const float p_inv = __frcp_rn(p.p_scale);
   float m_run = -INFINITY, l_run = 0.f;
-  float acc[HT][16][4];
+  float acc[HT][kNT][4];
 #pragma unroll
   for (int mt = 0; mt < HT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 
@@ -311,43 +368,57 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
     cp_async_wait_all();
     __syncthreads();  // tile t is in sK[buf]; every warp is done with tile t - 1
     if (t + 1 < tiles) {
-      load_tile<T>(p, b, lo + (t + 1) * kTile, hi, sK[buf ^ 1], sValid + (buf ^ 1) * kTile, aligned);
+      load_tile<T, kThreads>(p, b, lo + (t + 1) * kTile, hi, sK[buf ^ 1], sValid + (buf ^ 1) * kTile, aligned);
       cp_async_commit();
     }
-    const T* kt = sK[buf];
-    if (k_codes || v_codes) {
-      quantize_tile<T>(p, kt, sKc, sVc);
-      __syncthreads();
+    T* kt = sK[buf];
+    // 1. codes: K into the code tile; V in place in the raw tile (after K's pass read it), or into the code
+    // tile when K is not quantized (QK then reads the raw tile)
+    if (k_codes) quantize_k<T, kThreads>(p, kt, sKc);
+    if (v_codes) {
+      if (k_codes) {
+        __syncthreads();
+        quantize_v<T, kThreads>(p, kt);
+      } else {
+        for (int i = tid; i < kTile * (kNope / 8); i += kThreads) {  // copy, then quantize the copy in place
+          const int off = (i / (kNope / 8)) * kRowElems + (i % (kNope / 8)) * 8;
+          *reinterpret_cast<uint4*>(sKc + off) = *reinterpret_cast<const uint4*>(kt + off);
+        }
+        __syncthreads();
+        quantize_v<T, kThreads>(p, sKc);
+      }
     }
+    if (k_codes || v_codes) __syncthreads();
     const T* kd = k_codes ? sKc : kt;
-    const T* vd = v_codes ? sVc : (p.v_from_k ? sKc : kt);
-    const int vstride = v_codes ? kVRowElems : kRowElems;
+    const T* vd = v_codes ? (k_codes ? kt : sKc) : (p.v_from_k ? sKc : kt);
 
-    // 2. scores: warp w -> keys 8w..8w+7 of every head row
+    // 2. scores
     {
-      float s[HT][4];
+      const int n0 = (warp % 4) * 8, m0 = (warp / 4) * kMPerWarp;
+      float s[kMPerWarp][4];
 #pragma unroll
-      for (int mt = 0; mt < HT; ++mt)
+      for (int mt = 0; mt < kMPerWarp; ++mt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][e] = 0.f;
-      const T* kb = kd + (warp * 8 + (lane & 7)) * kRowElems + ((lane >> 3) & 1) * 8;
+      const T* kb = kd + (n0 + (lane & 7)) * kRowElems + ((lane >> 3) & 1) * 8;
+      const T* qb = sQ + (m0 * 16 + (lane & 15)) * kRowElems + (lane >> 4) * 8;
 #pragma unroll 4
       for (int kk = 0; kk < kDim / 16; ++kk) {
         uint32_t bf[2];
         ldmatrix_x2(bf, kb + kk * 16);
 #pragma unroll
-        for (int mt = 0; mt < HT; ++mt) {
+        for (int mt = 0; mt < kMPerWarp; ++mt) {
           uint32_t af[4];
-          ldmatrix_x4(af, sQ + (mt * 16 + (lane & 15)) * kRowElems + kk * 16 + (lane >> 4) * 8);
+          ldmatrix_x4(af, qb + mt * 16 * kRowElems + kk * 16);
           Mma<T>::run(s[mt], af, bf[0], bf[1]);
         }
       }
       const int* valid = sValid + buf * kTile;
-      const int key = warp * 8 + 2 * q4;
+      const int key = n0 + 2 * q4;
       const bool v0 = valid[key] != 0, v1 = valid[key + 1] != 0;
 #pragma unroll
-      for (int mt = 0; mt < HT; ++mt) {
-        float* r0 = sS + (mt * 16 + g) * kSRow + key;
+      for (int mt = 0; mt < kMPerWarp; ++mt) {
+        float* r0 = sS + ((m0 + mt) * 16 + g) * kSRow + key;
         float* r1 = r0 + 8 * kSRow;
         r0[0] = v0 ? s[mt][0] * p.qk_scale_log2 : -INFINITY;
         r0[1] = v1 ? s[mt][1] * p.qk_scale_log2 : -INFINITY;
@@ -413,12 +484,12 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
     }
     __syncthreads();
 
-    // 4. acc = acc * alpha + P V: warp w -> output columns 128w..128w+127
+    // 4. acc = acc * alpha + P V
 #pragma unroll
     for (int mt = 0; mt < HT; ++mt) {
       const float a0 = sAlpha[mt * 16 + g], a1 = sAlpha[mt * 16 + g + 8];
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
+      for (int nt = 0; nt < kNT; ++nt) {
         acc[mt][nt][0] *= a0;
         acc[mt][nt][1] *= a0;
         acc[mt][nt][2] *= a1;
@@ -431,9 +502,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
 #pragma unroll
       for (int mt = 0; mt < HT; ++mt)
         ldmatrix_x4(af[mt], sP + (mt * 16 + (lane & 15)) * kPRow + ks * 16 + (lane >> 4) * 8);
-      const T* vb = vd + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * vstride + warp * 128 + (lane >> 4) * 8;
+      const T* vb = vd + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowElems + warp * kCols + (lane >> 4) * 8;
 #pragma unroll
-      for (int np = 0; np < 8; ++np) {
+      for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bf[4];
         ldmatrix_x4_trans(bf, vb + np * 16);
 #pragma unroll
@@ -446,6 +517,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
   }
 
   // Final state per row: l (scaled below) and the LSE, natural log.
+  cp_async_wait_all();  // an empty split committed Q's copy group: drain it before the CTA ends
   __syncthreads();
   float* sL = sAlpha;  // reuse: the row sums
   if (tid % kRowThreads == 0) {
@@ -474,8 +546,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
       const float inv = l == 0.f ? 0.f : p.out_scale / l;  // an empty row writes 0
       const int64_t row = static_cast<int64_t>(b) * p.heads + head;
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        const int col = warp * 128 + nt * 8 + 2 * q4;
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = warp * kCols + nt * 8 + 2 * q4;
         const float o0 = acc[mt][nt][2 * half] * inv, o1 = acc[mt][nt][2 * half + 1] * inv;
         if (p.num_splits > 1) {
           *reinterpret_cast<float2*>(p.part_o + (row * p.num_splits + split) * kNope + col) = make_float2(o0, o1);
@@ -493,7 +565,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
 }
 
 // One CTA of 128 threads per (request, head): o = sum_i exp(lse_i - lse) o_i, lse = logsumexp(lse_i).
-__global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
   const int64_t row = blockIdx.x;
   const float* lses = p.part_lse + row * p.num_splits;
   float lse_max = -INFINITY;
@@ -528,42 +600,51 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(const DecodePa
   if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = total == 0.f ? -INFINITY : safe_max + logf(total);
 }
 
-template <typename T, int HT>
+
+template <typename T, int HT, int WARPS>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
-  const SharedLayout lay = shared_layout(HT, p.k_fmt != kNoQuant, p.v_fmt != kNoQuant && !p.v_from_k);
+  const SharedLayout lay = shared_layout(HT, needs_code_tile(p));
   // Once per device and instantiation, for the largest layout (not a stream operation: capture-safe).
   static bool attribute_set[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices || !attribute_set[device]) {
-    err = cudaFuncSetAttribute(decode_split_kernel<T, HT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               shared_layout(HT, true, true).bytes);
+    err = cudaFuncSetAttribute(decode_split_kernel<T, HT, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               shared_layout(HT, true).bytes);
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) attribute_set[device] = true;
   }
   const int head_groups = (p.heads + 16 * HT - 1) / (16 * HT);
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * head_groups;
-  decode_split_kernel<T, HT><<<static_cast<unsigned>(ctas), kThreads, lay.bytes, stream>>>(p);
+  decode_split_kernel<T, HT, WARPS><<<static_cast<unsigned>(ctas), WARPS * 32, lay.bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
+// The (head tiles, warps) shapes built: (1, 4) 16 heads per CTA, (2, 4) and (2, 8) 32, (4, 8) 64.
 template <typename T>
 cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
-  return p.head_tiles == 2 ? launch_split<T, 2>(p, stream) : launch_split<T, 1>(p, stream);
+  if (p.head_tiles == 4) return launch_split<T, 4, 8>(p, stream);
+  if (p.head_tiles == 2) return p.warps == 8 ? launch_split<T, 2, 8>(p, stream) : launch_split<T, 2, 4>(p, stream);
+  return launch_split<T, 1, 4>(p, stream);
 }
 
 }  // namespace
 
-int decode_smem_bytes(const DecodeParams& p) {
-  return shared_layout(p.head_tiles, p.k_fmt != kNoQuant, p.v_fmt != kNoQuant && !p.v_from_k).bytes;
+int decode_smem_bytes(const DecodeParams& p) { return shared_layout(p.head_tiles, needs_code_tile(p)).bytes; }
+
+bool decode_shape_supported(int head_tiles, int warps) {
+  return (head_tiles == 1 && warps == 4) || (head_tiles == 2 && (warps == 4 || warps == 8)) ||
+         (head_tiles == 4 && warps == 8);
 }
 
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
+  if (!decode_shape_supported(p.head_tiles, p.warps)) return cudaErrorInvalidValue;
   cudaError_t err = p.dtype == kFP16 ? launch_split_t<__half>(p, stream) : launch_split_t<__nv_bfloat16>(p, stream);
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads), kThreads, 0, stream>>>(p);
+  decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads), kCombineThreads, 0,
+                          stream>>>(p);
   return cudaGetLastError();
 }
 

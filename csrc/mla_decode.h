@@ -46,7 +46,8 @@ struct DecodeParams {
   int k_fmt, v_fmt, p_fmt;  // QuantFormat each
   bool v_from_k;            // V codes equal K's first 512 codes (FP8 K and V with one scale)
   bool exact_div;           // quantizer quotients by __fdiv_rn (per-tensor factors near float32's range ends)
-  int head_tiles;           // 16-head m-tiles per CTA (1 or 2)
+  int head_tiles;           // 16-head m-tiles per CTA (1, 2 or 4)
+  int warps;                // warps per CTA: (head_tiles, warps) is (1, 4), (2, 4), (2, 8) or (4, 8)
 };
 
 // Launch the decode (split kernel, then the combine kernel when num_splits > 1) on `stream`.
@@ -55,5 +56,8 @@ cudaError_t launch_decode(const DecodeParams& params, cudaStream_t stream);
 
 // Dynamic shared memory bytes one CTA of the split kernel needs for these parameters.
 int decode_smem_bytes(const DecodeParams& params);
+
+// Whether a (head_tiles, warps) CTA shape is built.
+bool decode_shape_supported(int head_tiles, int warps);
 
 }  // namespace mla_core_cuda

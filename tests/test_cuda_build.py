@@ -48,8 +48,11 @@ def test_why_not_on_cpu():
 
 
 def test_configs():
-    assert cuda_decode.configs(_problem(heads=16)) == [{"head_tiles": 1}]
-    assert cuda_decode.configs(_problem(heads=128))[0] == {"head_tiles": 2}
+    assert cuda_decode.configs(_problem(heads=16)) == [{"head_tiles": 1, "warps": 4}]
+    assert cuda_decode.configs(_problem(heads=128))[0] == {"head_tiles": 4, "warps": 8}
+    assert cuda_decode.configs(_problem(heads=32))[0] == {"head_tiles": 2, "warps": 8}
+    for heads in (16, 32, 128):
+        assert all((c["head_tiles"], c["warps"]) in cuda_decode.SHAPES for c in cuda_decode.configs(_problem(heads=heads)))
     auto = cuda_decode.configs(_problem(heads=16, num_kv_splits="auto"))
     assert {c.get("num_kv_splits") for c in auto} == {None, 1, 2, 4, 8, 16, 32}
 
@@ -81,6 +84,24 @@ def test_real_sources_found():
     src = build.source_dir()
     assert (src / "mla_decode.cu").is_file() and (src / "bindings.cpp").is_file()
     assert len(build.build_key(torch_version="x", cuda_version="y", nvcc_version="z")) == 16
+
+
+def test_source_override(monkeypatch, tmp_path):
+    """MLA_CORE_CUDA_SRC builds another copy of csrc/ (mutation tests); its sources change the key."""
+    src = tmp_path / "csrc"
+    src.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        (src / name).write_bytes((build.source_dir() / name).read_bytes())
+    monkeypatch.setattr(build, "_DEFAULT_KEY", None)
+    key = build.build_key(torch_version="x", cuda_version="y", nvcc_version="z")
+    monkeypatch.setenv("MLA_CORE_CUDA_SRC", str(src))
+    assert build.source_dir() == src
+    assert build.build_key(torch_version="x", cuda_version="y", nvcc_version="z") == key
+    (src / "mla_decode.cu").write_text("// mutated\n")
+    assert build.build_key(torch_version="x", cuda_version="y", nvcc_version="z") != key
+    monkeypatch.setenv("MLA_CORE_CUDA_SRC", str(tmp_path / "missing"))
+    with pytest.raises(build.BuildError, match="MLA_CORE_CUDA_SRC"):
+        build.source_dir()
 
 
 def test_cache_dir_private(monkeypatch, tmp_path):

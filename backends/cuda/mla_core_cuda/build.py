@@ -44,11 +44,16 @@ class BuildError(RuntimeError):
 
 
 def source_dir() -> Path:
-    """``csrc/`` of the source tree (editable install / checkout), else the copy installed as package data."""
+    """``$MLA_CORE_CUDA_SRC`` (a developer's or mutation test's copy of csrc/), else ``csrc/`` of the source
+    tree (editable install / checkout), else the copy installed as package data."""
     here = Path(__file__).resolve().parent
-    for candidate in (here.parents[2] / "csrc", here / "csrc"):
+    override = os.environ.get("MLA_CORE_CUDA_SRC")
+    candidates = [Path(override)] if override else [here.parents[2] / "csrc", here / "csrc"]
+    for candidate in candidates:
         if all((candidate / name).is_file() for name in SOURCES + HEADERS):
             return candidate
+    if override:
+        raise BuildError(f"CUDA sources not found in MLA_CORE_CUDA_SRC={override}")
     raise BuildError(f"CUDA sources not found (looked for {', '.join(SOURCES)} in {here.parents[2] / 'csrc'} "
                      f"and {here / 'csrc'})")
 

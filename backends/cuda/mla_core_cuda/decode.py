@@ -45,10 +45,25 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
+SHAPES = ((1, 4), (2, 4), (2, 8), (4, 8))
+"""(head_tiles, warps) CTA shapes built: 16 * head_tiles heads per CTA share each K/V tile read."""
+
+
+def _default_shape(heads: int) -> tuple[int, int]:
+    return (1, 4) if heads <= 16 else ((2, 8) if heads <= 32 else (4, 8))
+
+
 def configs(problem) -> list[dict]:
-    """Launch choices: 16-head m-tiles per CTA (``head_tiles``); for "auto" also the split counts."""
+    """Launch choices: CTA shape (16-head m-tiles ``head_tiles``, ``warps``), fewest padded heads first among
+    the wide ones; for "auto" also the split counts."""
     heads = problem["heads"]
-    out = [{"head_tiles": 1}] if heads <= 16 else [{"head_tiles": 2}, {"head_tiles": 1}]
+    if heads <= 16:
+        shapes = [(1, 4)]
+    elif heads <= 32:
+        shapes = [(2, 8), (2, 4), (1, 4)]
+    else:
+        shapes = [(4, 8), (2, 8), (2, 4), (1, 4)]
+    out = [{"head_tiles": ht, "warps": w} for ht, w in shapes]
     if problem.get("num_kv_splits") == "auto":
         out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
     return out
@@ -67,7 +82,10 @@ def run(module, call: DecodeCall, config: dict):
     if batch == 0:
         return out, lse
     splits = decode_num_splits(call, config, _sm_count(device))
-    head_tiles = int(config.get("head_tiles", 1 if heads <= 16 else 2))
+    default = _default_shape(heads)
+    head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
+    if (head_tiles, warps) not in SHAPES:
+        raise ValueError(f"cuda decode config: (head_tiles, warps) = {(head_tiles, warps)} not in {SHAPES}")
     k_scale, v_scale, p_scale = (_scale(call.k_qdq, call.k_amax), _scale(call.v_qdq, call.v_amax),
                                  _scale(call.p_qdq, call.p_amax))
     v_from_k = call.k_qdq == call.v_qdq == "fp8" and _f32(k_scale) == _f32(v_scale)
@@ -81,5 +99,5 @@ def run(module, call: DecodeCall, config: dict):
     module.decode(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
                   float(call.softmax_scale) * _f32(k_scale) * math.log2(math.e), _f32(v_scale) * _f32(p_scale),
                   k_scale, v_scale, p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k,
-                  exact_div, head_tiles)
+                  exact_div, head_tiles, warps)
     return out, lse

@@ -1,0 +1,65 @@
+"""A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
+
+    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize
+
+Runs every CTA shape and recipe on paged caches whose unreached rows hold NaN, with block-table entries past
+each length and within a length (content checks off) pointing outside the cache, lengths past the table's
+capacity, page sizes 1 / 16 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
+and exits 1 if any output holds NaN (the sanitizer reports memory errors itself).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, seed=0):
+    from mla_core.specs import validate_decode
+
+    from . import build, decode
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dim = 576
+    width = max(-(-n // page_size) for n in lengths) + 2
+    pages = len(lengths) * width
+    cache = torch.full((pages, page_size, dim + (1 if unaligned else 0)), float("nan"), dtype=torch.bfloat16,
+                       device="cuda")
+    cache = cache[..., 1:] if unaligned else cache
+    table = torch.randperm(pages, generator=g, device="cuda").view(len(lengths), width).to(torch.int32)
+    for b, n in enumerate(lengths):
+        used = -(-n // page_size)
+        for j in range(used):
+            # the last request's length is clamped to the table's capacity: fill its pages whole
+            rows = page_size if b == len(lengths) - 1 else min(page_size, n - j * page_size)
+            cache[table[b, j], :rows] = torch.randn(rows, dim, generator=g, device="cuda", dtype=torch.bfloat16)
+        table[b, used:] = 2 ** 30 if b % 2 else -7  # entries past the length: never read
+    table[0, 0] = 10 ** 9  # within the length, outside the cache: an absent key
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    lens[-1] = 2 ** 31 - 1  # past the table's capacity: clamped
+    q = torch.randn(len(lengths), heads, dim, generator=g, device="cuda", dtype=torch.bfloat16)
+    fmt = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}[recipe]
+    _, call = validate_decode(q, cache, table, lens, softmax_scale=0.04, kv_lora_rank=512, qk_rope_head_dim=64,
+                              page_size=None, num_kv_splits=splits, k_qdq=fmt, k_qdq_amax=None, v_qdq=fmt,
+                              v_qdq_amax=None, p_qdq=fmt, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+    out, lse = decode.run(build.build(), call, {"head_tiles": shape[0], "warps": shape[1]})
+    torch.cuda.synchronize()
+    ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
+    print(f"heads={heads} page={page_size} lengths={lengths} splits={splits} {recipe} shape={shape} "
+          f"unaligned={unaligned}: {'ok' if ok else 'NaN'}", flush=True)
+    return ok
+
+
+def main() -> int:
+    os.environ["MLA_CORE_CHECKS"] = "metadata"
+    ok = True
+    ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
+    ok &= _case(128, 16, [31, 32, 100, 5], 32, "nvfp4", (4, 8))
+    ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
+    ok &= _case(128, 64, [129, 64, 1, 300], 3, "fp8", (2, 4), unaligned=True)
+    ok &= _case(1, 16, [17, 48], 32, "nvfp4", (1, 4), unaligned=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Mutants of the CUDA decode (csrc/mla_decode.cu, backends/cuda): each is one plausible bug the GPU tests
+must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
+
+On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` builds every csrc mutant in parallel (each a copy
+of csrc/ under a temporary folder, built through ``MLA_CORE_CUDA_SRC`` into a private cache) and then runs
+each mutant's quick test selection (``KILL_SELECTION``), printing killed / SURVIVED per mutant. A Python
+mutant is applied in place and reverted by the exact reverse edit.
+"""
+from __future__ import annotations
+
+KILL_SELECTION = ("tests/test_cuda_decode.py", "-k",
+                  "(deepseek and 16-16) or heads_and_out or calibrated or fp16_cache or index_dtypes")
+"""What each mutant runs: fast cases that cover every recipe, split counts, CTA shapes and edges."""
+
+MUTANTS = [
+    dict(file="csrc/mla_decode.cu",
+         old="  if (tok < hi) {  // only table entries a length reaches are read",
+         new="  if (tok <= hi) {  // only table entries a length reaches are read",
+         tests=["tests/test_cuda_decode.py"],
+         why="off by one at a split's end: the row at the length (NaN in the tests' caches) is read as a key"),
+    dict(file="csrc/mla_decode.cu",
+         old="      const bool v0 = valid[key] != 0, v1 = valid[key + 1] != 0;",
+         new="      const bool v0 = true, v1 = valid[key + 1] != 0;",
+         tests=["tests/test_cuda_decode.py"],
+         why="wrong mask: absent keys (past the length, pages outside the cache) score 0 instead of -inf"),
+    dict(file="backends/cuda/mla_core_cuda/decode.py",
+         old="float(call.softmax_scale) * _f32(k_scale) * math.log2(math.e)",
+         new="float(call.softmax_scale) * math.log2(math.e)",
+         tests=["tests/test_cuda_decode.py"],
+         why="wrong scale: the per-tensor K factor left out of the scores (only visible with a K amax)"),
+    dict(file="csrc/mla_decode.cu",
+         old="        p.part_lse[row * p.num_splits + split] = lse;",
+         new="        p.part_lse[row * p.num_splits] = lse;",
+         tests=["tests/test_cuda_decode.py"],
+         why="wrong index: every split writes its LSE to split 0's slot (the others stay poisoned)"),
+    dict(file="csrc/mla_decode.cu",
+         old="  const int64_t hi = lo + tiles_per_split * kTile < len ? lo + tiles_per_split * kTile : len;",
+         new="  const int64_t hi = lo + tiles_per_split * kTile < len ? lo + tiles_per_split * kTile : len - 1;",
+         tests=["tests/test_cuda_decode.py"],
+         why="off by one at the length: the last key of every request is dropped"),
+    dict(file="csrc/mla_decode.cu",
+         old="        acc[mt][nt][2] *= a1;",
+         new="        acc[mt][nt][2] *= a0;",
+         tests=["tests/test_cuda_decode.py"],
+         why="wrong row: the accumulator of heads g + 8 rescaled by row g's running-max factor"),
+    dict(file="csrc/mla_decode.cu",
+         old="  r = r > 6.f ? 6.f : r;",
+         new="  r = r > 4.f ? 4.f : r;",
+         tests=["tests/test_cuda_decode.py"],
+         why="wrong E2M1 saturation (4 instead of 6): NVFP4 K/V/P values at the top of a block clip"),
+    dict(file="csrc/mla_decode.cu",
+         old="    total += w;",
+         new="    total += 1.f;",
+         tests=["tests/test_cuda_decode.py"],
+         why="wrong combine weight: splits merged with a plain count instead of their log-sum-exp weights"),
+    dict(file="csrc/mla_decode.cu",
+         old="        for (int c = 0; c < kRowCols; ++c) x[c] = to_float(from_float<T>(x[c]));",
+         new="        for (int c = 0; c < kRowCols; ++c) x[c] = x[c];",
+         tests=["tests/test_cuda_decode.py"],
+         why="NVFP4 P not rounded to V's dtype first (the contract's order): block maxima and ties move"),
+]
+
+
+def _run_on_gpu() -> int:
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    work = Path(tempfile.mkdtemp(prefix="mla_core_mutants_"))
+    cache = work / "cache"
+    base_env = dict(os.environ, MLA_CORE_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
+
+    def prepare(i, m):
+        text = (root / m["file"]).read_text()
+        assert text.count(m["old"]) == 1, (i, m["old"])
+        if not m["file"].startswith("csrc/"):
+            return None
+        src = work / f"m{i}"
+        shutil.copytree(root / "csrc", src)
+        (src / Path(m["file"]).name).write_text(text.replace(m["old"], m["new"]))
+        env = dict(base_env, MLA_CORE_CUDA_SRC=str(src))
+        done = subprocess.run([sys.executable, "-c", "from mla_core_cuda import build; build.build()"], env=env,
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"mutant {i}: build failed (killed at compile time): {done.stderr.strip().splitlines()[-1:]}")
+        return env
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        envs = list(pool.map(lambda im: prepare(*im), enumerate(MUTANTS)))
+    survived = 0
+    for i, (m, env) in enumerate(zip(MUTANTS, envs)):
+        path = root / m["file"]
+        original = path.read_text()
+        if env is None:  # Python mutant: in place, reverted by the exact reverse edit
+            path.write_text(original.replace(m["old"], m["new"]))
+            env = base_env
+        try:
+            done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
+                                   *KILL_SELECTION], env=env, cwd=root, capture_output=True, text=True)
+        finally:
+            if path.read_text() != original:
+                path.write_text(path.read_text().replace(m["new"], m["old"]))
+        killed = done.returncode != 0
+        survived += not killed
+        last = (done.stdout.strip().splitlines() or [""])[-1]
+        print(f"mutant {i} ({m['why'][:60]}...): {'killed' if killed else 'SURVIVED'} [{last}]", flush=True)
+    print(f"{len(MUTANTS) - survived}/{len(MUTANTS)} killed")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_run_on_gpu())
