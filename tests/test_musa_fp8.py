@@ -17,7 +17,7 @@ from test_musa_fp8_inputs import run_sparse, sparse_inputs
 from test_reference_rope import cos_sin_cache, make_inputs, rope_expected
 
 FP8 = torch.float8_e4m3fn
-BLOCK_N = 64  # keys per tile of every sparse config tested on the CPU
+BLOCK_NS = (32, 64)  # keys per tile of the sparse configs (the CPU tests use the small-head ones)
 
 
 def rel_l2(a, b):
@@ -126,24 +126,24 @@ def check_sparse(case, got, lens="given", bmm1=0.05, bmm2=1.0):
 @pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
 @pytest.mark.parametrize("q_len,top_k", [(1, 64), (2, 128), (4, 64)])
 def test_sparse_matches_reference_at_tile_boundaries(layout, q_len, top_k):
-    lengths = boundary_lengths([BLOCK_N], limit=top_k, extra=[top_k])  # 0, 1, 63, 64, 65, 127, 128
+    lengths = boundary_lengths(BLOCK_NS, limit=top_k, extra=[top_k])  # 0, 1, 31..33, 63..65, 127, 128
     lengths = lengths[:4] if q_len == 4 else lengths  # interpreter time
     case = sparse_inputs(len(lengths), q_len, 3, top_k, lengths, layout=layout, seed=q_len + top_k)
     got = run_sparse(case, "musa_fp8", return_lse=True, bmm1_scale=0.05)
     check_sparse(case, got)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3])
+@pytest.mark.parametrize("splits,v_split", [(1, 1), (2, 2), (3, 1), (1, 2)])
 @pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
-def test_sparse_splits_and_head_groups(splits, layout):
-    """Splits merged by LSE, 20 heads in groups of 16 (a partial group), bmm2 applied once."""
+def test_sparse_splits_and_head_groups(splits, v_split, layout):
+    """Splits merged by LSE, 20 heads in groups of 16 (a partial group), bmm2 applied once, V columns split."""
     from mla_core.plugins import get_backend
     from mla_core import specs
     case = sparse_inputs(2, 1, 20, 192, [192, 100], layout=layout, seed=splits)
     args = (case["query"], case["kv_cache"], 128, 512, 64, case["indices"], case["seq_lens"], 192, None, 0.04, 2.5,
             None, True, None)
     problem, call = specs.validate_sparse_decode(*args)
-    config = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 1, "num_splits": splits}
+    config = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 1, "num_splits": splits, "v_split": v_split}
     got = get_backend("musa_fp8").run(problem, call, config)
     check_sparse(case, got, bmm1=0.04, bmm2=2.5)
 
