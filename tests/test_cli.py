@@ -29,7 +29,7 @@ def test_help_explains_every_command(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
-    for command in ("demo", "backends", "check", "explain", "bench", "build", "warmup", "cache"):
+    for command in ("demo", "backends", "check", "explain", "bench", "build", "new-backend", "warmup", "cache"):
         assert command in out
 
 

@@ -1,33 +1,52 @@
-"""A minimal mla_core backend plugin: ``merge_attn_states`` on the CPU, in plain PyTorch.
+"""An mla_core backend plugin: ``merge_attn_states`` in plain PyTorch.
 
-Install with ``pip install -e examples/plugin``; then ``mla-core backends`` lists ``example`` and
-``mla_core.merge_attn_states(..., backend="example")`` runs it.
+``pip install -e .`` registers it (entry point group ``mla_core`` in pyproject.toml); then
+``mla-core backends`` lists ``example`` and ``mla_core.merge_attn_states(..., backend="example")`` runs it.
 """
+from __future__ import annotations
+
 import torch
 
 import mla_core
+from mla_core.specs import MergeCall
+
+_FLOAT_DTYPES = {"bfloat16", "float16", "float32"}
 
 
 class ExampleBackend(mla_core.Backend):
-    name = "example"
-    version = "0.1.0"
-    priority = -10  # never chosen over the built-ins unless asked for by name (or tuned)
-    device_types = frozenset({"cpu"})
-    description = "example plugin: merge_attn_states in plain PyTorch"
-    capabilities = {"merge": mla_core.OpCapability(limits={"dtype": {"float32", "bfloat16", "float16"}})}
+    """Merges two partial attention results by their log-sum-exp, in float32 on the CPU."""
 
-    def merge(self, call, config):
-        """call: mla_core.specs.MergeCall (outputs [tokens, heads, dim], lse [heads, tokens])."""
-        a, b = call.prefix_lse.T.float(), call.suffix_lse.T.float()  # [tokens, heads]
-        lse = torch.logaddexp(a, b)
-        safe = torch.where(torch.isinf(lse), 0.0, lse)
-        wa = torch.where(torch.isinf(a), 0.0, torch.exp(a - safe))[..., None]
-        wb = torch.where(torch.isinf(b), 0.0, torch.exp(b - safe))[..., None]
-        out = wa * call.prefix_output.float() + wb * call.suffix_output.float()
-        output = call.output if call.output is not None else torch.empty_like(call.prefix_output)
-        output.copy_(out)
-        output_lse = call.output_lse if call.output_lse is not None else torch.empty_like(call.prefix_lse)
-        output_lse.copy_(lse.T)
+    name = "example"
+    version = "0.1.0"  # bump when results or speed change: autotune cache entries record it
+    # Dispatch runs the valid backend with the highest priority when nothing is tuned (reference 0, musa_fp8
+    # 150, triton 200, cuda 300). Below 0: used only when asked for by name (backend="example") or tuned.
+    priority = -10
+    device_types = frozenset({"cpu"})
+    description = "example: merge_attn_states in plain PyTorch"
+    # Per op: the Problem values supported (a parameter not named is unrestricted) and the optional
+    # features supported. merge has no features; decode, e.g., has "lse" and "fp32_q".
+    capabilities = {"merge": mla_core.OpCapability(limits={"dtype": _FLOAT_DTYPES, "out_dtype": _FLOAT_DTYPES})}
+
+    def merge(self, call: MergeCall, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``lse = log(exp(a) + exp(b))``, ``output = exp(a - lse) * prefix + exp(b - lse) * suffix``.
+
+        call.prefix_output / call.suffix_output: [tokens, heads, dim]; call.prefix_lse / call.suffix_lse:
+        [heads, tokens] float32 (natural log). An LSE of -inf (mla_core) or +inf (FlashAttention, vLLM) marks
+        an empty state that contributes nothing; two empty states give output 0 and LSE -inf. Writes into
+        call.output / call.output_lse when given and returns them, else returns new contiguous tensors.
+        """
+        a, b = (torch.where(x == float("inf"), float("-inf"), x.float()) for x in (call.prefix_lse, call.suffix_lse))
+        lse = torch.logaddexp(a, b)                                  # [heads, tokens]; -inf when both are empty
+        finite = torch.where(torch.isinf(lse), 0.0, lse)
+        w_prefix = torch.exp(a - finite).t()[..., None]              # [tokens, heads, 1]; 0 for an empty state
+        w_suffix = torch.exp(b - finite).t()[..., None]
+        merged = w_prefix * call.prefix_output.float() + w_suffix * call.suffix_output.float()
+        output = call.output if call.output is not None else torch.empty_like(call.prefix_output,
+                                                                               memory_format=torch.contiguous_format)
+        output_lse = call.output_lse if call.output_lse is not None else torch.empty_like(
+            lse, memory_format=torch.contiguous_format)
+        output.copy_(merged)
+        output_lse.copy_(lse)
         return output, output_lse
 
 
