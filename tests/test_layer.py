@@ -259,6 +259,20 @@ def test_decode_equals_prefill_of_one_token():
     assert torch.equal(cache_d.nan_to_num(7.0), cache_p.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("lens,max_seq_len,path", [([1, 0, 1], 1, "decode"), ([1, 0, 1], 2, "prefill"),
+                                                     ([2, 1], 2, "prefill")])
+def test_max_seq_len_picks_the_path(monkeypatch, lens, max_seq_len, path):
+    """1 runs the absorbed decode over the latent cache, more runs prefill over up-projected K / V."""
+    calls = []
+    for name in ("mla_decode", "mla_prefill"):
+        real = getattr(mla_core, name)
+        monkeypatch.setattr(mla_core, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    case, weights = make_case(lens, [4, 0, 9][:len(lens)], seed=16)
+    out, _ = run(case, weights, max_seq_len=max_seq_len)
+    assert calls == ["mla_" + path]
+    assert rel_l2(out, layer_math(case, weights)[0]) < 1e-5
+
+
 def test_fp8_weights_are_quantized():
     """FP8 codes x block scales are what runs: close to the quantized math, measurably far from the float weights."""
     case, weights = make_case([5, 3], [2, 9], fp8=True, seed=3)
