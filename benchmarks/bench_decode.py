@@ -9,6 +9,10 @@ it), GB/s of KV bytes read once (B·L·576·2), TFLOP/s (2·B·H·L·(576+512)),
 bandwidth / bf16 matmul rate, the recipe's time over the same shape's bf16 time, and the reference
 backend's time over triton's. The reference syncs with the device (it reads the lengths), so it is timed
 eagerly only, and only up to --ref-max-tokens cached tokens (B·L). JSON goes to $OUT/bench_decode.json.
+When the cuda backend is available (--cuda auto, the default), each row also times it (graph replay, same
+inputs and L2 flush): its µs, % of the copy bandwidth / matmul rate, its recipe time over its own bf16 time,
+triton's time over it, and its time over FlashMLA's figure for that shape (bf16, page 64, measured on an
+H200 beside mla_core 6ed19c9; FLASHMLA_US below).
 """
 from __future__ import annotations
 
@@ -29,6 +33,13 @@ from mla_core.specs import validate_decode  # noqa: E402
 
 RANK, ROPE, PAGE = 512, 64, 64
 RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4")}
+# FlashMLA 9241ae3e dense bf16 decode on the lent H200, µs (CUDA graph, L2 flushed, page 64), by (heads, batch, length).
+FLASHMLA_US = {
+    (16, 1, 1024): 15.7, (16, 1, 8192): 29.1, (16, 1, 32768): 49.2, (16, 32, 1024): 26.0, (16, 32, 8192): 95.3,
+    (16, 32, 32768): 318.0, (16, 128, 1024): 52.6, (16, 128, 8192): 316.7, (16, 128, 32768): 1177.8,
+    (128, 1, 1024): 18.4, (128, 1, 8192): 30.7, (128, 1, 32768): 46.4, (128, 32, 1024): 38.7, (128, 32, 8192): 133.0,
+    (128, 32, 32768): 484.5, (128, 128, 1024): 75.9, (128, 128, 8192): 509.4, (128, 128, 32768): 1945.7,
+}
 
 
 def make_inputs(batch, heads, length, seed=0):
@@ -52,12 +63,18 @@ def main():
     ap.add_argument("--sweep", type=int, default=1, help="time the first N triton configs, report the fastest")
     ap.add_argument("--ref-max-tokens", type=int, default=32 * 8192)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--cuda", choices=("auto", "off"), default="auto",
+                    help="auto: also time the cuda backend where it is available")
     args = ap.parse_args()
     if args.quick:
         args.batch, args.lengths = "1,32", "1024,8192"
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
 
     from mla_core_triton import decode as kernels
+    cuda = mla_core.get_backend("cuda") if args.cuda == "auto" and "cuda" in mla_core.backends() else None
+    if cuda is not None and cuda.unavailable_reason() is not None:
+        print(f"# cuda backend not timed: {cuda.unavailable_reason()}")
+        cuda = None
     ceil = measure_ceilings()
     print(f"# {device_info()}")
     print(f"# ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read+write; eager memcpy {ceil['copy_gbps_memcpy_eager']:.0f}, "
@@ -96,8 +113,17 @@ def main():
                         if batch * length <= args.ref_max_tokens:
                             ref_us = time_eager(lambda: mla_core.mla_attention_decode(
                                 q, cache, table, lens, backend="reference", **kw), iters=3, warmup=1)
+                        cuda_us = cuda_config = None
+                        if cuda is not None and not cuda.why_not(problem):
+                            for config in cuda.configs(problem)[:args.sweep]:
+                                c_us = time_graph(lambda: cuda.run(problem, call, config), iters=args.iters)
+                                if args.sweep > 1:
+                                    print(f"  cuda config {config}: {c_us:.1f} us", flush=True)
+                                if cuda_us is None or c_us < cuda_us:
+                                    cuda_us, cuda_config = c_us, config
                         if recipe == "bf16":
                             bf16_us[splits] = us
+                            bf16_us["cuda", splits] = cuda_us
                         gbps = batch * length * (RANK + ROPE) * 2 / us / 1e3
                         tflops = 2 * batch * heads * length * (RANK + ROPE + RANK) / us / 1e6
                         rows.append(dict(
@@ -107,11 +133,21 @@ def main():
                             tflops=tflops, pct_tc=100 * tflops / ceil["bf16_tflops"],
                             vs_bf16=us / bf16_us[splits] if splits in bf16_us else None,
                             ref_us=ref_us, ref_over_triton=ref_us / us if ref_us else None,
-                            config=",".join(f"{k}={v}" for k, v in config.items())))
+                            config=",".join(f"{k}={v}" for k, v in config.items()),
+                            cuda_us=cuda_us,
+                            cuda_pct_bw=100 * gbps * us / cuda_us / ceil["copy_gbps"] if cuda_us else None,
+                            cuda_pct_tc=100 * tflops * us / cuda_us / ceil["bf16_tflops"] if cuda_us else None,
+                            cuda_vs_bf16=cuda_us / bf16_us["cuda", splits]
+                            if cuda_us and bf16_us.get(("cuda", splits)) else None,
+                            triton_over_cuda=us / cuda_us if cuda_us else None,
+                            cuda_over_flashmla=cuda_us / FLASHMLA_US[heads, batch, length]
+                            if cuda_us and (heads, batch, length) in FLASHMLA_US else None,
+                            cuda_config=",".join(f"{k}={v}" for k, v in (cuda_config or {}).items())))
                         r = rows[-1]
                         print(f"H={heads} B={batch} L={length} {recipe} splits={splits}({r['used_splits']}): "
                               f"{us:.1f} us, {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s"
-                              + (f", ref {ref_us:.0f} us" if ref_us else "") + f" [{r['config']}]", flush=True)
+                              + (f", ref {ref_us:.0f} us" if ref_us else "") + f" [{r['config']}]"
+                              + (f"; cuda {cuda_us:.1f} us [{r['cuda_config']}]" if cuda_us else ""), flush=True)
                 del q, cache, table, lens
                 torch.cuda.empty_cache()
     print()
@@ -120,7 +156,11 @@ def main():
                        ("eager_us", "eager us", ".1f"), ("gbps", "GB/s", ".0f"), ("pct_bw", "%copy", ".0f"),
                        ("tflops", "TFLOP/s", ".0f"), ("pct_tc", "%mm", ".0f"), ("vs_bf16", "x bf16", ".2f"),
                        ("ref_us", "ref us (eager)", ".0f"), ("ref_over_triton", "ref/triton", ".1f"),
-                       ("config", "config", "s")])
+                       ("config", "config", "s")]
+                + ([("cuda_us", "cuda us", ".1f"), ("cuda_pct_bw", "cuda %copy", ".0f"), ("cuda_pct_tc", "cuda %mm", ".0f"),
+                    ("cuda_vs_bf16", "cuda x bf16", ".2f"), ("triton_over_cuda", "triton/cuda", ".2f"),
+                    ("cuda_over_flashmla", "cuda/FlashMLA", ".2f"), ("cuda_config", "cuda config", "s")]
+                   if cuda is not None else []))
     print(f"(reference timed only where B*L <= {args.ref_max_tokens}; '-' elsewhere)")
     path = write_json("bench_decode.json", {"device": device_info(), "ceilings": ceil, "rows": rows})
     if path:

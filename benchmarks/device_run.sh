@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install mla_core, then run the named steps; logs and tables go to $OUT.
 #   bash benchmarks/device_run.sh tests decode prefill dispatch warmup
-# Steps: tests (pytest -m gpu), decode / prefill (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
+# Steps: tests (pytest -m gpu), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
+# (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
 # WARMUP_TP, default 8, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
 # sparse / rope (musa_fp8 benchmarks). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS.
@@ -38,6 +39,11 @@ for step in "$@"; do
     rope)     OUT=$LOGS python3 benchmarks/bench_rope.py ${ROPE_ARGS:-} 2>&1 | tee "$LOGS/bench_rope.log" ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda --json "$LOGS/bench_dispatch.json" 2>&1 | tee "$LOGS/bench_dispatch.log" ;;
     check)    mla_core_cli check --device cuda 2>&1 | tee "$LOGS/check.log" ;;
+    cuda)     # the CUDA C++ backend: build (timed), its GPU tests, memcheck of a small workload, its mutants
+      { time python3 -c "from mla_core_cuda import build; print(build.build(verbose=True).__file__)"; } 2>&1 | tee "$LOGS/cuda_build.log" | tail -4
+      python3 -m pytest -m gpu -q -p no:cacheprovider --durations=5 tests/test_cuda_decode.py tests/test_cuda_build.py 2>&1 | tee "$LOGS/cuda_tests.log" | tail -15
+      /usr/local/cuda/bin/compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize 2>&1 | tee "$LOGS/cuda_memcheck.log" | tail -3
+      python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/cuda_mutants.log" | tail -12 ;;
     warmup)
       cache=$(mktemp -d)
       for tp in ${WARMUP_TP:-8}; do

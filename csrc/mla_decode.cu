@@ -395,24 +395,38 @@ __global__ void __launch_bounds__(WARPS * 32) decode_split_kernel(const DecodePa
     // 2. scores
     {
       const int n0 = (warp % 4) * 8, m0 = (warp / 4) * kMPerWarp;
+      // kChains independent accumulators per m-tile (k-steps round-robin): a shorter dependent mma chain
+      constexpr int kChains = 4;
+      float sc[kMPerWarp][kChains][4];
+#pragma unroll
+      for (int mt = 0; mt < kMPerWarp; ++mt)
+#pragma unroll
+        for (int c = 0; c < kChains; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[mt][c][e] = 0.f;
+      const T* kb = kd + (n0 + (lane & 7)) * kRowElems + ((lane >> 3) & 1) * 8;
+      const T* qb = sQ + (m0 * 16 + (lane & 15)) * kRowElems + (lane >> 4) * 8;
+      static_assert((kDim / 16) % kChains == 0, "k-steps per chain");
+#pragma unroll 1
+      for (int k0 = 0; k0 < kDim / 16; k0 += kChains) {
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) {
+          const int kk = k0 + c;
+          uint32_t bf[2];
+          ldmatrix_x2(bf, kb + kk * 16);
+#pragma unroll
+          for (int mt = 0; mt < kMPerWarp; ++mt) {
+            uint32_t af[4];
+            ldmatrix_x4(af, qb + mt * 16 * kRowElems + kk * 16);
+            Mma<T>::run(sc[mt][c], af, bf[0], bf[1]);
+          }
+        }
+      }
       float s[kMPerWarp][4];
 #pragma unroll
       for (int mt = 0; mt < kMPerWarp; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][e] = 0.f;
-      const T* kb = kd + (n0 + (lane & 7)) * kRowElems + ((lane >> 3) & 1) * 8;
-      const T* qb = sQ + (m0 * 16 + (lane & 15)) * kRowElems + (lane >> 4) * 8;
-#pragma unroll 4
-      for (int kk = 0; kk < kDim / 16; ++kk) {
-        uint32_t bf[2];
-        ldmatrix_x2(bf, kb + kk * 16);
-#pragma unroll
-        for (int mt = 0; mt < kMPerWarp; ++mt) {
-          uint32_t af[4];
-          ldmatrix_x4(af, qb + mt * 16 * kRowElems + kk * 16);
-          Mma<T>::run(s[mt], af, bf[0], bf[1]);
-        }
-      }
+        for (int e = 0; e < 4; ++e) s[mt][e] = (sc[mt][0][e] + sc[mt][1][e]) + (sc[mt][2][e] + sc[mt][3][e]);
       const int* valid = sValid + buf * kTile;
       const int key = n0 + 2 * q4;
       const bool v0 = valid[key] != 0, v1 = valid[key + 1] != 0;

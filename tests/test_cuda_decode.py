@@ -150,12 +150,16 @@ def test_unchecked_metadata_is_masked_and_clamped(monkeypatch):
 
 
 def test_head_tiles_agree():
+    """Every CTA shape gives the same numbers: scores, maxima and P codes are computed alike; only the row
+    sum's order differs (float32 rounding), so the float32 outputs agree to ~1e-7 (bf16 outputs would differ
+    by the odd rounding flip: 2.4e-5 rel L2 seen on the H200)."""
     from mla_core.specs import validate_decode
     from mla_core_cuda import build, decode as launcher
     inputs = _inputs((1000, 129), 128, 16)
     problem, call = validate_decode(*inputs, softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
                                     page_size=None, num_kv_splits=4, k_qdq="nvfp4", k_qdq_amax=None, v_qdq="nvfp4",
-                                    v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+                                    v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0, return_lse=True,
+                                    out_dtype=torch.float32)
     module = build.build()
     outs = [launcher.run(module, call, config) for config in launcher.configs(problem)]
     for out, lse in outs[1:]:
