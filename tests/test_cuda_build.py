@@ -3,7 +3,6 @@ build folder, and the build-error path (a fake compiler that fails: the backend 
 compiler's first error line, never a crash)."""
 from __future__ import annotations
 
-import argparse
 import os
 import stat
 
@@ -12,7 +11,7 @@ import torch
 
 import mla_core
 from mla_core_cuda import backend as cuda_backend
-from mla_core_cuda import build, cli
+from mla_core_cuda import build
 from mla_core_cuda import decode as cuda_decode
 
 
@@ -189,11 +188,11 @@ def test_missing_nvcc(fake_compilers, monkeypatch):
         build.build()
 
 
-def test_cli_build_command(fake_compilers, capsys):
-    parser = argparse.ArgumentParser(prog="mla-core")
-    sub = parser.add_subparsers()
-    cli.add_parser(sub)
-    args = parser.parse_args(["build", "--verbose"])
-    assert args.verbose and not args.force
-    assert args.func(args) == 1
-    assert "failed: planted.cu(7): error: planted compiler failure" in capsys.readouterr().err
+def test_mla_core_build_command(fake_compilers, capsys):
+    """``mla-core build`` calls the backend's build(verbose): FAILED with the compiler's first error line."""
+    from mla_core.cli import main
+    backend = mla_core.get_backend("cuda")
+    assert backend.build(False) == "build failed: planted.cu(7): error: planted compiler failure"
+    assert main(["build", "--backend", "cuda", "--json"]) == 1
+    out = capsys.readouterr().out
+    assert '"status": "FAILED"' in out and "planted compiler failure" in out

@@ -51,6 +51,17 @@ class CudaBackend(mla_core.Backend):
         _, reason = build.load_or_reason()
         return reason
 
+    def build(self, verbose: bool = False) -> str | None:
+        """``mla-core build``: build the kernels now (or find the cached build); no GPU needed, only nvcc.
+
+        Returns None when built, else one line: the compiler's first error (full log in the build folder).
+        """
+        try:
+            build.build(verbose)
+        except (build.BuildError, OSError) as exc:
+            return f"build failed: {exc}"
+        return None
+
     def configs(self, problem):
         from . import decode
         return decode.configs(problem)
