@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, MLAInputError, NoBackendError, ValueError, OSError) as exc:
         print(f"{prog}: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except torch.cuda.OutOfMemoryError:
+        print(f"{prog}: out of GPU memory; choose smaller shapes (batch, length, heads) or free the GPU",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
