@@ -1,9 +1,17 @@
-"""The ``Backend`` base class every backend plugin subclasses, and its per-op ``OpCapability``."""
+"""The ``Backend`` base class every backend plugin subclasses, its per-op ``OpCapability``, and the checks
+every backend's configs and results go through (:meth:`Backend.validate_config`, :func:`check_result`)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
+import torch
+
+from . import env
+from .numerics import MAX_KV_SPLITS
 from .problem import OPS, Problem
 
 
@@ -93,23 +101,171 @@ class Backend:
         """
         return [{}]
 
+    def validate_config(self, problem: Problem, config: Any) -> list[str]:
+        """Every reason ``config`` (e.g. read from an autotune cache file) must not run ``problem``; empty: valid.
+
+        Default: the config must equal one of :meth:`configs` (values compared with their JSON types, so
+        ``True`` is not ``1``), except that for a decode with ``num_kv_splits="auto"`` it may also carry a
+        ``num_kv_splits`` (an int in 1..32: the tuner adds it). A backend that accepts more configs than it
+        lists overrides this and checks every field's type and range itself.
+        """
+        if not isinstance(config, Mapping):
+            return [f"config is a {type(config).__name__}, not an object"]
+        config = dict(config)
+        reasons = []
+        if "num_kv_splits" in config:
+            splits = config.pop("num_kv_splits")
+            if problem.op != "decode" or problem.get("num_kv_splits") != "auto":
+                reasons.append("num_kv_splits is tuned only for a decode called with num_kv_splits='auto'")
+            elif type(splits) is not int or not 1 <= splits <= MAX_KV_SPLITS:
+                reasons.append(f"num_kv_splits={splits!r} (needs an int in 1..{MAX_KV_SPLITS})")
+        listed = {_canonical({k: v for k, v in c.items() if k != "num_kv_splits"}) for c in self.configs(problem)}
+        if _canonical(config) not in listed:
+            reasons.append(f"config {_canonical(config)} is not one of {self.name}'s {len(listed)} configs for "
+                           "this problem")
+        return reasons
+
     def run(self, problem: Problem, call: Any, config: Mapping[str, Any] | None = None):
-        """Run ``problem.op`` on a validated call with ``config`` (default: the first of :meth:`configs`)."""
+        """Run ``problem.op`` on a validated call with ``config`` (default: the first of :meth:`configs`).
+
+        In ``full`` checks mode (and inside :func:`result_checks`) the result's shapes, dtypes, devices
+        and contiguity are checked against the op's spec (:func:`check_result`); a wrong one raises
+        :class:`BackendOutputError` naming this backend.
+        """
         if config is None:
             config = self.configs(problem)[0]
-        return getattr(self, problem.op)(call, dict(config))
+        result = getattr(self, problem.op)(call, dict(config))
+        if _result_checks_on(call):
+            check_result(self.name, problem, call, result)
+        return result
 
     def info(self) -> dict[str, Any]:
-        """What ``mla-core backends`` prints for this backend."""
+        """What ``mla-core backends`` prints for this backend (a raising ``unavailable_reason`` is the reason)."""
+        try:
+            reason = self.unavailable_reason()
+        except Exception as exc:  # a plugin's bug is shown, never a traceback
+            reason = f"unavailable_reason() raised {type(exc).__name__}: {exc}"
         return {
             "name": self.name,
             "version": self.version,
             "priority": self.priority,
             "devices": sorted(self.device_types),
-            "available": self.unavailable_reason() is None,
-            "reason": self.unavailable_reason(),
+            "available": reason is None,
+            "reason": reason,
             "description": self.description,
             "ops": {op: {"limits": {k: _show(v) for k, v in cap.limits.items()},
                          "features": sorted(cap.features), "notes": cap.notes}
                     for op, cap in self.capabilities.items() if op in OPS},
         }
+
+
+def _canonical(config: Mapping[str, Any]) -> str:
+    """A config as sorted JSON text: equal texts are equal configs with equal value types."""
+    try:
+        return json.dumps(dict(config), sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(sorted(dict(config).items(), key=lambda kv: str(kv[0])))
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+
+
+class BackendOutputError(RuntimeError):
+    """A backend returned a result that does not match its op's spec (shape, dtype, device, layout)."""
+
+
+_forced_result_checks: contextvars.ContextVar[bool] = contextvars.ContextVar("mla_core_result_checks", default=False)
+
+
+@contextlib.contextmanager
+def result_checks() -> Iterator[None]:
+    """Check every backend result inside the block, whatever ``MLA_CORE_CHECKS`` says (``mla-core check``)."""
+    token = _forced_result_checks.set(True)
+    try:
+        yield
+    finally:
+        _forced_result_checks.reset(token)
+
+
+def _first_tensor(call: Any) -> torch.Tensor | None:
+    for name in ("q", "prefix_output", "q_rope", "query"):
+        t = getattr(call, name, None)
+        if isinstance(t, torch.Tensor):
+            return t
+    return None
+
+
+def _result_checks_on(call: Any) -> bool:
+    """Result checks run in ``full`` mode (or when forced), never while compiling or capturing a CUDA graph."""
+    if not (_forced_result_checks.get() or env.checks_mode() == "full"):
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    t = _first_tensor(call)
+    return not (t is not None and t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def expected_result(op: str, call: Any) -> list[tuple[str, tuple[int, ...], torch.dtype, torch.device,
+                                                        torch.Tensor | None, bool]] | None:
+    """What an op's result must hold: per returned item ``(name, shape, dtype, device, given buffer, required)``.
+
+    ``required`` False: the item may be None (an LSE nobody asked for). None: the op is not checked.
+    """
+    if op == "decode":
+        q = call.q
+        batch, heads = q.shape[0], q.shape[1]
+        return [("out", (batch, heads, call.kv_lora_rank), call.out_dtype, q.device, None, True),
+                ("lse", (batch, heads), torch.float32, q.device, None, call.return_lse)]
+    if op == "prefill":
+        total_q, heads = call.q.shape[0], call.q.shape[1]
+        return [("out", (total_q, heads, call.v.shape[2]), call.v.dtype, call.q.device, None, True),
+                ("lse", (heads, total_q), torch.float32, call.q.device, None, call.return_lse)]
+    if op == "merge":
+        pre = call.prefix_output
+        dtype = call.output.dtype if call.output is not None else pre.dtype
+        return [("output", tuple(pre.shape), dtype, pre.device, call.output, True),
+                ("output_lse", (pre.shape[1], pre.shape[0]), torch.float32, pre.device, call.output_lse, True)]
+    if op == "rope_quantize_fp8":
+        fp8 = torch.float8_e4m3fn
+        return [(name + "_out", tuple(getattr(call, name).shape), fp8, call.q_rope.device,
+                 getattr(call, name + "_out"), True) for name in ("q_rope", "k_rope", "q_nope", "k_nope")]
+    if op == "sparse_decode":
+        query = call.query
+        batch, q_len, heads = query.shape[:3]
+        from .specs import SPARSE_LATENT
+        return [("out", (batch, q_len, heads, SPARSE_LATENT), torch.bfloat16, query.device, call.out, True),
+                ("lse", (batch, q_len, heads), torch.float32, query.device, call.lse, True)]
+    return None
+
+
+def check_result(backend: str, problem: Problem, call: Any, result: Any) -> None:
+    """Raise :class:`BackendOutputError` naming ``backend`` when ``result`` does not fit ``problem.op``'s spec.
+
+    Reads only tensor metadata (no device sync): shapes, dtypes, devices, contiguity of new tensors, and
+    that a caller's output buffer was written in place and returned.
+    """
+    expected = expected_result(problem.op, call)
+    if expected is None:
+        return
+    items = (result,) if isinstance(result, torch.Tensor) else result
+    if not isinstance(items, (tuple, list)) or len(items) != len(expected):
+        raise BackendOutputError(f"backend {backend!r} returned {type(result).__name__} for {problem.op}; the op's "
+                                 f"spec needs a tuple of {len(expected)} ({', '.join(e[0] for e in expected)})")
+    for got, (name, shape, dtype, device, given, required) in zip(items, expected):
+        if got is None and not required:
+            continue
+        what = f"backend {backend!r} returned a wrong {problem.op} {name}: "
+        if not isinstance(got, torch.Tensor):
+            raise BackendOutputError(what + f"{type(got).__name__}, needs a tensor")
+        if tuple(got.shape) != tuple(shape):
+            raise BackendOutputError(what + f"shape {list(got.shape)}, needs {list(shape)}")
+        if got.dtype != dtype:
+            raise BackendOutputError(what + f"dtype {got.dtype}, needs {dtype}")
+        if got.device != device:
+            raise BackendOutputError(what + f"device {got.device}, needs {device}")
+        if given is not None:
+            if got.data_ptr() != given.data_ptr():
+                raise BackendOutputError(what + "a new tensor, needs the given buffer written in place")
+        elif not got.is_contiguous():
+            raise BackendOutputError(what + f"strides {list(got.stride())}, needs a contiguous tensor")

@@ -6,23 +6,28 @@ else the first answer of the registered choice sources (:func:`add_choice_source
 registers the user cache, the shipped cache and tuning-on-a-miss, in that order); else the valid
 backend with the highest priority. After the first call of a problem the answer is one dict lookup.
 Dispatch imports neither the autotuner nor the CLI: they build on it.
+
+A plugin's mistakes stay its own: an exception from ``why_not`` / ``unavailable_reason`` / ``configs``
+makes that backend unusable for the problem (the exception is the reason) and the others are asked.
+Results are checked against the op's spec in ``full`` checks mode (:meth:`mla_core.backend.Backend.run`).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .backend import Backend
+from . import env, plugins
+from .backend import Backend, BackendOutputError, check_result, result_checks
 from .errors import NoBackendError
-from . import plugins
 from .plugins import backends, get_backend
 from .problem import Problem
 
-ENV_BACKEND = "MLA_CORE_BACKEND"
+ENV_BACKEND = env.BACKEND
+__all__ = ["BackendOutputError", "Choice", "ChoiceSource", "add_choice_source", "candidates", "check_result",
+           "choose", "clear_memory", "explain", "requested_backend", "result_checks", "use_backend"]
 
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("mla_core_backend", default=None)
 
@@ -72,14 +77,22 @@ def use_backend(name: str | None) -> Iterator[None]:
 
 def requested_backend(explicit: str | None) -> str | None:
     """The override in force: the argument, else the context, else ``MLA_CORE_BACKEND``, else None."""
-    return explicit or _override.get() or os.environ.get(ENV_BACKEND) or None
+    return explicit or _override.get() or env.backend_name()
+
+
+def _reasons(backend: Backend, problem: Problem) -> list[str]:
+    """``why_not``, plus a ``configs()`` that raises or lists nothing (a plugin's exception is a reason)."""
+    why = plugins.why_not(backend, problem)
+    if not why:
+        why = [r for r in [plugins.default_config(backend, problem)[1]] if r]
+    return why
 
 
 def candidates(problem: Problem) -> tuple[list[Backend], dict[str, list[str]]]:
     """Backends that can run ``problem`` (highest priority first) and every other backend's reasons."""
     ok, reasons = [], {}
     for name, backend in backends().items():
-        why = backend.why_not(problem)
+        why = _reasons(backend, problem)
         if why:
             reasons[name] = why
         else:
@@ -89,18 +102,23 @@ def candidates(problem: Problem) -> tuple[list[Backend], dict[str, list[str]]]:
 
 
 def choose(problem: Problem, explicit: str | None = None) -> Choice:
-    """The ``(backend, config)`` for ``problem``; raises NoBackendError when nothing can run it."""
+    """The ``(backend, config)`` for ``problem``; raises NoBackendError when nothing can run it.
+
+    An unknown override is an MLAInputError naming where it came from (the ``backend`` argument or
+    ``MLA_CORE_BACKEND``) and, for a plugin that failed to load, why.
+    """
     name = requested_backend(explicit)
     key = (name, problem)
     choice = _memory.get(key)
     if choice is not None:
         return choice
     if name is not None:
-        backend = get_backend(name)
-        why = backend.why_not(problem)
+        from_env = not explicit and _override.get() is None
+        backend = get_backend(name, env.BACKEND if from_env else "backend")
+        why = _reasons(backend, problem)
         if why:
             raise NoBackendError(problem, {name: why})
-        choice = Choice(backend, backend.configs(problem)[0], "override")
+        choice = Choice(backend, plugins.default_config(backend, problem)[0], "override")
     else:
         ok, reasons = candidates(problem)
         if not ok:
@@ -109,7 +127,7 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
             raise NoBackendError(problem, reasons)
         choice = next((c for c in (source(problem, ok) for source in _sources) if c is not None), None)
         if choice is None:
-            choice = Choice(ok[0], ok[0].configs(problem)[0], "priority")
+            choice = Choice(ok[0], plugins.default_config(ok[0], problem)[0], "priority")
     _memory[key] = choice
     logging.getLogger(__name__).info("%s -> %s %s (%s)", problem.key(), choice.backend.name, choice.config,
                                      choice.source)  # the first decision per problem (MLA_CORE_LOG=info)
@@ -118,4 +136,4 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
 
 def explain(problem: Problem) -> dict[str, list[str]]:
     """Every loaded backend's reasons for ``problem`` (empty list: it can run it)."""
-    return {name: b.why_not(problem) for name, b in backends().items()}
+    return {name: _reasons(b, problem) for name, b in backends().items()}

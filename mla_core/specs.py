@@ -9,14 +9,13 @@ entries in range, ``pos_ids`` in range) read tensor values; they run in eager ca
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import numerics
+from . import env, numerics
 from .errors import MLAInputError
 from .problem import Problem, dtype_name
 
@@ -110,7 +109,7 @@ def check_dtype_arg(name: str, dtype: Any, allowed) -> torch.dtype:
 
 def content_checks_enabled(*tensors: torch.Tensor) -> bool:
     """Whether value checks (which read device memory) run for this call."""
-    if os.environ.get(ENV_CHECKS, "all") == "metadata":
+    if env.checks_mode() == "metadata":  # raises MLAInputError naming MLA_CORE_CHECKS on a bad value
         return False
     if torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in tensors):
         return False  # tracing: no values to read (the compiled op checks them when it runs)

@@ -21,7 +21,7 @@ def merge_math(call):
     wb = torch.exp(call.suffix_lse - lse).nan_to_num(0.0).T[..., None]
     out = (wa * call.prefix_output.float() + wb * call.suffix_output.float())
     dtype = call.output.dtype if call.output is not None else call.prefix_output.dtype
-    return out.to(dtype), lse
+    return out.to(dtype).contiguous(), lse  # results are contiguous (the dispatcher checks)
 
 
 class _Fake(mla_core.Backend):
@@ -66,11 +66,23 @@ class _Plugin:
         return [Slow(), Fast(), Wrong(), Exact()]
 
 
+_installed: dict = {}
+
+
 def install() -> dict:
-    """Register the fakes in this process (once) and return them by name."""
-    if "tt_slow" not in registry().backends:
-        mla_core.register_plugin(_Plugin(), name="autotune_fakes")
-    return {n: registry().backends[n] for n in NAMES}
+    """Register the fakes (through ``mla_core.register_plugin``, so they pass the registry's checks) and return them
+    by name. They are taken out of the process-wide registry again at once: a test that wants them installs them
+    itself (``fake_world``), and later tests (``mla-core check``) never meet a deliberately wrong backend."""
+    if not _installed:
+        reg = registry()
+        plugin = _Plugin()
+        added = mla_core.register_plugin(plugin, name="autotune_fakes")
+        assert [b.name for b in added] == list(NAMES), reg.broken
+        for name in NAMES:
+            _installed[name] = reg.backends.pop(name)
+            reg.owner.pop(name, None)
+        reg.pm.unregister(plugin)
+    return dict(_installed)
 
 
 def merge_problem(tokens: int = 64, heads: int = 4, head_dim: int = 32) -> mla_core.Problem:

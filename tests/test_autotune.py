@@ -119,10 +119,10 @@ def test_never_tunes_during_cuda_graph_capture(fake_world, monkeypatch):
         tuner.tune(fakes.merge_problem(), list(fake_world.values()))
 
 
-def test_unknown_mode_warns_and_means_cached(monkeypatch):
+def test_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "sometimes")
-    with pytest.warns(tuner.AutotuneWarning, match="sometimes"):
-        assert tuner.mode() == "cached"
+    with pytest.raises(mla_core.MLAInputError, match="MLA_CORE_AUTOTUNE='sometimes'.*off | cached"):
+        tuner.mode()
 
 
 def _decode_problem(splits, p_qdq="fp8", max_len=256):
@@ -155,7 +155,8 @@ def test_inputs_rebuild_exactly_their_problem():
         Problem.make("merge", "cpu", dtype="bfloat16", out_dtype="float32", heads=2, head_dim=16, tokens=8),
         Problem.make("rope_quantize_fp8", "cpu", dtype="bfloat16", cos_dtype="float32", heads=2, rope_dim=16,
                      nope_dim=32, neox=0, tokens=16),
-        Problem.make("sparse_decode", "cpu", {"lse"}, heads=2, q_len=1, top_k=64, kv_lora_rank=512, rope_dim=64, batch=2),
+        Problem.make("sparse_decode", "cpu", {"lse"}, heads=2, q_len=1, top_k=64, kv_lora_rank=512, rope_dim=64, batch=2,
+                     kv_layout="fp8"),
     ]
     preset = warmup.preset_problems(warmup.Grid(tp=(8,), batches=(1,), lengths=(1024,), prefill_lengths=(64,),
                                                 device="cpu"))

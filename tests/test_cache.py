@@ -21,6 +21,11 @@ def _entry(backend, config=None):
     return {"backend": backend.name, "config": config or {}, "versions": cache.versions(backend, "cpu")}
 
 
+def _key(tokens: int) -> str:
+    """A well-formed problem key (malformed keys are skipped)."""
+    return fakes.merge_problem(tokens=tokens).key()
+
+
 def test_default_location_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("MLA_CORE_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -52,7 +57,7 @@ def test_corrupt_file_is_reported_moved_aside_and_never_fatal(fake_world, garbag
     assert out.shape == (64, 4, 32)
     assert dispatch.choose(fakes.merge_problem()).source == "priority"
     assert not path.exists() and len(list(path.parent.glob("cpu.json.corrupt-*"))) == 1
-    assert cache.store("cpu", {"k": _entry(fake_world["tt_fast"])}) and "k" in cache.user_entries("cpu")
+    assert cache.store("cpu", {_key(8): _entry(fake_world["tt_fast"])}) and _key(8) in cache.user_entries("cpu")
 
 
 def _merge_args():
@@ -67,8 +72,11 @@ def test_invalid_entries_are_skipped(fake_world):
     path.parent.mkdir(parents=True)
     good = _entry(fake_world["tt_fast"])
     path.write_text(json.dumps({"format": "mla_core-autotune", "schema": 1, "device": "cpu",
-                                "entries": {"good": good, "bad": {"backend": 3}, "worse": "x"}}))
-    assert cache.user_entries("cpu") == {"good": good}
+                                "entries": {_key(8): good, _key(16): {"backend": 3}, _key(32): "x",
+                                            _key(64): {**good, "config": {"block_h": {"nested": 1}}},
+                                            "merge": good, "merge|cpu|tokens=08": good, "nope|cpu": good}}))
+    with pytest.warns(cache.CacheWarning, match="6 entries skipped"):
+        assert cache.user_entries("cpu") == {_key(8): good}
 
 
 def test_unwritable_directory_degrades_to_memory_with_one_warning(fake_world, monkeypatch, tmp_path):
@@ -78,7 +86,7 @@ def test_unwritable_directory_degrades_to_memory_with_one_warning(fake_world, mo
     problem = fakes.merge_problem()
     with pytest.warns(cache.CacheWarning, match="not writable") as caught:
         assert not cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.001})})
-        assert not cache.store("cpu", {"other": _entry(fake_world["tt_slow"])})
+        assert not cache.store("cpu", {_key(8): _entry(fake_world["tt_slow"])})
     assert len([w for w in caught if "not writable" in str(w.message)]) == 1
     choice = dispatch.choose(problem)  # the in-memory store still answers lookups
     assert (choice.backend.name, choice.config, choice.source) == ("tt_fast", {"sleep_s": 0.001}, "cache")
@@ -100,10 +108,10 @@ def test_read_only_directory(fake_world, monkeypatch, tmp_path):
 
     monkeypatch.setattr(os, "open", read_only_open)
     with pytest.warns(cache.CacheWarning, match="not writable") as caught:
-        assert not cache.store("cpu", {"k": _entry(fake_world["tt_fast"])})
-        assert not cache.store("cpu", {"k2": _entry(fake_world["tt_fast"])})
+        assert not cache.store("cpu", {_key(8): _entry(fake_world["tt_fast"])})
+        assert not cache.store("cpu", {_key(16): _entry(fake_world["tt_fast"])})
     assert len([w for w in caught if "not writable" in str(w.message)]) == 1
-    assert {"k", "k2"} <= set(cache.user_entries("cpu"))
+    assert {_key(8), _key(16)} <= set(cache.user_entries("cpu"))
 
 
 WRITER = textwrap.dedent("""
@@ -120,7 +128,7 @@ WRITER = textwrap.dedent("""
                            warmup=1, repeats=3)
     assert tuner.record(result)
     for j in range(5):
-        cache.store("cpu", {{f"extra|cpu|writer={{i}}|j={{j}}": result.entry()}})
+        cache.store("cpu", {{f"merge|cpu|j={{j}}|writer={{i}}": result.entry()}})
 """)
 
 
@@ -133,7 +141,7 @@ def test_eight_processes_writing_at_once_lose_nothing(tmp_path):
     assert all(p.returncode == 0 for p in procs), "\n".join(errors)
     entries = json.loads((tmp_path / "shared" / "cpu.json").read_text())["entries"]
     want = {fakes.merge_problem(tokens=2 ** (i + 1)).key() for i in range(8)}
-    want |= {f"extra|cpu|writer={i}|j={j}" for i in range(8) for j in range(5)}
+    want |= {f"merge|cpu|j={j}|writer={i}" for i in range(8) for j in range(5)}
     assert set(entries) == want
     assert all(entries[k]["backend"] == "tt_fast" for k in want)
 
@@ -148,11 +156,11 @@ def _cli(*argv):
 def test_cache_cli_show_export_clear_import(fake_world, tmp_path, capsys):
     problem = fakes.merge_problem()
     cache.store("cpu", {problem.key(): _entry(fake_world["tt_fast"], {"sleep_s": 0.001}),
-                        "stale": {**_entry(fake_world["tt_slow"]), "versions": {"torch": "0.1"}}})
+                        _key(8): {**_entry(fake_world["tt_slow"]), "versions": {"torch": "0.1"}}})
     assert _cli("cache", "show", "--json") == 0
     shown = json.loads(capsys.readouterr().out)
     rows = {r["problem"]: r for r in shown["devices"]["cpu"]["entries"]}
-    assert rows[problem.key()]["current"] and not rows["stale"]["current"]
+    assert rows[problem.key()]["current"] and not rows[_key(8)]["current"]
     assert _cli("cache", "show") == 0
     text = capsys.readouterr().out
     assert "tt_fast" in text and "stale" in text
@@ -164,7 +172,7 @@ def test_cache_cli_show_export_clear_import(fake_world, tmp_path, capsys):
     assert cache.user_entries("cpu") == {}
     assert _cli("cache", "import", str(exported), "--json") == 0
     assert json.loads(capsys.readouterr().out)["entries"] == 2
-    assert set(cache.user_entries("cpu")) == {problem.key(), "stale"}
+    assert set(cache.user_entries("cpu")) == {problem.key(), _key(8)}
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert _cli("cache", "import", str(bad)) == 2

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import statistics
 import time
 import warnings
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .. import inputs
+from .. import env, inputs, plugins
 from ..accuracy import REFERENCE as REFERENCE_BACKEND, compare, tolerance
 from ..dispatch import Choice
 from ..problem import Problem
@@ -38,8 +37,8 @@ from . import cache
 if TYPE_CHECKING:
     from ..backend import Backend
 
-ENV_MODE = "MLA_CORE_AUTOTUNE"
-MODES = ("off", "cached", "on")
+ENV_MODE = env.AUTOTUNE
+MODES = env.AUTOTUNE_MODES
 DEFAULT_MODE = "cached"
 REFERENCE = REFERENCE_BACKEND
 SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -60,13 +59,8 @@ class AutotuneWarning(UserWarning):
 
 
 def mode() -> str:
-    """``MLA_CORE_AUTOTUNE`` (``off`` | ``cached`` | ``on``); an unknown value warns and means the default."""
-    value = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-    if value not in MODES:
-        warnings.warn(f"{ENV_MODE}={value!r} is not one of {', '.join(MODES)}; using {DEFAULT_MODE!r}",
-                      AutotuneWarning, stacklevel=3)
-        return DEFAULT_MODE
-    return value
+    """``MLA_CORE_AUTOTUNE`` (``off`` | ``cached`` | ``on``); an unknown value is an MLAInputError naming it."""
+    return env.autotune_mode()
 
 
 def capturing(device_type: str) -> bool:
@@ -356,25 +350,35 @@ def _choice(backend: "Backend", config: dict[str, Any], source: str) -> Choice:
     return Choice(backend, dict(config), source)
 
 
-def _cached_choice(read: Callable[[str], dict[str, dict]], source: str):
-    """A dispatch choice source reading one cache (user or shipped): a current entry among the valid backends."""
+def _cached_choice(read: Callable[[str], dict[str, dict]], where: Callable[[str], Any], source: str):
+    """A dispatch choice source reading one cache (user or shipped): a current entry among the valid backends
+    whose config that backend accepts (:meth:`~mla_core.backend.Backend.validate_config`). An entry with
+    a config its backend refuses is never run: one CacheWarning names the file and the key."""
 
     def lookup(problem: Problem, valid: "list[Backend]") -> Choice | None:
         if mode() == "off":
             return None
         dev_name = cache.device_name(problem.device)
-        entry = read(dev_name).get(problem.key())
+        key = problem.key()
+        entry = read(dev_name).get(key)
         backend = {b.name: b for b in valid}.get(entry["backend"]) if entry else None
-        if backend is not None and cache.is_current(entry, backend, dev_name):
-            return _choice(backend, entry["config"], source)
-        return None
+        if backend is None or not cache.is_current(entry, backend, dev_name):
+            return None
+        why = plugins.validate_config(backend, problem, entry["config"])
+        if why:
+            cache._warn_once(f"invalid:{source}:{dev_name}:{key}",
+                             f"mla_core autotune cache {where(dev_name)}: entry {key!r} is ignored: its "
+                             f"{backend.name} config {json.dumps(entry['config'], sort_keys=True)[:200]} is not "
+                             f"valid ({'; '.join(why)})")
+            return None
+        return _choice(backend, entry["config"], source)
 
     lookup.__name__ = f"{source}_choice"
     return lookup
 
 
-user_cache_choice = _cached_choice(cache.user_entries, "cache")
-shipped_choice = _cached_choice(cache.shipped_entries, "shipped")
+user_cache_choice = _cached_choice(cache.user_entries, cache.user_file, "cache")
+shipped_choice = _cached_choice(cache.shipped_entries, cache.shipped_file, "shipped")
 
 
 def tuned_choice(problem: Problem, valid: "list[Backend]") -> Choice | None:
@@ -415,7 +419,7 @@ def _local_choices() -> dict[str, dict[str, Any]]:
             out[problem.key()] = {"backend": choice.backend.name, "config": choice.config, "source": choice.source}
     for dev_type in {"cuda", "cpu"} | {Problem.from_key(k).device for k in out}:
         dev_name = cache.device_name(dev_type)
-        for key, entry in cache.user_entries(dev_name).items():
+        for key, entry in cache.user_entries(dev_name).items():  # malformed keys were skipped on read
             backend = loaded.get(entry["backend"])
             if key.split("|", 2)[1] == dev_type and backend is not None and cache.is_current(entry, backend, dev_name):
                 out.setdefault(key, entry)
@@ -425,22 +429,35 @@ def _local_choices() -> dict[str, dict[str, Any]]:
 def install(entries: dict[str, dict[str, Any]], source: str = "synced") -> int:
     """Make ``entries`` (key -> entry) this process's choices: dispatch memory, and the user cache for full entries.
 
-    Entries whose backend is not loaded here or cannot run the problem are skipped with a warning.
-    Returns the number installed.
+    An entry with a malformed key or schema, whose backend is not loaded here or cannot run the
+    problem, or whose config that backend refuses is skipped with a warning. Returns the number installed.
     """
     from ..dispatch import _memory
     from ..plugins import backends
     loaded = backends()
     to_store: dict[str, dict[str, dict]] = {}
     count = 0
+    if not isinstance(entries, dict):
+        warnings.warn(f"mla_core autotune: received {type(entries).__name__}, not an object of entries; ignored",
+                      AutotuneWarning, stacklevel=2)
+        return 0
     for key, entry in entries.items():
-        problem = Problem.from_key(key)
-        backend = loaded.get(entry.get("backend"))
-        if backend is None or backend.why_not(problem):
-            warnings.warn(f"mla_core autotune: cannot use {entry.get('backend')!r} for {key} here", AutotuneWarning,
-                          stacklevel=2)
+        bad = cache.key_problem(key) or (
+            None if isinstance(entry, dict) and isinstance(entry.get("backend"), str)
+            and isinstance(entry.get("config", {}), dict) else "not an object with a backend and a config")
+        if bad:
+            warnings.warn(f"mla_core autotune: entry {str(key)[:200]!r} ignored: {bad}", AutotuneWarning, stacklevel=2)
             continue
-        _memory[(None, problem)] = _choice(backend, entry.get("config") or {}, source)
+        problem = Problem.from_key(key)
+        backend = loaded.get(entry["backend"])
+        config = entry.get("config") or {}
+        why = (plugins.why_not(backend, problem) or plugins.validate_config(backend, problem, config)
+               if backend is not None else ["not loaded here"])
+        if why:
+            warnings.warn(f"mla_core autotune: cannot use {entry['backend']!r} {json.dumps(config)[:200]} for {key} "
+                          f"here ({'; '.join(why)})", AutotuneWarning, stacklevel=2)
+            continue
+        _memory[(None, problem)] = _choice(backend, config, source)
         count += 1
         if "versions" in entry:
             to_store.setdefault(cache.device_name(problem.device), {})[key] = entry
@@ -461,10 +478,27 @@ def sync(group=None) -> int:
         return 0
     rank = dist.get_rank(group)
     src = dist.get_global_rank(group, 0) if group is not None else 0
-    # JSON text travels, so a receiver parses data, never unpickles a structure another process built.
-    payload = [json.dumps(_local_choices()) if rank == 0 else None]
-    dist.broadcast_object_list(payload, src=src, group=group)
-    entries = json.loads(payload[0])
+    # JSON bytes travel in a uint8 tensor (its length first), so a receiver parses data and never
+    # unpickles a structure another process built (broadcast_object_list would).
+    payload = json.dumps(_local_choices()).encode() if rank == 0 else b""
+    entries = json.loads(_broadcast_bytes(payload, src, group).decode())
     if rank == 0:
         return len(entries)
     return install(entries)
+
+
+def _broadcast_bytes(data: bytes, src: int, group=None) -> bytes:
+    """``data`` of rank ``src`` on every rank of ``group``: a length tensor, then a uint8 tensor, on the
+    backend's device (the current CUDA device under NCCL, else the CPU)."""
+    import torch.distributed as dist
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src, group=group)
+    if dist.get_rank() == src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=src, group=group)
+    return buf.cpu().numpy().tobytes()

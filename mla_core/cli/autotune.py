@@ -6,14 +6,20 @@ returns the exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
+from .. import plugins
 from ..autotune import cache, tuner, warmup
+from ..errors import MLAInputError
+from ..problem import Problem
 from .table import table as _table_rows
 
 NO_GPU = ("mla-core warmup: no CUDA GPU is visible, so there is nothing to tune on. Run it on the machine that will "
@@ -111,8 +117,11 @@ def _entry_row(key: str, entry: dict, dev_name: str) -> dict:
 
 
 def cmd_cache_show(args) -> int:
-    devices = [args.device] if args.device else cache.devices()
-    report = {"cache_dir": str(cache.user_dir()), "autotune": tuner.mode(), "devices": {}}
+    try:
+        devices = [args.device] if args.device else cache.devices()
+        report = {"cache_dir": str(cache.user_dir()), "autotune": tuner.mode(), "devices": {}}
+    except MLAInputError as exc:  # a bad MLA_CORE_* variable
+        return _fail("show", str(exc))
     for dev_name in devices:
         entries = cache.user_entries(dev_name)
         report["devices"][dev_name] = {"file": str(cache.user_file(dev_name)),
@@ -149,36 +158,117 @@ def cmd_cache_clear(args) -> int:
     return 0
 
 
+def _fail(action: str, message: str, code: int = 2) -> int:
+    print(f"mla-core cache {action}: {message}", file=sys.stderr)
+    return code
+
+
 def cmd_cache_export(args) -> int:
-    dev_name = _current_device_name(args.device)
-    entries = cache.user_entries(dev_name)
+    """Write one device's user cache to a file: never over an existing file without ``--force``, never through
+    a symlink (``--force`` replaces the link itself), atomically (a temporary file renamed over the target)."""
+    try:
+        dev_name = _current_device_name(args.device)
+        entries = cache.user_entries(dev_name)
+    except MLAInputError as exc:
+        return _fail("export", str(exc))
+    if not entries:
+        return _fail("export", f"no cached choices for {dev_name!r} in {cache.user_dir()} (nothing written)", 1)
     text = cache.dump(dev_name, entries)
     if args.path == "-":
         sys.stdout.write(text)
         return 0
-    Path(args.path).write_text(text)
+    target = Path(args.path)
+    folder = target.parent
+    if not folder.is_dir():
+        return _fail("export", f"folder {str(folder)!r} does not exist")
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return _fail("export", f"cannot inspect {args.path}: {exc.strerror or exc}")
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            return _fail("export", f"{args.path} is a folder; give a file name, e.g. {target / cache.file_name(dev_name)}")
+        if not args.force:
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "an existing file"
+            return _fail("export", f"{args.path} is {kind}; pass --force to replace it")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            return _fail("export", f"{args.path} is not a regular file; refusing to replace it")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # an export is meant to be shared (e.g. autotune_cache/)
+            os.replace(tmp, target)  # replaces a symlink itself, never writes through it
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        return _fail("export", f"cannot write {args.path}: {exc.strerror or exc}")
     if args.json:
         print(json.dumps({"device": dev_name, "path": args.path, "entries": len(entries)}))
     else:
         print(f"exported {len(entries)} entries of {dev_name} to {args.path}")
-    return 0 if entries else 1
+    return 0
+
+
+def _read_import(path: str) -> bytes:
+    """The bytes of an import file: stdin, or a regular file of at most the cache's size cap (no FIFO hangs)."""
+    if path == "-":
+        data = sys.stdin.buffer.read(cache.MAX_FILE_BYTES + 1)
+    else:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise cache.Unreadable("not a regular file")
+            data = f.read(cache.MAX_FILE_BYTES + 1)
+    if len(data) > cache.MAX_FILE_BYTES:
+        raise cache.Unreadable(f"over the {cache.MAX_FILE_BYTES}-byte limit")
+    return data
+
+
+def import_problems(key: str, entry: dict) -> list[str]:
+    """Why an imported entry must not enter the cache: its backend, loaded here, refuses its config."""
+    backend = plugins.backends().get(entry["backend"])
+    if backend is None:
+        return []  # not loaded here: checked by its backend when (if) it is ever used
+    return plugins.validate_config(backend, Problem.from_key(key), entry["config"])
 
 
 def cmd_cache_import(args) -> int:
+    """Merge an exported file into the user cache; entries with a malformed key or schema, or a config their
+    backend refuses, are rejected (listed on stderr, exit 1); the others are imported."""
     try:
-        text = sys.stdin.read() if args.path == "-" else Path(args.path).read_text()
-        dev_name, entries = cache.load_export(text)
+        dev_name, entries, skipped = cache.load_export(_read_import(args.path))
     except (OSError, ValueError) as exc:
-        print(f"mla-core cache import: {args.path} is not an mla_core autotune cache file ({exc})", file=sys.stderr)
-        return 2
-    written = cache.store(dev_name, entries)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return _fail("import", f"{args.path} is not an mla_core autotune cache file ({reason})")
+    rejected = dict(skipped)
+    for key, entry in list(entries.items()):
+        why = import_problems(key, entry)
+        if why:
+            rejected[key] = "; ".join(why)
+            del entries[key]
+    for key, why in rejected.items():
+        print(f"mla-core cache import: rejected {key!r}: {why}", file=sys.stderr)
+    try:
+        written = cache.store(dev_name, entries)
+        file = cache.user_file(dev_name)
+    except MLAInputError as exc:
+        return _fail("import", str(exc))
     if args.json:
-        print(json.dumps({"device": dev_name, "entries": len(entries), "file": str(cache.user_file(dev_name)),
+        print(json.dumps({"device": dev_name, "entries": len(entries), "rejected": len(rejected), "file": str(file),
                           "written": written}))
     else:
-        print(f"imported {len(entries)} entries for {dev_name} into {cache.user_file(dev_name)}"
+        print(f"imported {len(entries)} entries for {dev_name} into {file}"
+              + (f"; rejected {len(rejected)}" if rejected else "")
               + ("" if written else " (directory not writable: kept in memory only)"))
-    return 0 if written else 1
+    return 0 if written and not rejected else 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,6 +317,7 @@ def add_parsers(subparsers) -> None:
     a = actions.add_parser("export", help="write one device's cache to a file (e.g. autotune_cache/NVIDIA_H200.json)")
     a.add_argument("path", help="output file, or - for stdout")
     a.add_argument("--device", help="device name (default: this machine's GPU, else cpu)")
+    a.add_argument("--force", action="store_true", help="replace an existing file (or symlink: the link itself)")
     a.add_argument("--json", action="store_true", help="print a machine-readable summary")
     a.set_defaults(func=cmd_cache_export)
     a = actions.add_parser("import", help="merge an exported cache file into the user cache")

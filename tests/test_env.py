@@ -1,0 +1,111 @@
+"""Every MLA_CORE_* variable with a bad value: one MLAInputError naming the variable, the value and what it accepts
+(issue 7, item 9). On 6ed19c9 ``MLA_CORE_CHECKS=banana`` silently meant full checks and
+``MLA_CORE_BACKEND=refrence`` failed without naming the variable."""
+import logging
+
+import pytest
+import torch
+
+import mla_core
+from mla_core import dispatch, env, inputs, plugins
+
+
+def _merge():
+    return mla_core.merge_attn_states(**inputs.merge_inputs(5, heads=2, head_dim=8, dtype=torch.float32, seed=1))
+
+
+def _decode():
+    args = inputs.decode_inputs([3, 40], heads=4, page_size=16)
+    return mla_core.mla_decode(**args, backend="reference")
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch):
+    for name in env.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    dispatch.clear_memory()
+    yield
+    dispatch.clear_memory()
+
+
+def _says(exc_info, name, value, accepted):
+    text = str(exc_info.value)
+    assert name in text and repr(value) in text and accepted in text, text
+
+
+@pytest.mark.parametrize("op", [_merge, _decode])
+def test_bad_checks_mode_is_an_error_at_the_first_op(monkeypatch, op):
+    monkeypatch.setenv("MLA_CORE_CHECKS", "banana")
+    with pytest.raises(mla_core.MLAInputError) as info:
+        op()
+    _says(info, "MLA_CORE_CHECKS", "banana", "metadata")
+
+
+@pytest.mark.parametrize("value,mode", [("", "full"), ("full", "full"), ("FULL", "full"), ("all", "full"),
+                                        ("metadata", "metadata"), (" metadata ", "metadata")])
+def test_checks_modes(monkeypatch, value, mode):
+    monkeypatch.setenv("MLA_CORE_CHECKS", value)
+    assert env.checks_mode() == mode
+    _merge()
+
+
+def test_misspelt_backend_names_the_variable(monkeypatch):
+    monkeypatch.setenv("MLA_CORE_BACKEND", "refrence")
+    with pytest.raises(mla_core.MLAInputError) as info:
+        _merge()
+    _says(info, "MLA_CORE_BACKEND", "refrence", "reference")
+    with pytest.raises(mla_core.MLAInputError, match=r"backend: got 'refrence'"):  # an argument names itself
+        mla_core.merge_attn_states(**inputs.merge_inputs(5, heads=2, head_dim=8, dtype=torch.float32, seed=1),
+                                   backend="refrence")
+    monkeypatch.setenv("MLA_CORE_BACKEND", "reference")
+    _merge()
+
+
+def test_bad_autotune_mode_is_an_error_at_the_first_op(monkeypatch):
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "sometimes")
+    with pytest.raises(mla_core.MLAInputError) as info:
+        _merge()
+    _says(info, "MLA_CORE_AUTOTUNE", "sometimes", "off | cached (default) | on")
+
+
+def test_relative_cache_dir_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", "relative/cache")
+    with pytest.raises(mla_core.MLAInputError) as info:
+        _merge()
+    _says(info, "MLA_CORE_CACHE_DIR", "relative/cache", "absolute")
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path))
+    assert env.cache_dir() == tmp_path
+
+
+def test_bad_trace_plugins_is_an_error_when_plugins_load(monkeypatch):
+    monkeypatch.setenv("MLA_CORE_TRACE_PLUGINS", "maybe")
+    try:
+        with pytest.raises(mla_core.MLAInputError) as info:
+            plugins.reload()
+        _says(info, "MLA_CORE_TRACE_PLUGINS", "maybe", "0 (default) | 1")
+    finally:
+        monkeypatch.delenv("MLA_CORE_TRACE_PLUGINS")
+        plugins.reload()
+    for value, on in (("1", True), ("yes", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("MLA_CORE_TRACE_PLUGINS", value)
+        assert env.trace_plugins() is on
+
+
+def test_log_levels(monkeypatch):
+    monkeypatch.setenv("MLA_CORE_LOG", "loud")
+    with pytest.raises(mla_core.MLAInputError) as info:
+        env.log_level()
+    _says(info, "MLA_CORE_LOG", "loud", "debug")
+    monkeypatch.setenv("MLA_CORE_LOG", "Debug")
+    assert env.log_level() == logging.DEBUG
+    monkeypatch.setenv("MLA_CORE_LOG", "off")
+    assert env.log_level() is None
+
+
+def test_problems_lists_every_bad_variable(monkeypatch):
+    assert env.problems(mla_core.backends()) == []
+    monkeypatch.setenv("MLA_CORE_CHECKS", "banana")
+    monkeypatch.setenv("MLA_CORE_BACKEND", "refrence")
+    monkeypatch.setenv("MLA_CORE_LOG", "loud")
+    found = env.problems(mla_core.backends())
+    assert len(found) == 3 and all("MLA_CORE_" in p for p in found)
