@@ -94,6 +94,11 @@ def _resolve(path: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
+def public_name(op: str) -> str:
+    """The public function name of an op as the README writes it (``"decode"`` -> ``"mla_decode"``)."""
+    return _OPS[_canonical(op)][1]
+
+
 def public_function(op: str) -> Callable:
     """The public function of an op (``"decode"`` or ``"mla_decode"`` -> :func:`mla_core.mla_decode`)."""
     name = _canonical(op)
@@ -212,4 +217,5 @@ def with_device(problem: Problem, device: str) -> Problem:
     return dataclasses.replace(problem, device=device)
 
 
-__all__ = ["Explanation", "explain", "explain_problem", "op_names", "public_function", "validate", "with_device"]
+__all__ = ["Explanation", "explain", "explain_problem", "op_names", "public_function", "public_name", "validate",
+           "with_device"]

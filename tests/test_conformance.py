@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mla_core
-from mla_core.explain import public_function, validate
+from mla_core.explain import public_name, validate
 from mla_core.testing import ConformanceError, check_backend
 from mla_core.testing import conformance
 
@@ -150,6 +150,11 @@ def _builtin_backends() -> list:
                   key=lambda b: b.priority)
 
 
+def _order(value):
+    """Numbers numerically, then None and names."""
+    return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
+
+
 def _shown(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"{str(value.dtype)[6:]} {list(value.shape)}"
@@ -169,8 +174,9 @@ def generated_tables() -> dict[str, str]:
             for k, v in problem.params:
                 values.setdefault(k, set()).add(v)
             features |= problem.features
-        params = "<br>".join(f"`{k}`: {', '.join(str(v) for v in sorted(vs, key=str))}" for k, vs in sorted(values.items()))
-        keys.append(f"| `{op}` | `mla_core.{public_function(op).__name__}` | {params} | "
+        params = "<br>".join(f"`{k}`: {', '.join(str(v) for v in sorted(vs, key=_order))}"
+                             for k, vs in sorted(values.items()))
+        keys.append(f"| `{op}` | `mla_core.{public_name(op)}` | {params} | "
                     f"{', '.join(f'`{f}`' for f in sorted(features)) or '-'} |")
         first = _validate(op, conformance.cases(op)[0])[1]
         doc = _markdown(" ".join((type(first).__doc__ or "").split()))
