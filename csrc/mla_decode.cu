@@ -645,8 +645,6 @@ cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int decode_smem_bytes(const DecodeParams& p) { return shared_layout(p.head_tiles, needs_code_tile(p)).bytes; }
-
 bool decode_shape_supported(int head_tiles, int warps) {
   return (head_tiles == 1 && warps == 4) || (head_tiles == 2 && (warps == 4 || warps == 8)) ||
          (head_tiles == 4 && warps == 8);

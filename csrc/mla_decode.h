@@ -54,9 +54,6 @@ struct DecodeParams {
 // Returns the first CUDA error (a launch error), or cudaSuccess.
 cudaError_t launch_decode(const DecodeParams& params, cudaStream_t stream);
 
-// Dynamic shared memory bytes one CTA of the split kernel needs for these parameters.
-int decode_smem_bytes(const DecodeParams& params);
-
 // Whether a (head_tiles, warps) CTA shape is built.
 bool decode_shape_supported(int head_tiles, int warps);
 
