@@ -1,5 +1,6 @@
 """`mla-core new-backend NAME`: the skeleton installs and passes its own tests untouched; examples/plugin is it."""
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +21,19 @@ def test_examples_plugin_is_the_generated_skeleton():
 
 
 def test_generated_skeleton_installs_and_passes_its_own_tests(tmp_path, capsys):
-    """CI's proof: generate, pip install -e (into a venv over this environment), run the skeleton's pytest."""
+    """CI's proof: generate, pip install -e (into a venv layered over this environment), run the skeleton's pytest."""
     folder = tmp_path / "mla-core-ci-skeleton"
     assert cli.main(["new-backend", "ci_skeleton", "--dir", str(folder)]) == 0
     assert "pip install -e" in capsys.readouterr().out
+    # A venv of its own sees this environment's packages (mla_core, torch, pytest) through a .pth file, so the
+    # plugin's entry point is visible only there, even when this environment is itself a venv.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
+    own_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    outer = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+    Path(own_site, "_outer_environment.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in outer))
     pip = [sys.executable, "-m", "pip", "--python", python]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a plugin author's shell has it
     try:
