@@ -139,6 +139,16 @@ def test_a_backend_that_cannot_run_here_is_skipped_under_pytest():
         check_backend(CudaOnly())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "cuda", "cudnn", "musa_fp8"])
+def test_builtin_backends_conform_on_the_gpu(name):
+    """The suite a plugin author runs, on the built-ins: what each declares runs right on the device."""
+    if name not in mla_core.backends():
+        pytest.skip(f"backend {name!r} is not installed")
+    report = check_backend(name, device="cuda", max_configs=2)
+    print(report)
+
+
 # --------------------------------------------------------------------------------------------------
 # docs/plugins.md: tables generated from the code
 
