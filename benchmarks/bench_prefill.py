@@ -194,7 +194,7 @@ def main() -> None:
                 record(case, recipe, "sdpa-cudnn", label, fn, flops)
                 record(case, recipe, "sdpa-cudnn", label, fn, flops, graph=False)  # Python and launch costs included
                 cudnn = mla_core.get_backend("cudnn")
-                if not cudnn.why_not(problem) and cudnn.capture_reason() is None:  # else its row below is eager
+                if not cudnn.why_not(problem) and cudnn.rebuild_reason() is None:  # else its row below is eager
                     record(case, recipe, "cudnn", "-", lambda: mla_core.mla_prefill(*inputs, causal=True, backend="cudnn"),
                            flops, graph=False)
             for name, backend in sorted(mla_core.backends().items()):
@@ -203,7 +203,7 @@ def main() -> None:
                 configs = backend.configs(problem) if args.all_configs else backend.configs(problem)[:1]
                 for config in configs:
                     label = ",".join(f"{k}={v}" for k, v in config.items()) or "-"
-                    capturable = name != "reference" and not (name == "cudnn" and backend.capture_reason())
+                    capturable = name != "reference" and not (name == "cudnn" and backend.rebuild_reason())
                     record(case, recipe, name, label, lambda b=backend, c=config: b.run(problem, call, c), flops,
                            graph=capturable)
             picked = dispatch.choose(problem).backend.name

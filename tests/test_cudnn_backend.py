@@ -77,14 +77,14 @@ def test_on_the_cpu_the_backend_is_loaded_and_says_why_it_cannot_run():
         assert info["priority"] == cudnn_backend.PRIORITY_EAGER_ONLY < mla_core.get_backend("triton").priority
 
 
-def test_priority_is_above_triton_only_where_the_call_can_be_captured(available, monkeypatch):
+def test_priority_is_above_triton_only_where_torch_keeps_the_cudnn_graph(available, monkeypatch):
     triton_priority = mla_core.get_backend("triton").priority
-    monkeypatch.setattr(cudnn_backend, "probe_capture", lambda: None)
+    monkeypatch.setattr(cudnn_backend, "probe_graph_rebuild", lambda: None)
     assert available.priority == cudnn_backend.PRIORITY_CAPTURABLE > triton_priority
-    eager_only = cudnn_backend.CudnnBackend()
-    monkeypatch.setattr(cudnn_backend, "probe_capture", lambda: "torch 2.11 rebuilds its graph")
-    assert eager_only.priority == cudnn_backend.PRIORITY_EAGER_ONLY < triton_priority
-    assert eager_only.capture_reason() == "torch 2.11 rebuilds its graph"
+    rebuilding = cudnn_backend.CudnnBackend()
+    monkeypatch.setattr(cudnn_backend, "probe_graph_rebuild", lambda: "torch 2.11 builds a new graph per call")
+    assert rebuilding.priority == cudnn_backend.PRIORITY_EAGER_ONLY < triton_priority
+    assert rebuilding.rebuild_reason() == "torch 2.11 builds a new graph per call"
 
 
 class _FakeOp:
@@ -357,12 +357,12 @@ def _gpu_pair(inputs, causal=True, dtype_tol=HALF_TOL, **kw):
 def test_gpu_backend_is_available_and_first_for_plain_prefill_where_capturable(monkeypatch):
     backend = mla_core.get_backend("cudnn")
     assert backend.unavailable_reason() is None, backend.unavailable_reason()
-    print(f"cudnn backend: priority {backend.priority}; capture: {backend.capture_reason() or 'ok'}")
+    print(f"cudnn backend: priority {backend.priority}; graph rebuilds: {backend.rebuild_reason() or 'no'}")
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
     from mla_core import dispatch
     dispatch.clear_memory()
     problem, _ = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"))
-    expected = "cudnn" if backend.capture_reason() is None else "triton"
+    expected = "cudnn" if backend.rebuild_reason() is None else "triton"
     assert dispatch.choose(problem).backend.name == expected
     fp8 = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"),
                     **dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "fp8"))[0]
@@ -433,7 +433,7 @@ def test_gpu_cuda_graph_capture_replays_new_values(shared_cu, monkeypatch):
         step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    reason = mla_core.get_backend("cudnn").capture_reason()
+    reason = mla_core.get_backend("cudnn").rebuild_reason()
     if reason is not None:  # this torch cannot capture the call: the backend says so before anything launches
         with pytest.raises(RuntimeError, match="cannot run inside a CUDA graph capture"):
             with torch.cuda.graph(graph):
