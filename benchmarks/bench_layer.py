@@ -6,8 +6,9 @@
 Three tables, one run, ceilings measured in the same run (copy GB/s, bf16 TFLOP/s):
 
 1. decode step (heads 16 = DeepSeek-V3 at TP=8, and 128 = TP=1; batch 1/32/128; 8192 cached tokens; FP8 128 x 128
-   weights): the layer call (eager: the reference layer synchronizes with the host, so no CUDA graph) against
-   the sum of its parts timed alone in CUDA graphs: the attention kernel (mla_decode with the same shapes,
+   weights): the layer call against
+   the sum of its parts timed alone in CUDA graphs (the layer both eagerly and, since its decode path never
+   synchronizes with the host, in a CUDA graph; layer/parts uses the faster): the attention kernel (mla_decode with the same shapes,
    automatic dispatch), the absorption GEMM (q_nope [H, B, 128] x w_uk) and the output GEMM (latent [H, B, 512] x
    w_uv), each a bf16 batched matmul on the dequantized weights (the floor an FP8 GEMM would improve on).
    Target: layer <= 1.15 x parts.
@@ -82,6 +83,11 @@ def bench_decode(shapes, device, ceilings):
     for heads, batch, length in shapes:
         a = layer_inputs(heads, batch, length, 1, device)
         layer_us = eager(lambda: mla_core.mla_forward(**a))
+        try:
+            layer_graph_us = graph(lambda: mla_core.mla_forward(**a))
+        except RuntimeError as e:             # an attention backend that cannot be captured
+            print(f"layer decode not capturable in a CUDA graph: {e}")
+            layer_graph_us = None
         q_dec = torch.randn(batch, heads, LATENT + ROPE, device=device).to(torch.bfloat16)
         lens = torch.full((batch,), length, device=device, dtype=torch.int32)
         attn_us = graph(lambda: mla_core.mla_decode(q_dec, a["latent_cache"], a["block_table"], lens,
@@ -95,13 +101,16 @@ def bench_decode(shapes, device, ceilings):
         out_us = graph(lambda: torch.bmm(o_lat, w_uv.transpose(1, 2)))
         parts = attn_us + absorb_us + out_us
         kv_bytes = batch * length * (LATENT + ROPE) * 2
-        rows.append(dict(heads=heads, batch=batch, length=length, layer_us=layer_us, attention_us=attn_us,
-                         absorb_us=absorb_us, out_gemm_us=out_us, parts_us=parts, layer_over_parts=layer_us / parts,
-                         target_met=layer_us <= 1.15 * parts, kv_gbps=kv_bytes / layer_us / 1e3,
-                         pct_copy=(100 * kv_bytes / layer_us / 1e3 / ceilings["copy_gbps"]) if ceilings else None))
+        best = min(t for t in (layer_us, layer_graph_us) if t is not None)
+        rows.append(dict(heads=heads, batch=batch, length=length, layer_us=layer_us, layer_graph_us=layer_graph_us,
+                         attention_us=attn_us, absorb_us=absorb_us, out_gemm_us=out_us, parts_us=parts,
+                         layer_over_parts=best / parts, target_met=best <= 1.15 * parts,
+                         kv_gbps=kv_bytes / best / 1e3,
+                         pct_copy=(100 * kv_bytes / best / 1e3 / ceilings["copy_gbps"]) if ceilings else None))
     print("\n# decode step: layer vs its parts (target layer/parts <= 1.15)")
     print_table(rows, [("heads", "heads", "d"), ("batch", "batch", "d"), ("length", "len", "d"),
-                       ("layer_us", "layer µs", ".1f"), ("attention_us", "attn µs", ".1f"),
+                       ("layer_us", "layer µs", ".1f"), ("layer_graph_us", "graph µs", ".1f"),
+                       ("attention_us", "attn µs", ".1f"),
                        ("absorb_us", "w_uk µs", ".1f"), ("out_gemm_us", "w_uv µs", ".1f"),
                        ("layer_over_parts", "layer/parts", ".2f"), ("kv_gbps", "KV GB/s", ".0f"),
                        ("pct_copy", "% copy", ".1f")])

@@ -368,13 +368,23 @@ def test_attention_on_any_backend():
         assert torch.equal(cache.nan_to_num(1.0), ref_cache.nan_to_num(1.0))
 
 
-def test_out_of_table_writes_are_dropped_without_checks(monkeypatch):
-    """MLA_CORE_CHECKS=metadata: a page index outside the cache is neither written nor read."""
+@pytest.mark.parametrize("lens,starts,bad", [([2], [0], [(0, 0)]), ([3, 2, 1], [0, 4, 2], [(1, 1), (0, 0)]),
+                                             ([1, 1], [0, 9], [(0, 0)])])
+def test_out_of_table_writes_are_dropped_without_checks(monkeypatch, lens, starts, bad):
+    """MLA_CORE_CHECKS=metadata: rows on a page outside the cache are not written (others are) and not read."""
     monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
-    case, weights = make_case([2], [0], seed=10, extra_pages=0)
-    case["block_table"][0, 0] = 10_000
+    case, weights = make_case(lens, starts, seed=10, extra_pages=0)
+    for b, col in bad:
+        case["block_table"][b, col] = 10_000
     out, cache = run(case, weights)
-    assert torch.equal(cache.isnan(), case["latent_cache"].isnan())
+    _, written = layer_math(case, weights)
+    before = case["latent_cache"]
+    for (page, slot), row in written.items():
+        if page < cache.shape[0]:
+            assert rel_l2(cache[page, slot], row) < 1e-6
+            before = before.clone()
+            before[page, slot] = cache[page, slot]
+    assert torch.equal(cache.nan_to_num(5.0), before.nan_to_num(5.0))      # nothing else changed
     assert not out.isnan().any()
 
 

@@ -4,7 +4,9 @@ Per token ``t`` of request ``b`` at position ``pos = cache_offsets[b] + i``:
 
 - the new cache row is ``[rmsnorm(kv_latent) * gamma, rope(kv_rope, pos)]``: RMSNorm and RoPE in float32 from
   the upcast inputs, rounded once to the cache dtype, written at ``block_table[b, pos // page_size]``,
-  slot ``pos % page_size`` (a slot whose page index lies outside the cache or the table is never written);
+  slot ``pos % page_size`` (a slot whose page index lies outside the cache or the table is never written; the
+  write and the whole decode path never synchronize with the host, so a decode step can be captured in a CUDA
+  graph when its attention backend can);
 - ``q_rope`` is rotated in float32 at ``pos``; weights are dequantized exactly (FP8 code x block scale) to float32;
 - decode (``max_seq_len == 1``): ``q_lat[h] = w_uk[h] @ q_nope[h]`` in float32, ``[q_lat, q_rope]`` rounded to
   the cache dtype, :func:`mla_core.mla_decode` over the request's ``pos + 1`` cached rows (output in the cache
@@ -52,9 +54,8 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
     device, cdtype = q.device, cache.dtype
     latent, rope, nope = call.kv_lora_rank, call.rope_dim, call.nope_dim
     page_size, width = cache.shape[1], call.block_table.shape[1]
-    out = torch.zeros(tokens, heads, call.v_dim, dtype=q.dtype, device=device)
     if tokens == 0:
-        return out
+        return torch.zeros(tokens, heads, call.v_dim, dtype=q.dtype, device=device)
 
     offsets = call.input_row_offsets.to(device, torch.int64)
     lens = offsets[1:] - offsets[:-1]
@@ -74,7 +75,7 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
     page_col = pos // page_size
     page = table[request, page_col.clamp(0, width - 1)]
     ok = (page_col < width) & (page >= 0) & (page < cache.shape[0])
-    cache[page[ok], (pos % page_size)[ok]] = rows[ok]
+    _write_rows(cache, torch.where(ok, page, 0) * page_size + pos % page_size, ok, rows)
 
     # 2. queries and weights in float32.
     q32 = q.float()
@@ -109,6 +110,21 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
     if call.attn_sinks is not None:
         o = o * _sink_factor(lse, call.attn_sinks)[..., None]
     return o.to(q.dtype)
+
+
+def _write_rows(cache: torch.Tensor, slot: torch.Tensor, ok: torch.Tensor, rows: torch.Tensor) -> None:
+    """``cache`` row ``slot[t]`` (flat over pages x page slots) = ``rows[t]`` where ``ok[t]``; nothing else changes.
+
+    No host synchronization (a CUDA graph can hold it): a row that must not be written is redirected to the slot
+    of the first row that is written, with that row's value (the same value twice), or, when no row is written,
+    to slot 0 with slot 0's own value.
+    """
+    flat = cache.view(-1, cache.shape[-1])
+    first = torch.argmax(ok.to(torch.int8))                       # the first written row (0 when none is)
+    any_ok = ok.any()
+    target = torch.where(ok, slot, torch.where(any_ok, slot[first], 0))
+    spare = torch.where(any_ok, rows[first], flat[0])
+    flat.index_put_((target,), torch.where(ok[:, None], rows, spare[None, :]))
 
 
 def _key_rows(table: torch.Tensor, kv_lens: torch.Tensor, page_size: int, num_pages: int):
