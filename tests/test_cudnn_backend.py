@@ -77,6 +77,27 @@ def test_on_the_cpu_the_backend_is_loaded_and_says_why_it_cannot_run():
         assert info["priority"] == cudnn_backend.PRIORITY_EAGER_ONLY < mla_core.get_backend("triton").priority
 
 
+def test_rebuild_probe_reads_the_host_time_of_a_call():
+    import time
+    calls = []
+
+    def cached(*args):
+        calls.append(args)
+
+    def rebuilding(*args):
+        time.sleep(0.005)  # torch 2.11 spent ~40 ms per call building a cuDNN graph
+
+    def broken(*args):
+        raise RuntimeError("cuDNN Frontend error: no engine\nmore")
+
+    assert cudnn_backend.probe_graph_rebuild(cached, device="cpu") is None
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, need_lse = calls[0]
+    assert q.shape == (64, 8, 192) and v.shape == (64, 8, 128) and causal and not need_lse
+    assert "builds a new cuDNN graph for every ragged call" in cudnn_backend.probe_graph_rebuild(rebuilding, device="cpu")
+    reason = cudnn_backend.probe_graph_rebuild(broken, device="cpu")
+    assert "probe call" in reason and "no engine" in reason and "more" not in reason
+
+
 def test_priority_is_above_triton_only_where_torch_keeps_the_cudnn_graph(available, monkeypatch):
     triton_priority = mla_core.get_backend("triton").priority
     monkeypatch.setattr(cudnn_backend, "probe_graph_rebuild", lambda: None)

@@ -71,7 +71,7 @@ REBUILD_HOST_MS = 1.0
 ~0.05 ms; torch 2.11 took ~40 ms per call on the H200)."""
 
 
-def probe_graph_rebuild() -> str | None:
+def probe_graph_rebuild(attend=None, device: str = "cuda") -> str | None:
     """Why the installed torch's ragged cuDNN call is unfit for the priority rule and CUDA graphs, or None.
 
     torch 2.11 never stores the cuDNN graph it builds for its ragged path, so every call builds one
@@ -79,23 +79,28 @@ def probe_graph_rebuild() -> str | None:
     4x4096), and a CUDA-graph capture of the call fails (cudaErrorStreamCaptureInvalidated, which also
     leaves torch's CUDA generator unusable, so no capture is attempted here). A tiny call at the
     MLA head dims is timed on the host after one warm call; inputs are constants, so the caller's
-    random streams are untouched.
+    random streams are untouched. ``attend`` / ``device``: the call and device to probe (tests).
     """
     import time
 
     import torch
-    from .prefill import cudnn_attend
-    q = torch.ones(64, 8, 192, dtype=torch.bfloat16, device="cuda")
-    v = torch.ones(64, 8, 128, dtype=torch.bfloat16, device="cuda")
-    cu = torch.tensor([0, 32, 64], dtype=torch.int32, device="cuda")
-    cudnn_attend(q, q, v, cu, cu, 32, 32, True, 0.125, False)
-    torch.cuda.synchronize()
+    if attend is None:
+        from .prefill import cudnn_attend as attend
+    q = torch.ones(64, 8, 192, dtype=torch.bfloat16, device=device)
+    v = torch.ones(64, 8, 128, dtype=torch.bfloat16, device=device)
+    cu = torch.tensor([0, 32, 64], dtype=torch.int32, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     host_s = []
-    for _ in range(3):
-        start = time.perf_counter()
-        cudnn_attend(q, q, v, cu, cu, 32, 32, True, 0.125, False)
-        host_s.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
+    try:
+        attend(q, q, v, cu, cu, 32, 32, True, 0.125, False)
+        sync()
+        for _ in range(3):
+            start = time.perf_counter()
+            attend(q, q, v, cu, cu, 32, 32, True, 0.125, False)
+            host_s.append(time.perf_counter() - start)
+        sync()
+    except Exception as e:  # noqa: BLE001 (reported as the reason; the priority rule then prefers triton)
+        return f"a probe call of {OP_NAME} failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]})"
     ms = sorted(host_s)[1] * 1e3
     if ms > REBUILD_HOST_MS:
         return (f"torch {torch.__version__} builds a new cuDNN graph for every ragged call ({ms:.1f} ms of host time "
