@@ -67,8 +67,8 @@ def device_capability() -> tuple[int, int]:
 
 
 REBUILD_HOST_MS = 1.0
-"""Host time per call above which a ragged call must be rebuilding its cuDNN graph (a cached call takes
-~0.05 ms; torch 2.11 took ~40 ms per call on the H200)."""
+"""Host time per call above which a ragged call must be rebuilding its cuDNN graph (a call that reuses its
+graph only launches a few kernels; torch 2.11 took ~40 ms per call on the H200)."""
 
 
 def probe_graph_rebuild(attend=None, device: str = "cuda") -> str | None:
