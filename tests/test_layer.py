@@ -388,6 +388,30 @@ def test_out_of_table_writes_are_dropped_without_checks(monkeypatch, lens, start
     assert not out.isnan().any()
 
 
+def test_decode_path_has_no_host_sync(monkeypatch):
+    """The reference decode step under FakeTensorMode (a value read, .item(), nonzero or a boolean mask would raise):
+    the CPU stand-in for 'a decode step can be captured in a CUDA graph'. The attention op is stubbed."""
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mla_core import layer
+    from mla_core_reference.layer import mla_forward_reference
+    case, weights = make_case([1, 0, 1, 1], [3, 9, 0, 40], fp8=True, sinks=True, seed=17)
+    _, call = layer.validate_layer(
+        case["q"], case["kv"], case["input_row_offsets"], case["freqs_cis"], case["kv_norm_gamma"],
+        case["latent_cache"], case["block_table"], case["cache_offsets"], max_seq_len=1,
+        softmax_scale=case["softmax_scale"], epsilon=case["epsilon"], attn_sinks=case["attn_sinks"], rope_interleave=True,
+        attention_backend=None, **{k: v for k, v in weights.kwargs().items()})
+    monkeypatch.setattr(mla_core, "mla_decode", lambda q, *a, **k: (q.new_empty(*q.shape[:2], LATENT),
+                                                                     q.new_empty(q.shape[:2], dtype=torch.float32)))
+    with FakeTensorMode() as mode:
+        fake = {f.name: getattr(call, f.name) for f in dataclasses.fields(call)}
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in fake.items()}
+        out = mla_forward_reference(layer.LayerCall(**fake))
+    assert out.shape == (3, HEADS, V_DIM)
+
+
 def test_no_tokens():
     case, weights = make_case([0, 0], [3, 0], seed=11)
     out, cache = run(case, weights)

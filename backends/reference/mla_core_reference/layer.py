@@ -120,10 +120,10 @@ def _write_rows(cache: torch.Tensor, slot: torch.Tensor, ok: torch.Tensor, rows:
     to slot 0 with slot 0's own value.
     """
     flat = cache.view(-1, cache.shape[-1])
-    first = torch.argmax(ok.to(torch.int8))                       # the first written row (0 when none is)
-    any_ok = ok.any()
-    target = torch.where(ok, slot, torch.where(any_ok, slot[first], 0))
-    spare = torch.where(any_ok, rows[first], flat[0])
+    first = torch.argmax(ok.to(torch.int8)).view(1)               # the first written row (0 when none is)
+    any_ok = ok.any()                                             # (index_select: a 0-d index would sync)
+    target = torch.where(ok, slot, torch.where(any_ok, slot.index_select(0, first), 0))
+    spare = torch.where(any_ok, rows.index_select(0, first)[0], flat[0])
     flat.index_put_((target,), torch.where(ok[:, None], rows, spare[None, :]))
 
 
