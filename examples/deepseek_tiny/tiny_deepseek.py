@@ -74,9 +74,35 @@ class TinyDeepseek(nn.Module):
         table.advance(input_row_offsets[1:] - input_row_offsets[:-1])
         return self.lm_head(self.norm(h))
 
-    def generate(self, prompts: list[list[int]], steps: int, table: StaticPageTable) -> tuple[list[list[int]], list]:
+    def capture_decode_step(self, batch: int, table: StaticPageTable):
+        """A CUDA graph of one decode step (one token per request): returns ``(graph, tokens, logits)``.
+
+        Copy the next tokens into ``tokens`` [batch] and ``graph.replay()``: ``logits`` [batch, vocab] is refreshed
+        and ``table.lengths`` advances. Needs dense layers (MoE routing reads values on the host).
+        """
+        if any(type(block["mlp"]).__name__.endswith("MoE") for block in self.blocks):
+            raise ValueError("CUDA graphs need dense layers: transformers' MoE routing synchronizes with the host "
+                             "(build the config with first_k_dense_replace = num_hidden_layers)")
+        device = self.lm_head.weight.device
+        tokens = torch.zeros(batch, dtype=torch.int64, device=device)
+        offsets = torch.arange(batch + 1, device=device)
+        saved = table.lengths.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self(tokens, offsets, table, 1)      # warm-up: kernels compiled, dispatch decided
+        torch.cuda.current_stream().wait_stream(stream)
+        table.lengths.copy_(saved)               # the warm-up's cache rows are rewritten by the first replay
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self(tokens, offsets, table, 1)
+        return graph, tokens, logits
+
+    def generate(self, prompts: list[list[int]], steps: int, table: StaticPageTable,
+                 cuda_graph: bool = False) -> tuple[list[list[int]], list]:
         """Greedy decoding: one ragged prefill of every prompt, then ``steps`` decode steps of one token each.
 
+        ``cuda_graph``: replay one captured decode step (:meth:`capture_decode_step`) instead of eager calls.
         Returns (generated tokens per request, the logits of each step [requests, vocab]).
         """
         device = self.lm_head.weight.device
@@ -86,12 +112,18 @@ class TinyDeepseek(nn.Module):
         logits = self(tokens, offsets, table, int(lens.max()))[offsets[1:] - 1]
         out, step_logits = [[] for _ in prompts], [logits]
         one_each = torch.arange(len(prompts) + 1, device=device)
+        graph = self.capture_decode_step(len(prompts), table) if cuda_graph and steps > 1 else None
         for step in range(steps):
             nxt = logits.argmax(-1)
             for b, t in enumerate(nxt.tolist()):
                 out[b].append(t)
             if step == steps - 1:
                 break
-            logits = self(nxt, one_each, table, 1)
+            if graph is None:
+                logits = self(nxt, one_each, table, 1)
+            else:
+                graph[1].copy_(nxt)
+                graph[0].replay()
+                logits = graph[2].clone()
             step_logits.append(logits)
         return out, step_logits
