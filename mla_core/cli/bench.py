@@ -55,8 +55,8 @@ def _time_backend(w: bench.Workload, problem, call, backend, config: dict[str, A
             try:
                 out["graph_us"] = bench.time_graph(lambda: backend.run(problem, call, config), iters=iters)
             except Exception as exc:  # a backend that cannot be captured is still timed eagerly
-                torch.cuda.synchronize()
                 out["note"] = f"no CUDA graph: {type(exc).__name__}: {exc}".splitlines()[0][:120]
+                torch.cuda.synchronize()
         out["eager_us"] = bench.time_eager(eager_call, iters=3 if slow else max(5, iters // 2), warmup=1 if slow else 3)
     else:
         out["eager_us"] = bench.time_cpu(eager_call, iters=3 if slow else 5)
