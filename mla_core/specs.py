@@ -24,6 +24,11 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 FP8 = torch.float8_e4m3fn
 ENV_CHECKS = "MLA_CORE_CHECKS"
 AUTO = "auto"
+INT32_MAX = 2 ** 31 - 1
+"""Largest length, offset or count a kernel holds (kernels index in int32 within a sequence)."""
+FLOAT32_MIN_NORMAL = 2.0 ** -126
+FLOAT32_MAX = 3.4028234663852886e38
+"""Float scalars (scales, amaxes) must lie in float32's normal range: kernels hold them as float32."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -83,15 +88,23 @@ def check_int(name: str, v: Any, lo: int, hi: int | None = None) -> int:
 
 
 def check_positive_float(name: str, v: Any, allow_none: bool = False) -> float | None:
-    """``v`` is a finite positive real number (or None when allowed)."""
+    """``v`` is a positive real number in float32's normal range, 2^-126..3.4e38 (or None when allowed).
+
+    Kernels hold every scalar as float32: a value past that range would become inf or a subnormal (or 0)
+    there and give NaN or a silently different quantization.
+    """
     if v is None and allow_none:
         return None
+    want = "a positive float in float32's normal range (1.18e-38..3.4e38)" + (" or None" if allow_none else "")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise MLAInputError(f"{name}: got {v!r}, needs a finite positive float" + (" or None" if allow_none else ""))
-    v = float(v)
-    if not math.isfinite(v) or v <= 0:
-        raise MLAInputError(f"{name}: got {v}, needs a finite positive float" + (" or None" if allow_none else ""))
-    return v
+        raise MLAInputError(f"{name}: got {v!r}, needs {want}")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise MLAInputError(f"{name}: got {v!r}, needs {want}") from None
+    if not math.isfinite(f) or not FLOAT32_MIN_NORMAL <= f <= FLOAT32_MAX:
+        raise MLAInputError(f"{name}: got {f}, needs {want}")
+    return f
 
 
 def check_format(name: str, fmt: Any) -> str | None:
@@ -105,6 +118,13 @@ def check_dtype_arg(name: str, dtype: Any, allowed) -> torch.dtype:
     if dtype not in allowed:
         raise MLAInputError(f"{name}: got {dtype!r}, needs one of {_names(allowed)}")
     return dtype
+
+
+def check_has_data(name: str, x: torch.Tensor) -> None:
+    """An eager call's tensors hold data: the meta device only while torch.compile traces (fake tensors)."""
+    if x.device.type == "meta" and not (torch.compiler.is_compiling() or isinstance(x, FakeTensor)):
+        raise MLAInputError(f"{name}: got a tensor on the meta device (no data), needs a tensor on a device that "
+                            "holds data (cpu, cuda); meta tensors are only for torch.compile tracing")
 
 
 def content_checks_enabled(*tensors: torch.Tensor) -> bool:
@@ -184,6 +204,7 @@ def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, k
     check_tensor("block_table", block_table, 2, INDEX_DTYPES)
     check_tensor("b_seq_len", b_seq_len, 1, INDEX_DTYPES)
     device = check_same_device(q=q, latent_cache=latent_cache, block_table=block_table, b_seq_len=b_seq_len)
+    check_has_data("q", q)
     check_int("kv_lora_rank", kv_lora_rank, 1)
     check_int("qk_rope_head_dim", qk_rope_head_dim, 0)
     dim = kv_lora_rank + qk_rope_head_dim
@@ -215,6 +236,9 @@ def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, k
         raise MLAInputError(f"return_lse: got {return_lse!r}, needs a bool")
     out_dtype = latent_cache.dtype if out_dtype is None else check_dtype_arg("out_dtype", out_dtype, FLOAT_DTYPES)
     capacity = block_table.shape[1] * page_size
+    if capacity > INT32_MAX:
+        raise MLAInputError(f"block_table: got {block_table.shape[1]} pages of {page_size} tokens per request "
+                            f"({capacity} tokens), needs at most {INT32_MAX} tokens (int32 lengths)")
     if batch and content_checks_enabled(b_seq_len):
         lens = b_seq_len.to("cpu", torch.int64)
         lo, hi = int(lens.min()), int(lens.max())
@@ -223,7 +247,7 @@ def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, k
             raise MLAInputError(f"b_seq_len: got a length {bad}, needs 0..{capacity} "
                                 f"(block_table.shape[1] * page_size = {block_table.shape[1]} * {page_size})")
         used = (lens + page_size - 1) // page_size
-        cols = torch.arange(block_table.shape[1])
+        cols = torch.arange(block_table.shape[1], device="cpu")  # beside lens, whatever torch's default device
         reached = cols[None, :] < used[:, None]
         entries = block_table.to("cpu", torch.int64)[reached]
         if entries.numel() and (int(entries.min()) < 0 or int(entries.max()) >= num_pages):
@@ -292,8 +316,12 @@ def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, INDEX_DTYPES)
     check_tensor("cu_seqlens_k", cu_seqlens_k, 1, INDEX_DTYPES)
     device = check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    check_has_data("q", q)
     total_q, heads, qk_dim = q.shape
     total_k, kv_heads = k.shape[0], k.shape[1]
+    for name, total in (("q", total_q), ("k", total_k)):
+        if total > INT32_MAX:
+            raise MLAInputError(f"{name}: got {total} packed tokens, needs at most {INT32_MAX} (int32 offsets)")
     if heads < 1 or qk_dim < 1:
         raise MLAInputError(f"q: got shape {list(q.shape)}, needs at least one head and one feature")
     check_shape("k", k, (None, None, qk_dim))
@@ -306,7 +334,7 @@ def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
         raise MLAInputError("cu_seqlens_q: got an empty tensor, needs [batch + 1] entries")
     batch = cu_seqlens_q.shape[0] - 1
     check_shape("cu_seqlens_k", cu_seqlens_k, (batch + 1,))
-    check_int("max_seqlen_q", max_seqlen_q, 0)
+    check_int("max_seqlen_q", max_seqlen_q, 0, INT32_MAX)
     softmax_scale = qk_dim ** -0.5 if softmax_scale is None else check_positive_float("softmax_scale", softmax_scale)
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
@@ -317,11 +345,11 @@ def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
     k_amax = check_positive_float("k_amax", k_amax, allow_none=True)
     p_amax = check_positive_float("p_amax", p_amax)
     v_amax = check_positive_float("v_amax", v_amax, allow_none=True)
-    if sparsity_m not in (4, 8) or isinstance(sparsity_m, bool):
+    if isinstance(sparsity_m, bool) or not isinstance(sparsity_m, int) or sparsity_m not in (4, 8):
         raise MLAInputError(f"sparsity_m: got {sparsity_m!r}, needs 4 or 8")
     check_int("sparsity_n", sparsity_n, 0, sparsity_m)
-    check_int("dense_sink_tokens", dense_sink_tokens, 0)
-    check_int("dense_recent_tokens", dense_recent_tokens, 0)
+    check_int("dense_sink_tokens", dense_sink_tokens, 0, INT32_MAX)
+    check_int("dense_recent_tokens", dense_recent_tokens, 0, INT32_MAX)
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if isinstance(tile, bool) or not isinstance(tile, int) or not 16 <= tile <= 256 or tile % 16:
             raise MLAInputError(f"{name}: got {tile!r}, needs an int multiple of 16 in 16..256")
@@ -383,6 +411,7 @@ def validate_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, output,
         check_shape("output_lse", output_lse, (heads, tokens))
     device = check_same_device(prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
                                suffix_lse=suffix_lse, output=output, output_lse=output_lse)
+    check_has_data("prefix_output", prefix_output)
     out_dtype = prefix_output.dtype if output is None else output.dtype
     problem = Problem.make("merge", device.type, dtype=dtype_name(prefix_output.dtype), out_dtype=dtype_name(out_dtype),
                            heads=heads, head_dim=dim, tokens=numerics.bucket_pow2(tokens))

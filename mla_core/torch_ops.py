@@ -90,7 +90,9 @@ def merge_attn_states(prefix_output: torch.Tensor, prefix_lse: torch.Tensor, suf
 @merge_attn_states.register_fake
 def _merge_fake(prefix_output, prefix_lse, suffix_output, suffix_lse, backend):
     specs.validate_merge(prefix_output, prefix_lse, suffix_output, suffix_lse, None, None)
-    return torch.empty_like(prefix_output), torch.empty_like(prefix_lse)
+    # contiguous, as every backend returns them (empty_like would keep a permuted input's strides)
+    return (prefix_output.new_empty(prefix_output.shape),
+            prefix_lse.new_empty(prefix_lse.shape, dtype=torch.float32))
 
 
 @torch.library.custom_op("mla_core::rope_quantize_fp8", mutates_args=())

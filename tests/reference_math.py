@@ -1,6 +1,6 @@
 """Independent float64 math for the reference backend's tests: naive loops, one request and one head at a time.
 
-Written from shared/DESIGN.md and docs/decisions.md, not from the backend: it has its own tile and
+Written from docs/numerics.md and docs/decisions.md, not from the backend: it has its own tile and
 split schedule and its own masking; it takes only the QDQ rounding functions from
 ``mla_core.numerics`` (tested on their own). QDQ results (float32) are upcast to float64.
 """
@@ -192,13 +192,14 @@ def prefill_math(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale, causal, 
 
 
 def merge_math(prefix_output, prefix_lse, suffix_output, suffix_lse):
-    """Float64 LSE merge, element by element over (token, head); both -inf -> (0, -inf)."""
+    """Float64 LSE merge, element by element over (token, head); an LSE of +inf or -inf is an empty state
+    (FlashAttention / FlashMLA / vLLM report an empty row as +inf); both empty -> (0, -inf)."""
     tokens, heads, dim = prefix_output.shape
     out = torch.zeros(tokens, heads, dim, dtype=torch.float64)
     lse = torch.full((heads, tokens), NEG_INF, dtype=torch.float64)
     for t in range(tokens):
         for h in range(heads):
-            a, b = float(prefix_lse[h, t]), float(suffix_lse[h, t])
+            a, b = (NEG_INF if x == math.inf else x for x in (float(prefix_lse[h, t]), float(suffix_lse[h, t])))
             top = max(a, b)
             if top == NEG_INF:
                 continue

@@ -66,3 +66,16 @@ def test_half_outputs(dtype):
     output = torch.full(po.shape, float("nan"))
     out32, _ = mla_core.merge_attn_states(po, pl, so, sl, output, backend="reference")
     assert out32.dtype == torch.float32 and rel_l2(out32, ref_out) < 1e-5
+
+
+def test_plus_inf_lse_is_an_empty_state():
+    """FlashAttention / FlashMLA / vLLM give an empty row LSE +inf; the merge reads it as empty (vLLM's rule)."""
+    po, pl, so, sl = make_states(6, 3, 16, seed=3)
+    pl[1, 4], sl[2, 5] = float("inf"), float("inf")
+    pl[:, 0], sl[:, 0] = float("inf"), float("inf")
+    out, lse = mla_core.merge_attn_states(po, pl, so, sl, backend="reference")
+    ref_out, ref_lse = merge_math(po, pl, so, sl)
+    assert rel_l2(out, ref_out) < 1e-5 and same_lse(lse, ref_lse, 1e-5)
+    assert torch.equal(out[4, 1], so[4, 1]) and lse[1, 4] == sl[1, 4]
+    assert torch.equal(out[5, 2], po[5, 2]) and lse[2, 5] == pl[2, 5]
+    assert torch.all(out[0] == 0) and torch.all(lse[:, 0] == NEG_INF)

@@ -1,4 +1,6 @@
 """torch.compile(fullgraph=True) traces around every public op (torch.ops.mla_core.*), and CUDA graphs capture them."""
+import os
+
 import pytest
 import torch
 
@@ -73,6 +75,69 @@ def test_rope_quantize_and_sparse_decode_compile_fullgraph_and_fill_buffers():
     got = _compiled(sparse_step)(**tensors)
     ref = sparse_step(**tensors)
     assert all(rel_l2(g, r) == 0 for g, r in zip(got, ref))
+
+
+INDUCTOR_BACKENDS = ["reference", pytest.param("triton", marks=pytest.mark.skipif(
+    not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
+    reason="triton runs under the interpreter or on a GPU"))]
+
+
+@pytest.mark.parametrize("backend", INDUCTOR_BACKENDS)
+def test_every_op_compiles_with_inductor_and_matches_eager(backend):
+    """The default backend (inductor) checks each custom op's real output strides against its fake kernel
+    (merge used to return strides (128, 1280, 1) where the fake said contiguous) and generates code around
+    them: decode, then prefill + merge in one graph with a view of the merged output, from permuted
+    (non-contiguous) prefill outputs as an engine's would be."""
+    dec = inputs.decode_inputs([5, 40, 0], heads=4, page_size=16, kv_lora_rank=32, rope_dim=16,
+                               dtype=torch.float32, seed=3)
+    tensors = {k: dec.pop(k) for k in ("q", "latent_cache", "block_table", "b_seq_len")}
+
+    def decode_step(q, latent_cache, block_table, b_seq_len):
+        out, lse = mla_core.mla_decode(q, latent_cache, block_table, b_seq_len, **dec, k_qdq="fp8",
+                                       num_kv_splits=2, backend=backend)
+        return out.view(out.shape[0], -1) * 2, lse + 1
+
+    got, ref = torch.compile(decode_step, fullgraph=True)(**tensors), decode_step(**tensors)
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))
+
+    pre = inputs.prefill_inputs([7, 0, 19], [12, 3, 19], heads=2, qk_dim=16, v_dim=16, dtype=torch.float32, seed=4)
+
+    def prefill_merge_step(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q):
+        o1, l1 = mla_core.mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=False,
+                                      return_lse=True, block_n=16, backend=backend)
+        o2, l2 = mla_core.mla_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=True,
+                                      return_lse=True, v_quant="nvfp4", block_n=16, backend=backend)
+        o, lse = mla_core.merge_attn_states(o1, l1, o2, l2, backend=backend)
+        # permuted (non-contiguous, last dimension dense) states merge into a contiguous output
+        o_t, _ = mla_core.merge_attn_states(o1.transpose(0, 1).contiguous().transpose(0, 1), l1, o2, l2,
+                                            backend=backend)
+        return o.view(o.shape[0], -1) + 1, lse, o_t.view(o_t.shape[0], -1)
+
+    got, ref = torch.compile(prefill_merge_step, fullgraph=True)(**pre), prefill_merge_step(**pre)
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))
+
+
+def test_rope_and_sparse_decode_compile_with_inductor():
+    rope = inputs.rope_inputs(9, heads=2, nope_dim=32, seed=5)
+
+    def rope_step(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids):
+        outs = mla_core.mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox=False,
+                                               quant_scale_q=0.5, backend=REF)
+        return tuple(o.float() for o in outs)
+
+    got, ref = torch.compile(rope_step, fullgraph=True)(**rope), rope_step(**rope)
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))
+    sparse = inputs.sparse_decode_inputs(2, q_len=1, heads=4, top_k=64, num_pages=2, page_size=16, seed=6)
+
+    def sparse_step(query, kv_cache, block_tables, seq_lens):
+        out, lse = mla_core.sparse_mla_fp8_decode(query, kv_cache, None, 128, 512, 64, block_tables, seq_lens, 0,
+                                                  sparse_mla_top_k=64, bmm1_scale=sparse["bmm1_scale"],
+                                                  return_lse=True)
+        return out.float() * 2, lse
+
+    tensors = {k: sparse[k] for k in ("query", "kv_cache", "block_tables", "seq_lens")}
+    got, ref = torch.compile(sparse_step, fullgraph=True)(**tensors), sparse_step(**tensors)
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))
 
 
 def test_bad_input_under_compile_is_still_an_mla_input_error():

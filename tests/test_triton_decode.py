@@ -26,6 +26,14 @@ gpu = pytest.mark.gpu
 RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4")}
 
 
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every output and split buffer the triton kernels get starts as NaN (an unwritten element fails)."""
+    from mla_core_triton import decode
+    monkeypatch.setattr(decode, "_new_output",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+
+
 def make_inputs(lengths, heads, rank, rope, page_size, dtype, q_dtype=None, seed=0, device="cpu"):
     """q [B, H, rank + rope] and a poisoned paged cache, table, lengths (tests/paged_inputs.py)."""
     return paged_decode_inputs(lengths, heads, rank + rope, page_size, dtype, q_dtype, seed, device)
@@ -116,12 +124,31 @@ def test_shapes_cpu(page_size, heads, splits):
           num_kv_splits=splits, out_dtype=torch.float32)
 
 
+def _dot_shape(config):
+    return config.get("block_h", 16), config.get("v_split", 1)
+
+
+def assert_same_numbers(got, base, config, base_config):
+    """Configs never change numbers: bit for bit on the GPU, and under the interpreter too unless the two
+    configs' dots differ in shape (``block_h`` rows, ``v_split`` columns). The interpreter's ``tl.dot`` is
+    numpy's matmul, whose summation order (OpenBLAS kernel blocking, machine dependent) changes with the
+    matrix shape, which moves a float32 sum by an ulp or two: there the check is float32 rounding level
+    (rel-L2 1e-6)."""
+    for g, b in zip(got, base):
+        if INTERPRETED and _dot_shape(config) != _dot_shape(base_config):
+            fin = torch.isfinite(b)
+            assert torch.equal(fin, torch.isfinite(g)) and torch.equal(g[~fin], b[~fin]), config
+            assert rel_l2(g[fin], b[fin]) < 1e-6, config
+        else:
+            assert torch.equal(g, b), config
+
+
 @cpu
 @pytest.mark.parametrize("heads", [16, 64])
 @pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
 def test_configs_keep_numerics_cpu(recipe, heads):
     """Every listed config (and larger tiles: several 32-key tiles per step) reproduces the first config's
-    numbers bit for bit (the other tests check the default config against the reference)."""
+    numbers (assert_same_numbers; the other tests check the default config against the reference)."""
     from mla_core_triton import decode as kernels
     from mla_core.specs import validate_decode
     k, v, p = RECIPES[recipe]
@@ -140,8 +167,7 @@ def test_configs_keep_numerics_cpu(recipe, heads):
         seen.setdefault(tuple(sorted((k_, v_) for k_, v_ in config.items() if k_ not in ("num_warps", "num_stages"))),
                         config)
     for config in seen.values():
-        out, lse = kernels.run(call, config)
-        assert torch.equal(out, base) and torch.equal(lse, base_lse), config
+        assert_same_numbers(kernels.run(call, config), (base, base_lse), config, configs[0])
 
 
 @cpu
@@ -149,7 +175,7 @@ def test_configs_keep_numerics_cpu(recipe, heads):
 @pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
 def test_v_split_kv_prepass_cpu(recipe, page_size, dtype, splits):
     """v_split (V / output columns across programs) and kv_prepass (K/V codes from a pre-pass) give the
-    default config's numbers bit for bit, with lengths 0/1/17/100 (a NaN row past each length, garbage
+    default config's numbers (assert_same_numbers), with lengths 0/1/17/100 (a NaN row past each length, garbage
     table entries), one split (direct output) and several (combine kernel), bf16 and fp16 dots; fp8 with
     distinct K/V scales takes the separate V-code buffer."""
     from mla_core_triton import decode as kernels
@@ -170,8 +196,7 @@ def test_v_split_kv_prepass_cpu(recipe, page_size, dtype, splits):
     variants = [dict(default, v_split=4, sub_tiles=2, prefetch_pages=True), dict(default, kv_prepass=True),
                 dict(default, kv_prepass=True, v_split=2, prefetch_pages=True)]
     for config in variants:
-        out, lse = kernels.run(call, config)
-        assert torch.equal(out, base) and torch.equal(lse, base_lse), config
+        assert_same_numbers(kernels.run(call, config), (base, base_lse), config, default)
 
 
 def test_configs_list_variants():

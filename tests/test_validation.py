@@ -93,6 +93,21 @@ DECODE_CASES = [
     ("kv_lora_rank", lambda a: dict(kv_lora_rank=0)),
     ("return_lse", lambda a: dict(return_lse="yes")),
     ("backend", lambda a: dict(backend="no-such-backend")),
+    # int32 lengths: 2**32 + 64 used to wrap to 64 in the kernel
+    ("b_seq_len", lambda a: dict(b_seq_len=torch.tensor([2 ** 32 + 64, 1]))),
+    # scalars in float32's normal range (1e39 overflowed to inf -> NaN; 1e-46 and 1e-300 flushed to 0)
+    ("softmax_scale", lambda a: dict(softmax_scale=1e39)),
+    ("softmax_scale", lambda a: dict(softmax_scale=10 ** 400)),
+    ("p_qdq_amax", lambda a: dict(p_qdq="fp8", p_qdq_amax=1e-46)),
+    ("v_qdq_amax", lambda a: dict(v_qdq="fp8", v_qdq_amax=1e300)),
+    ("k_qdq_amax", lambda a: dict(k_qdq="nvfp4", k_qdq_amax=1e-300)),
+    # ints are ints: not float, not bool
+    ("kv_lora_rank", lambda a: dict(kv_lora_rank=32.0)),
+    ("qk_rope_head_dim", lambda a: dict(qk_rope_head_dim=True)),
+    ("page_size", lambda a: dict(page_size=4.0)),
+    ("num_kv_splits", lambda a: dict(num_kv_splits=True)),
+    # every tensor on the meta device in an eager call (used to raise NotImplementedError)
+    ("q", lambda a: {n: on_meta(a[n]) for n in ("q", "latent_cache", "block_table", "b_seq_len")}),
 ]
 
 
@@ -176,6 +191,25 @@ PREFILL_CASES = [
     ("block_n", lambda a: dict(block_n=8)),
     ("block_n", lambda a: dict(block_n="64")),
     ("backend", lambda a: dict(backend="no-such-backend")),
+    # int32 limits (2**62 used to pass and then raise OverflowError)
+    ("max_seqlen_q", lambda a: dict(max_seqlen_q=2 ** 62)),
+    ("max_seqlen_q", lambda a: dict(max_seqlen_q=2 ** 31)),
+    ("dense_sink_tokens", lambda a: dict(dense_sink_tokens=2 ** 31)),
+    ("dense_recent_tokens", lambda a: dict(dense_recent_tokens=2 ** 40)),
+    ("cu_seqlens_k", lambda a: dict(cu_seqlens_k=torch.tensor([0, 4, 2 ** 32 + 10]))),
+    # ints are ints (sparsity_m=4.0 passed `in (4, 8)` and failed deep inside)
+    ("sparsity_m", lambda a: dict(sparsity_m=4.0)),
+    ("sparsity_n", lambda a: dict(sparsity_n=2.0)),
+    ("max_seqlen_q", lambda a: dict(max_seqlen_q=4.0)),
+    ("max_seqlen_q", lambda a: dict(max_seqlen_q=True)),
+    # scalars in float32's normal range
+    ("softmax_scale", lambda a: dict(softmax_scale=1e39)),
+    ("q_amax", lambda a: dict(q_quant="fp8", q_amax=1e-46)),
+    ("k_amax", lambda a: dict(k_quant="nvfp4", k_amax=1e-300)),
+    ("v_amax", lambda a: dict(v_quant="fp8", v_amax=1e300)),
+    ("p_amax", lambda a: dict(p_amax=True)),
+    # every tensor on the meta device in an eager call
+    ("q", lambda a: {n: on_meta(a[n]) for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")}),
 ]
 
 
@@ -213,6 +247,7 @@ MERGE_CASES = [
     ("output_lse", lambda a: dict(output_lse=torch.empty(5, 3))),
     ("output_lse", lambda a: dict(output_lse=torch.empty(3, 5, dtype=torch.float16))),
     ("backend", lambda a: dict(backend="no-such-backend")),
+    ("prefix_output", lambda a: {n: on_meta(a[n]) for n in a}),
 ]
 
 
@@ -386,7 +421,7 @@ def metadata_args():
 
 
 METADATA_CASES = [
-    ("query", lambda a: dict(query=torch.zeros(2, 1, 2, 576, dtype=torch.bfloat16))),
+    ("query", lambda a: dict(query=torch.zeros(2, 1, 2, 576, dtype=torch.float16))),  # FP8 or bf16 (fp8_ds_mla)
     ("query", lambda a: dict(query=a["query"][:, 0])),
     ("query", lambda a: dict(query=torch.zeros(2, 1, 2, 512, dtype=FP8))),
     ("query", lambda a: dict(query=[[0.0]])),

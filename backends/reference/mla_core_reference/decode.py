@@ -1,4 +1,4 @@
-"""Reference decode: the executable definition of paged MLA decode numerics (shared/DESIGN.md).
+"""Reference decode: the executable definition of paged MLA decode numerics (docs/numerics.md).
 
 Per request of length L, with the 576-wide cache rows as K and their first ``kv_lora_rank`` values as V:
 
@@ -23,8 +23,8 @@ from mla_core import numerics, specs
 _NEG_INF = float("-inf")
 
 
-def _gather_rows(call: specs.DecodeCall, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache rows of every request, padded to ``max_len`` tokens.
+def _gather_rows(call: specs.DecodeCall, lens: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache rows of every request (``lens`` [batch] int64, clamped), padded to ``max_len`` tokens.
 
     Returns (rows [batch, max_len, dim] float32, zero where a key is absent; valid [batch, max_len] bool).
     A key is absent past the request's length, and where its page index lies outside the cache (the
@@ -34,7 +34,6 @@ def _gather_rows(call: specs.DecodeCall, max_len: int) -> tuple[torch.Tensor, to
     cache, page_size = call.latent_cache, call.page_size
     batch, device = call.q.shape[0], cache.device
     num_pages = -(-max_len // page_size)
-    lens = call.seq_lens.to(device, torch.int64)
     table = call.block_table[:, :num_pages].to(torch.int64)
     used_pages = (lens + page_size - 1) // page_size
     cols = torch.arange(num_pages, device=device)
@@ -64,21 +63,26 @@ def mla_decode_reference(call: specs.DecodeCall) -> tuple[torch.Tensor, torch.Te
     """Run one validated decode call.
 
     Returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] float32 natural log,
-    or None when ``call.return_lse`` is False). A length-0 request gives output 0 and LSE -inf.
+    or None when ``call.return_lse`` is False). A length-0 request gives output 0 and LSE -inf. Lengths
+    are clamped to ``0..block_table.shape[1] * page_size`` (out of range only with content checks off): a
+    longer request attends to the keys its table holds, as the kernels do (docs/decisions.md).
     """
     batch, heads = call.q.shape[0], call.q.shape[1]
     device = call.latent_cache.device
-    max_len = int(call.seq_lens.max()) if batch else 0
+    capacity = call.block_table.shape[1] * call.page_size
+    lens = call.seq_lens.to(device, torch.int64).clamp(0, capacity)
+    max_len = int(lens.max()) if batch else 0
     if max_len == 0:
         out = torch.zeros(batch, heads, call.kv_lora_rank, dtype=torch.float32, device=device)
         lse = torch.full((batch, heads), _NEG_INF, dtype=torch.float32, device=device)
     else:
-        out, lse = _decode_batch(call, max_len, specs.decode_num_splits(call, {}))
+        out, lse = _decode_batch(call, lens, max_len, specs.decode_num_splits(call, {}))
     return out.to(call.out_dtype), (lse if call.return_lse else None)
 
 
-def _decode_batch(call: specs.DecodeCall, max_len: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode with ``splits`` splits; the longest request has ``max_len`` > 0 keys.
+def _decode_batch(call: specs.DecodeCall, lens: torch.Tensor, max_len: int,
+                  splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with ``splits`` splits; ``lens`` [batch] int64 clamped lengths, the longest ``max_len`` > 0.
 
     Returns (out [batch, heads, kv_lora_rank], lse [batch, heads]) float32.
     """
@@ -86,7 +90,7 @@ def _decode_batch(call: specs.DecodeCall, max_len: int, splits: int) -> tuple[to
     tile = numerics.DECODE_P_TILE
     batch, heads = q.shape[0], q.shape[1]
     rank, device = call.kv_lora_rank, cache.device
-    rows, valid = _gather_rows(call, max_len)
+    rows, valid = _gather_rows(call, lens, max_len)
 
     k = numerics.qdq(rows, call.k_qdq, call.k_amax, dim=-1)               # [B, L, 576] along features
     v = numerics.qdq(rows[..., :rank], call.v_qdq, call.v_amax, dim=1)    # [B, L, 512] along tokens
@@ -100,7 +104,6 @@ def _decode_batch(call: specs.DecodeCall, max_len: int, splits: int) -> tuple[to
 
     # Tile-aligned splits per request: tile t belongs to split t // tiles_per_split; tiles past the
     # request's length go to a discarded extra split (index `splits`).
-    lens = call.seq_lens.to(device, torch.int64)
     req_tiles = (lens + tile - 1) // tile
     tiles_per_split = ((req_tiles + splits - 1) // splits).clamp_min(1)
     t_idx = torch.arange(num_tiles, device=device)
@@ -118,11 +121,12 @@ def _decode_batch(call: specs.DecodeCall, max_len: int, splits: int) -> tuple[to
     # lse_i = M_i + log(l_i). The LSE merge o = sum_i exp(lse_i - lse) * acc_i / l_i is linear in
     # the acc_i, so it runs as one P·V product with per-tile weights exp(m_t - M_i) * exp(lse_i - lse) / l_i.
     index = split_of_tile[:, None, :].expand(batch, heads, num_tiles)
-    split_max = torch.full((batch, heads, splits + 1), _NEG_INF, device=device)
+    split_max = torch.full((batch, heads, splits + 1), _NEG_INF, dtype=torch.float32, device=device)
     split_max = split_max.scatter_reduce(2, index, m, reduce="amax")
     m_final = split_max.gather(2, index)
     rescale = torch.where(m == _NEG_INF, 0.0, torch.exp(m - torch.where(m_final == _NEG_INF, 0.0, m_final)))
-    split_sum = torch.zeros(batch, heads, splits + 1, device=device).scatter_add(2, index, rescale * row_sum)
+    split_sum = torch.zeros(batch, heads, splits + 1, dtype=torch.float32, device=device)
+    split_sum = split_sum.scatter_add(2, index, rescale * row_sum)
     split_lse = (split_max + torch.log(split_sum))[..., :splits]           # empty splits: -inf
     lse = torch.logsumexp(split_lse, dim=-1)                               # all -inf stays -inf
     lse_safe = torch.where(lse == _NEG_INF, 0.0, lse)

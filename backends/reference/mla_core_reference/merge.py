@@ -5,17 +5,21 @@ import torch
 
 from mla_core import numerics, specs
 
+_NEG_INF = float("-inf")
+
 
 def merge_attn_states_reference(call: specs.MergeCall) -> tuple[torch.Tensor, torch.Tensor]:
     """``lse = log(exp(a) + exp(b))``, ``out = exp(a - lse) * prefix + exp(b - lse) * suffix``.
 
-    Outputs [tokens, heads, dim], LSEs [heads, tokens] float32. A row where both LSEs are -inf gives
-    output 0 and LSE -inf. Writes into ``call.output`` / ``call.output_lse`` when given and returns them;
-    otherwise a new output in prefix_output's dtype and a new float32 LSE.
+    Outputs [tokens, heads, dim], LSEs [heads, tokens] float32. An input LSE of -inf or +inf marks an
+    empty state (+inf is how FlashAttention, FlashMLA and vLLM report a row with no key; vLLM's merge
+    reads it as empty): it contributes nothing. A row where both states are empty gives output 0 and
+    LSE -inf. Writes into ``call.output`` / ``call.output_lse`` when given and returns them; otherwise a
+    new contiguous output in prefix_output's dtype and a new contiguous float32 LSE.
     """
-    a, b = call.prefix_lse.float(), call.suffix_lse.float()
+    a, b = (numerics.empty_state_lse(x.float()) for x in (call.prefix_lse, call.suffix_lse))
     lse = numerics.merge_lse(a, b)                                         # [heads, tokens]
-    empty = lse == float("-inf")
+    empty = lse == _NEG_INF
     lse_safe = torch.where(empty, 0.0, lse)
     w_prefix = torch.exp(a - lse_safe).t()[..., None]                      # [tokens, heads, 1]
     w_suffix = torch.exp(b - lse_safe).t()[..., None]
@@ -23,10 +27,10 @@ def merge_attn_states_reference(call: specs.MergeCall) -> tuple[torch.Tensor, to
     merged = torch.where(empty.t()[..., None], 0.0, merged)
     if call.output is not None:
         output = call.output.copy_(merged)
-    else:
-        output = merged.to(call.prefix_output.dtype)
+    else:  # the weights' transposed layout would otherwise carry over to the result's strides
+        output = merged.to(call.prefix_output.dtype).contiguous()
     if call.output_lse is not None:
         output_lse = call.output_lse.copy_(lse)
     else:
-        output_lse = lse
+        output_lse = lse.contiguous()
     return output, output_lse

@@ -1,4 +1,4 @@
-"""Reference prefill: the executable definition of varlen MLA prefill numerics (shared/DESIGN.md).
+"""Reference prefill: the executable definition of varlen MLA prefill numerics (docs/numerics.md).
 
 Per sequence (``len_q`` queries, the suffix of ``len_k`` keys when causal), per head h on kv head
 ``h // (heads // kv_heads)``:
@@ -90,11 +90,27 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch
     return out, lse
 
 
+def sequence_ranges(cu_seqlens: torch.Tensor, total: int) -> list[tuple[int, int]]:
+    """``[start, end)`` rows of each sequence, clamped into ``0..total`` with ``end >= start``.
+
+    Validation makes ``cu_seqlens`` the packed tensors' cumulative lengths; with content checks off they may
+    not be, and every backend then uses these clamped ranges (a decreasing entry gives an empty sequence),
+    so nothing reads or writes outside q / k / v / out (docs/decisions.md).
+    """
+    cu = cu_seqlens.tolist()
+    ranges = []
+    for a, b in zip(cu[:-1], cu[1:]):
+        start = min(max(a, 0), total)
+        ranges.append((start, min(max(b, start), total)))
+    return ranges
+
+
 def mla_prefill_reference(call: specs.PrefillCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run one validated prefill call.
 
     Returns (out [total_q, heads, v_dim] in v.dtype, lse [heads, total_q] float32 natural log, or None
-    when ``call.return_lse`` is False).
+    when ``call.return_lse`` is False). Sequences take :func:`sequence_ranges`; query rows no range covers
+    give output 0 and LSE -inf.
     """
     total_q, heads, qk_dim = call.q.shape
     kv_heads, v_dim = call.k.shape[1], call.v.shape[2]
@@ -104,9 +120,8 @@ def mla_prefill_reference(call: specs.PrefillCall) -> tuple[torch.Tensor, torch.
     k_all = numerics.qdq(call.k, call.k_quant, call.k_amax, dim=-1)      # [total_k, kv_heads, qk_dim]
     out = torch.zeros(total_q, heads, v_dim, dtype=torch.float32, device=device)
     lse = torch.full((heads, total_q), _NEG_INF, dtype=torch.float32, device=device)
-    cu_q = call.cu_seqlens_q.tolist()
-    cu_k = call.cu_seqlens_k.tolist()
-    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]):
+    ranges_k = sequence_ranges(call.cu_seqlens_k, call.k.shape[0])
+    for (q0, q1), (k0, k1) in zip(sequence_ranges(call.cu_seqlens_q, total_q), ranges_k):
         len_q, len_k = q1 - q0, k1 - k0
         if len_q == 0 or len_k == 0:
             continue

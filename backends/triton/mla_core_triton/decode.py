@@ -115,7 +115,8 @@ def _kv_codes_kernel(
     t = tl.program_id(0)
     b = tl.program_id(1)
     part = tl.program_id(2)  # 0: K codes, 1: V codes (separate programs: half the live registers each)
-    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    # a length past the table's capacity (or below 0) is clamped: only this request's table row is read
+    seq_len = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), capacity).to(tl.int32)
     tok = t * TILE + tl.arange(0, TILE)
     in_len = tok < seq_len
     offs_n = tl.arange(0, D_NOPE)
@@ -162,7 +163,8 @@ def _decode_split_kernel(
     split = tl.program_id(1)
     b = tl.program_id(2)
 
-    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    # a length past the table's capacity (or below 0) is clamped: only this request's table row is read
+    seq_len = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), capacity).to(tl.int32)
     tiles_total = tl.cdiv(seq_len, TILE)
     tiles_per_split = tl.cdiv(tiles_total, num_splits)
     lo = split * tiles_per_split * TILE
@@ -275,7 +277,9 @@ def _decode_split_kernel(
     o = tl.where(has_keys[:, None], o, 0.0)
     lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     mask_o = mask_h[:, None] & mask_v[None, :]
-    mask_lse = mask_h & (v_part == 0)  # every v_part has the same LSE: one writes it
+    # every v_part has the same LSE: one writes it (a vector comparison: triton 3.9's interpreter rejects
+    # a mask made from a vector & a scalar bool)
+    mask_lse = mask_h & (tl.full([BLOCK_H], v_part, tl.int32) == 0)
     if DIRECT:
         dst = out_ptr + (b * heads + offs_h[:, None]).to(tl.int64) * NOPE + offs_v[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mask_o)
@@ -407,6 +411,11 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate an output or split buffer the kernels fully write (tests replace this to poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     """Decode: returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] fp32 or None).
 
@@ -419,8 +428,8 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     device = q.device
     if on_gpu is None:
         on_gpu = device.type == "cuda"
-    out = torch.empty(batch, heads, nope, dtype=call.out_dtype, device=device)
-    lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
+    out = _new_output((batch, heads, nope), call.out_dtype, device)
+    lse = _new_output((batch, heads), torch.float32, device) if call.return_lse else None
     if batch == 0:
         return out, lse
     splits = decode_num_splits(call, config, _sm_count(device))
@@ -466,8 +475,8 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     if direct:
         part_o = part_lse = out  # unused
     else:
-        part_o = torch.empty(batch * heads * splits * nope, dtype=torch.float32, device=device)
-        part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
+        part_o = _new_output((batch * heads * splits * nope,), torch.float32, device)
+        part_lse = _new_output((batch * heads * splits,), torch.float32, device)
     grid = (triton.cdiv(heads, block_h) * v_split, splits, batch)
     compiled = _decode_split_kernel[grid](
         q, cache, call.block_table, call.seq_lens, part_o, part_lse, out, lse if lse is not None else out,

@@ -15,13 +15,17 @@ def _merge_kernel(pre_o_ptr, pre_lse_ptr, suf_o_ptr, suf_lse_ptr, out_ptr, out_l
                   BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (token, head block): lse = logaddexp(a, b); out = exp(a - lse) * pre + exp(b - lse) * suf.
 
-    Rows where both LSEs are -inf give output 0 and LSE -inf. Math in fp32, output in out's dtype.
+    An LSE of -inf or +inf is an empty state; rows where both are empty give output 0 and LSE -inf.
+    Math in fp32, output in out's dtype.
     """
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < heads
     a = tl.load(pre_lse_ptr + offs_h * s_plh + t, mask=mask_h, other=float("-inf"))
     b = tl.load(suf_lse_ptr + offs_h * s_slh + t, mask=mask_h, other=float("-inf"))
+    # +inf marks an empty state as -inf does (FlashAttention / FlashMLA / vLLM; numerics.empty_state_lse)
+    a = tl.where(a == float("inf"), float("-inf"), a)
+    b = tl.where(b == float("inf"), float("-inf"), b)
     mx = tl.maximum(a, b)
     mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
     ea = tl.exp(a - mx_safe)
@@ -53,7 +57,8 @@ def run(call: MergeCall, config: dict):
     """Returns (output [tokens, heads, dim], output_lse [heads, tokens] fp32), written in place when given."""
     pre, suf = call.prefix_output, call.suffix_output
     tokens, heads, dim = pre.shape
-    out = call.output if call.output is not None else torch.empty_like(pre)
+    # a new output is contiguous whatever pre's strides (empty_like would copy a permuted layout)
+    out = call.output if call.output is not None else torch.empty(pre.shape, dtype=pre.dtype, device=pre.device)
     out_lse = call.output_lse if call.output_lse is not None else torch.empty(
         heads, tokens, dtype=torch.float32, device=pre.device)
     if tokens == 0 or dim == 0:

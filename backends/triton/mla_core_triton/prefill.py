@@ -2,7 +2,7 @@
 
 One program per (query tile, head, sequence) walks the key tiles of its sequence with an online
 softmax. The kernel's key tile is the caller's ``block_n``, which is also the P tile of the numerics
-(shared/DESIGN.md), so the running maximum is updated exactly once per P tile.
+(docs/numerics.md), so the running maximum is updated exactly once per P tile.
 
 Quantized operands run on tensor cores at full accuracy: a fake-quantized value is ``code * f`` with a
 per-tensor factor ``f`` (FP8: ``amax / 448``; NVFP4: the global scale ``g``) and a ``code`` (an E4M3
@@ -172,9 +172,16 @@ def _nvfp4_codes(x, g, inv_g, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constex
     # r3 is 0 where s is 0, so x / s comes out 0 there
     # E2M1 value times block code has at most 6 significant bits: exact in DST, so multiply there
     # (two values per instruction in a 16-bit DST)
-    y = tl.reshape(_e2m1_abs(_div(a3, s3, r3, HW)).to(DST) * b3.to(DST), (R, C))
-    if not NONNEG:
-        y = tl.where(x < 0, -y, y)
+    e = _e2m1_abs(_div(a3, s3, r3, HW))
+    if HW & 1:
+        y = tl.reshape(e.to(DST) * b3.to(DST), (R, C))
+        if not NONNEG:
+            y = tl.where(x < 0, -y, y)
+    else:  # the interpreter's bf16 arithmetic works on raw bits: product and sign in float32 (exact there too)
+        y = tl.reshape(e * b3, (R, C))
+        if not NONNEG:
+            y = tl.where(x < 0, -y, y)
+        y = y.to(DST)
     return y
 
 
@@ -199,6 +206,16 @@ def _codes(x, FMT: tl.constexpr, f, rf, R: tl.constexpr, C: tl.constexpr, AXIS: 
 
 
 @triton.jit
+def _dot(a, b, acc, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` in float32 (acc None: ``a @ b``). UPCAST (interpreter, bf16 operands): the interpreter's bf16 dot
+    multiplies raw bit patterns, so both operands go through float32 (bf16 products are exact there)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+@triton.jit
 def _nm_keep(s, q_pos, kv_pos, q_len, sink, recent, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Which scores of a [BLOCK_M, BLOCK_N] tile survive N:M sparsity (keys grouped by kv_pos // M).
@@ -219,6 +236,16 @@ def _nm_keep(s, q_pos, kv_pos, q_len, sink, recent, SPARSE_N: tl.constexpr, SPAR
 
 
 @triton.jit
+def _seq_range(cu_ptr, seq, total):
+    """(start, length) of sequence ``seq``: ``[start, end)`` clamped into ``0..total`` with ``end >= start``
+    (the reference's ``sequence_ranges``), so cu_seqlens that do not describe the tensors (possible with
+    content checks off) never move a load or store outside them; int32 after the clamp."""
+    start = tl.minimum(tl.maximum(tl.load(cu_ptr + seq), 0), total)
+    end = tl.minimum(tl.maximum(tl.load(cu_ptr + seq + 1), start), total)
+    return start.to(tl.int32), (end - start).to(tl.int32)
+
+
+@triton.jit
 def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k, shift, len_q,
                  stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf, p_rf, sink, recent,
                  da_mask, db_mask, dv_mask,
@@ -226,10 +253,12 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  DA: tl.constexpr, DB: tl.constexpr, DVP: tl.constexpr,
                  K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr, MASKED: tl.constexpr,
-                 CAUSAL: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr, HW_FP8: tl.constexpr):
+                 CAUSAL: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr, HW_FP8: tl.constexpr,
+                 UPCAST: tl.constexpr):
     """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns the updated (acc, l, m).
 
     QK_DT / PV_DT: the dtype of the operands of each dot (DT, or float16 where both are codes).
+    UPCAST: bf16 dots through float32 (the interpreter; see :func:`_dot`).
     """
     kv_pos = n0 + offs_n
     k_in = kv_pos < len_k
@@ -240,7 +269,7 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
         k_a = tl.load(k_ptrs_a + tok[:, None] * stride_kt, mask=da_mask[None, :], other=0.0)
     if K_FMT != 0:  # raw operands go straight from the load to the dot, so the loads pipeline
         k_a = _codes(k_a.to(tl.float32), K_FMT, k_f, k_rf, BLOCK_N, DA, 1, QK_DT, HW_FP8)
-    qk = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PREC)
+    qk = _dot(q_a, tl.trans(k_a), None, DOT_PREC, UPCAST)
     if DB > 0:
         if MASKED:
             k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=k_in[:, None] & db_mask[None, :], other=0.0)
@@ -248,7 +277,7 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
             k_b = tl.load(k_ptrs_b + tok[:, None] * stride_kt, mask=db_mask[None, :], other=0.0)
         if K_FMT != 0:
             k_b = _codes(k_b.to(tl.float32), K_FMT, k_f, k_rf, BLOCK_N, DB, 1, QK_DT, HW_FP8)
-        qk = tl.dot(q_b, tl.trans(k_b), qk, input_precision=DOT_PREC)
+        qk = _dot(q_b, tl.trans(k_b), qk, DOT_PREC, UPCAST)
     s = qk * score_scale
     if MASKED:
         visible = k_in[None, :]
@@ -267,8 +296,10 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
         p_op = _fp8_codes(p, p_f, p_rf, PV_DT, HW_FP8)
     elif P_FMT == 2:
         p_op = _nvfp4_codes(_round_to(p, DT, HW_FP8), p_f, p_rf, BLOCK_M, BLOCK_N, 1, PV_DT, True, HW_FP8)
-    else:
+    elif HW_FP8 & 1:
         p_op = p.to(DT)
+    else:
+        p_op = _round_to(p, DT, HW_FP8).to(DT)  # the interpreter's bf16 cast truncates: round first
     if MASKED:
         v = tl.load(v_ptrs + tok[:, None] * stride_vt, mask=k_in[:, None] & dv_mask[None, :], other=0.0)
     else:
@@ -276,12 +307,12 @@ def _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n
     if V_FMT != 0:
         v = _codes(v.to(tl.float32), V_FMT, v_f, v_rf, BLOCK_N, DVP, 0, PV_DT, HW_FP8)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p_op, v, acc, input_precision=DOT_PREC)
+    acc = _dot(p_op, v, acc, DOT_PREC, UPCAST)
     return acc, l_i, m_new
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, total_q, total_k,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     lse_stride_h, score_scale, out_scale, q_f, k_f, v_f, p_f, q_rf, k_rf, v_rf, p_rf, sink, recent,
                     HEAD_GROUP: tl.constexpr, DQK: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
@@ -289,7 +320,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                     CAUSAL: tl.constexpr, Q_FMT: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
                     P_FMT: tl.constexpr, SPARSE_N: tl.constexpr, SPARSE_M: tl.constexpr,
                     RETURN_LSE: tl.constexpr, DOT_PREC: tl.constexpr, QK16: tl.constexpr, PV16: tl.constexpr,
-                    HW_FP8: tl.constexpr):
+                    HW_FP8: tl.constexpr, UPCAST: tl.constexpr):
     """Grid (query tiles, heads, sequences). Writes out [total_q, heads, DV] and lse [heads, total_q].
 
     q_f..p_f: per-tensor factors, q_rf..p_rf their float32 reciprocals. QK16 / PV16: run that dot on
@@ -299,13 +330,11 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
-    q_start = tl.load(cu_q_ptr + seq).to(tl.int32)
-    len_q = tl.load(cu_q_ptr + seq + 1).to(tl.int32) - q_start
+    q_start, len_q = _seq_range(cu_q_ptr, seq, total_q)
     m0 = pid_m * BLOCK_M
     if m0 >= len_q:
         return
-    k_start = tl.load(cu_k_ptr + seq).to(tl.int32)
-    len_k = tl.load(cu_k_ptr + seq + 1).to(tl.int32) - k_start
+    k_start, len_k = _seq_range(cu_k_ptr, seq, total_k)
     shift = len_k - len_q  # query i sits at key position i + shift
     kv_head = head // HEAD_GROUP
     DT = out_ptr.dtype.element_ty  # the inputs' dtype (q may hold float16 codes from the Q pre-pass)
@@ -363,13 +392,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                                      shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf,
                                      p_rf, sink, recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC,
                                      BLOCK_M, BLOCK_N, DA, DB, DVP, K_FMT, V_FMT, P_FMT, False, CAUSAL, SPARSE_N,
-                                     SPARSE_M, HW_FP8)
+                                     SPARSE_M, HW_FP8, UPCAST)
     for n0 in range(full_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_a, q_b, k_ptrs_a, k_ptrs_b, v_ptrs, n0, offs_n, offs_m, len_k,
                                      shift, len_q, stride_kt, stride_vt, score_scale, k_f, v_f, p_f, k_rf, v_rf,
                                      p_rf, sink, recent, da_mask, db_mask, dv_mask, DT, QK_DT, PV_DT, DOT_PREC,
                                      BLOCK_M, BLOCK_N, DA, DB, DVP, K_FMT, V_FMT, P_FMT, True, CAUSAL, SPARSE_N,
-                                     SPARSE_M, HW_FP8)
+                                     SPARSE_M, HW_FP8, UPCAST)
 
     has_key = l_i > 0.0
     inv_l = tl.math.div_rn(tl.full((BLOCK_M,), out_scale, tl.float32), tl.where(has_key, l_i, 1.0))
@@ -411,15 +440,14 @@ def _k_codes_kernel(k_ptr, c_ptr, total_k, stride_kt, stride_kh, stride_ct, stri
 
 
 @triton.jit
-def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, stride_vt, stride_vh, stride_ct, stride_ch, v_f, v_rf,
+def _v_codes_kernel(v_ptr, c_ptr, cu_k_ptr, total_k, stride_vt, stride_vh, stride_ct, stride_ch, v_f, v_rf,
                     DV: tl.constexpr, DVP: tl.constexpr, BLOCK_T: tl.constexpr, V_FMT: tl.constexpr,
                     HW_FP8: tl.constexpr):
     """Grid (key blocks, kv heads, sequences): codes of V along keys, blocks from each sequence's first key."""
     t0 = tl.program_id(0) * BLOCK_T
     head = tl.program_id(1)
     seq = tl.program_id(2)
-    k_start = tl.load(cu_k_ptr + seq).to(tl.int32)
-    len_k = tl.load(cu_k_ptr + seq + 1).to(tl.int32) - k_start
+    k_start, len_k = _seq_range(cu_k_ptr, seq, total_k)
     if t0 >= len_k:
         return
     pos = t0 + tl.arange(0, BLOCK_T)
@@ -554,7 +582,7 @@ def _prepass_v(v: torch.Tensor, cu_k: torch.Tensor, batch: int, fmt: int, factor
     if total_k and batch:
         # No sequence is longer than total_k; reading the real maximum would synchronize with the GPU.
         _v_codes_kernel[(triton.cdiv(total_k, block_t), kv_heads, batch)](
-            v, codes, cu_k, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1), factor,
+            v, codes, cu_k, total_k, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1), factor,
             _recip(factor), DV=dv, DVP=max(16, _pow2_at_least(dv)), BLOCK_T=block_t, V_FMT=fmt, HW_FP8=hw_fp8,
             num_warps=4)
     return codes
@@ -602,9 +630,10 @@ def run(call, config: dict):
     sparse = 0 < call.sparsity_n < call.sparsity_m  # n == 0 is off, n == m keeps every score
     sparse_n, sparse_m = (call.sparsity_n, call.sparsity_m) if sparse else (0, 0)
     da, db = _split_dim(dqk)
-    grid = (triton.cdiv(call.max_seqlen_q, block_m), heads, batch)
+    # no (clamped) sequence is longer than q: a max_seqlen_q past it adds no work
+    grid = (triton.cdiv(min(call.max_seqlen_q, total_q), block_m), heads, batch)
     _prefill_kernel[grid](
-        q, k, v, out, out if lse is None else lse, call.cu_seqlens_q, call.cu_seqlens_k,
+        q, k, v, out, out if lse is None else lse, call.cu_seqlens_q, call.cu_seqlens_k, total_q, k.shape[0],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         total_q, call.softmax_scale * LOG2E * q_f * k_f, p_f * v_f, q_f, k_f, v_f, p_f,
         _recip(q_f), _recip(k_f), _recip(v_f), _recip(p_f),
@@ -613,5 +642,6 @@ def run(call, config: dict):
         BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=call.causal, Q_FMT=q_fmt, K_FMT=k_fmt, V_FMT=v_fmt,
         P_FMT=p_fmt, SPARSE_N=sparse_n, SPARSE_M=sparse_m, RETURN_LSE=call.return_lse,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", QK16=qk16, PV16=pv16, HW_FP8=hw_fp8,
+        UPCAST=q.dtype == torch.bfloat16 and not (hw_fp8 & 1),
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
     return out, lse
