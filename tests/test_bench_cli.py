@@ -105,3 +105,44 @@ def test_bench_decode_on_the_gpu_with_ceilings_and_plot(tmp_path, capsys):
     fast = [r for r in report["rows"] if r["backend"] != "reference"]
     assert fast and all(r["graph_us"] and r["pct_copy"] > 0 for r in fast)
     assert torch.cuda.is_available()
+
+
+def test_gpu_flow_on_the_cpu_with_stand_in_timers(cpu_only, capsys, monkeypatch, tmp_path):
+    """The GPU path's bookkeeping (ceilings, graph and eager columns, % of ceilings, the reference's eager-only
+    row, the roofline plot) with the timers replaced: what `mla-core bench` prints on the H200."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(cli, "resolve_device", lambda d: "cuda")
+    real_workload = bench.workload
+    monkeypatch.setattr(bench, "workload", lambda op, device="cpu", **kw: real_workload(op, device="cpu", **kw))
+    monkeypatch.setattr(bench, "measure_ceilings", lambda: {"copy_gbps": 4000.0, "bf16_tflops": 700.0})
+    calls = []
+
+    def timer(us):
+        def time(fn, iters=1, warmup=1, flush=True):
+            fn()
+            calls.append(us)
+            return us
+        return time
+
+    monkeypatch.setattr(bench, "time_graph", timer(10.0))
+    monkeypatch.setattr(bench, "time_eager", timer(40.0))
+    png = Path(os.environ.get("MLA_CORE_TEST_PLOT") or tmp_path / "roof.png")
+    plot = ["--plot", str(png)] if _has_matplotlib() else []
+    code = cli.main(["bench", "merge", "--tokens", "8", "--heads", "2", "--head-dim", "16", "--json", "--quiet",
+                     *plot])
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["backend"]: r for r in report["rows"]}
+    assert code == 0 and report["ceilings"]["copy_gbps"] == 4000.0 and "CUDA-graph" in report["timing"]
+    assert rows["triton"]["graph_us"] == 10.0 and rows["triton"]["eager_us"] == 40.0 and rows["triton"]["us"] == 10.0
+    assert rows["triton"]["pct_copy"] == pytest.approx(100 * rows["triton"]["gbps"] / 4000.0)
+    assert rows["reference"]["graph_us"] is None and "eager only" in rows["reference"]["note"]
+    assert rows["reference"]["x_fastest"] == 4.0
+    assert not plot or png.stat().st_size > 10_000
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
