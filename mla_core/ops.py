@@ -183,7 +183,7 @@ def get_sparse_decode_metadata(query, seq_lens, sparse_mla_top_k) -> SparseDecod
     """Prepare reusable metadata for :func:`sparse_mla_fp8_decode` (FlashInfer/MATE ``get_batch_decode_metadata_mla``).
 
     Args:
-        query: [batch, q_len, heads, 576] FP8 E4M3 (only its shape and device are used).
+        query: [batch, q_len, heads, 576] FP8 E4M3 or bf16 (only its shape and device are used).
         seq_lens: [batch] int32 valid sparse lengths (0..top_k), or None when every index slot is valid.
         sparse_mla_top_k: index capacity, a positive multiple of 64.
 
@@ -210,8 +210,10 @@ def sparse_mla_fp8_decode(query, kv_cache, workspace_buffer, qk_nope_head_dim, k
     query row with no valid slot gives output 0 and LSE -inf.
 
     Args:
-        query: [batch, q_len, heads, 576] FP8 E4M3, contiguous.
-        kv_cache: [pages, page_size, 576] or [pages, 1, page_size, 576] FP8 E4M3, contiguous.
+        query: [batch, q_len, heads, 576] contiguous: FP8 E4M3 with 576-wide cache rows, bf16 with 656-byte rows.
+        kv_cache: [pages, page_size, W] or [pages, 1, page_size, W], contiguous; the last dimension names the
+            layout (docs/sparse.md): W = 576, FP8 E4M3 values (MATE); W = 656, fp8_ds_mla rows (FlashMLA /
+            vLLM: 512 E4M3 codes, 4 float32 scales per 128 values, 64 bf16 RoPE values), uint8 or FP8 typed.
         workspace_buffer, qk_nope_head_dim, max_seq_len, sinks, skip_softmax_threshold_scale_factor,
             enable_pdl, is_var_seq, uses_shared_paged_kv_idx, cute_dsl_impl, kv_scale_format,
             cum_seq_lens_q, max_q_len, multi_ctas_kv_counter_buffer: accepted for FlashInfer
@@ -225,7 +227,8 @@ def sparse_mla_fp8_decode(query, kv_cache, workspace_buffer, qk_nope_head_dim, k
         backend: an mla_core backend name, or ``"auto"`` / a FlashInfer backend name for automatic dispatch.
         lse: optional float32 buffer [batch * q_len, heads] or [batch, q_len, heads].
         return_lse: return ``(out, lse)``.
-        metadata: from :func:`get_sparse_decode_metadata` (None: prepared for this call).
+        metadata: from :func:`get_sparse_decode_metadata` (None: prepared for this call); refused when built
+            for another shape, q_len, top-k or seq_lens-given-ness, and (content checks on) other seq_lens values.
 
     Returns:
         out [batch, q_len, heads, 512] bf16, or ``(out, lse [batch, q_len, heads] float32)`` with return_lse

@@ -11,18 +11,21 @@ def sparse_inputs(batch, q_len, heads, top_k, lengths, *, layout="fp8", pages=6,
                   four_d=False, device="cpu", minus_one=0.15):
     """``dict(query, kv_cache, indices, seq_lens, rows)``.
 
-    Slots below ``lengths[b]`` hold cache rows or -1 (about ``minus_one`` of them); slots past it hold
-    garbage (huge and negative indices). Cache rows no valid slot names are all-0xFF bytes (NaN codes, NaN
+    Slots below ``lengths[b]`` hold cache rows or -1 (about ``minus_one`` of them); the slot at
+    ``lengths[b]`` names the last cache row (never valid: a stale index), the slots after it garbage (huge and
+    negative indices). Cache rows no valid slot names are all-0xFF bytes (NaN codes, NaN
     scales, NaN bf16 RoPE), so reading one shows up as a NaN. ``layout`` "fp8": FP8 query and 576-value
     rows; "fp8_ds_mla": bf16 query and 656-byte rows with per-block scales spread over 1e-2..1e2.
     """
     g = torch.Generator().manual_seed(seed)
     rows = pages * page_size
-    indices = torch.randint(0, rows, (batch, q_len, top_k), generator=g, dtype=torch.int32)
+    # the last row is never selected by a valid slot: the slot just past each length names it (a stale index)
+    indices = torch.randint(0, rows - 1, (batch, q_len, top_k), generator=g, dtype=torch.int32)
     indices[torch.rand(indices.shape, generator=g) < minus_one] = -1
     for b, n in enumerate(lengths):
         indices[b, :, n:] = 2 ** 31 - 1
         indices[b, :, n + 1::3] = -7
+        indices[b, :, n:n + 1] = rows - 1
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     used = torch.zeros(rows, dtype=torch.bool)
     for b, n in enumerate(lengths):

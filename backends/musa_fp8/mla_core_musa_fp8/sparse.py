@@ -36,21 +36,19 @@ def _pow2(n: int) -> int:
 
 
 def configs(problem) -> list[dict]:
-    """Heads per program, keys per tile, warps, stages and ``v_split``, most promising first (the first is the default).
+    """Heads per program, keys per tile, warps and stages, most promising first (the first is the default).
 
-    Ranked by ptxas on sm_90a (registers and spills per thread, benchmarks/NOTES.md) and the H200: every
-    variant fills the 255-register budget; ``v_split`` 2 (each program computes the scores of its heads but
-    only half of the 512 output columns: twice the Q·K work, half the accumulator) and 32-key tiles remove
-    the spills (64 heads x 32 keys: 32 B; 32 heads x 32 keys at 4 warps: none, 55 KB of shared memory, two
-    programs per SM). 64-head groups feed one gathered K tile to the most heads (FlashMLA's tiling).
-    ``num_splits`` is chosen at launch from the SM count unless the config names one.
+    64 heads x 64 keys per tile is FlashMLA's sparse tiling (one gathered K tile feeds 64 heads). Measured on
+    the H200 (benchmarks/NOTES.md): 64 x 64 at 8 warps / 2 stages is the fastest for 576-byte rows, 64 x 32 at
+    one stage for 656-byte rows. Fewer heads per program for small head counts. ``num_splits`` is chosen at
+    launch from the SM count unless the config names one.
     """
     heads = problem["heads"]
     top = min(64, max(16, _pow2(heads)))
-    ranked = [(64, 32, 8, 1, 2), (32, 32, 4, 1, 2), (64, 16, 8, 1, 2), (64, 64, 8, 2, 1), (64, 32, 8, 1, 1),
-              (16, 32, 4, 2, 1), (16, 64, 4, 2, 2)]
-    return [{"block_h": bh, "block_n": bn, "num_warps": w, "num_stages": st, "v_split": vs}
-            for bh, bn, w, st, vs in ranked if bh <= top]
+    ranked = [(64, 64, 8, 2), (64, 32, 8, 1), (64, 32, 8, 2), (32, 64, 4, 2), (16, 64, 4, 2), (16, 32, 4, 2)]
+    if problem.get("kv_layout") == KV_LAYOUT_DS_MLA:
+        ranked.insert(0, ranked.pop(1))
+    return [{"block_h": bh, "block_n": bn, "num_warps": w, "num_stages": st} for bh, bn, w, st in ranked if bh <= top]
 
 
 @triton.jit
@@ -58,15 +56,14 @@ def _sparse_split_kernel(
         q_ptr, kv_codes, kv_scales, kv_rope, idx_ptr, valid_ptr, part_o, part_lse, out_ptr, lse_ptr,
         rows, heads, q_len, top_k, num_splits, s_codes, s_scales, s_rope, qk_scale, bmm2_scale,
         DS_MLA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NOPE: tl.constexpr,
-        ROPE: tl.constexpr, DIRECT: tl.constexpr, V_SPLIT: tl.constexpr, HW: tl.constexpr):
+        ROPE: tl.constexpr, DIRECT: tl.constexpr, HW: tl.constexpr):
     """``qk_scale`` = bmm1_scale * log2(e): scores live in log2 units (exp2), LSE is converted back to natural log.
 
     kv_codes [rows, s_codes] uint8 (the first NOPE bytes are E4M3 latent codes; for 576-byte rows the next
     ROPE bytes are the RoPE codes); fp8_ds_mla: kv_scales [rows, s_scales] float32 view (scales at columns
     NOPE/4 ..), kv_rope [rows, s_rope] bf16 view (RoPE at columns (NOPE + 16) / 2 ..).
     """
-    hg = tl.program_id(0) // V_SPLIT
-    vh = tl.program_id(0) % V_SPLIT  # with V_SPLIT 2: this program's half of the output columns
+    hg = tl.program_id(0)
     split = tl.program_id(1)
     tok = tl.program_id(2).to(tl.int64)
     b = tok // q_len
@@ -148,17 +145,7 @@ def _sparse_split_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
         a = alpha[:, None]
-        if V_SPLIT == 2:  # this program's two 128-column blocks of V: (0, 1) or (2, 3)
-            va = tl.where(vh == 0, k0, k2)
-            vb = tl.where(vh == 0, k1, k3)
-            if DS_MLA:
-                acc0 = mma(to_dot_bf16(p * tl.where(vh == 0, sc0, sc2)[None, :], HW), va, acc0 * a, HW)
-                acc1 = mma(to_dot_bf16(p * tl.where(vh == 0, sc1, sc3)[None, :], HW), vb, acc1 * a, HW)
-            else:
-                pb = to_dot_bf16(p, HW)
-                acc0 = mma(pb, va, acc0 * a, HW)
-                acc1 = mma(pb, vb, acc1 * a, HW)
-        elif DS_MLA:
+        if DS_MLA:
             acc0 = mma(to_dot_bf16(p * sc0[None, :], HW), k0, acc0 * a, HW)
             acc1 = mma(to_dot_bf16(p * sc1[None, :], HW), k1, acc1 * a, HW)
             acc2 = mma(to_dot_bf16(p * sc2[None, :], HW), k2, acc2 * a, HW)
@@ -174,24 +161,22 @@ def _sparse_split_kernel(
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, l))
     lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     if DIRECT:
-        o_row = out_ptr + (tok * heads + h) * NOPE + vh * (2 * BLK)
+        o_row = out_ptr + (tok * heads + h) * NOPE
         w = inv * bmm2_scale
         om = hmask[:, None]
         tl.store(o_row[:, None] + c[None, :], bf16_out(acc0 * w[:, None], HW), mask=om)
         tl.store(o_row[:, None] + BLK + c[None, :], bf16_out(acc1 * w[:, None], HW), mask=om)
-        if V_SPLIT == 1:
-            tl.store(o_row[:, None] + 2 * BLK + c[None, :], bf16_out(acc2 * w[:, None], HW), mask=om)
-            tl.store(o_row[:, None] + 3 * BLK + c[None, :], bf16_out(acc3 * w[:, None], HW), mask=om)
+        tl.store(o_row[:, None] + 2 * BLK + c[None, :], bf16_out(acc2 * w[:, None], HW), mask=om)
+        tl.store(o_row[:, None] + 3 * BLK + c[None, :], bf16_out(acc3 * w[:, None], HW), mask=om)
         tl.store(lse_ptr + tok * heads + h, lse, mask=hmask)
     else:
         part = (tok * heads + h) * num_splits + split
-        o_row = part_o + part * NOPE + vh * (2 * BLK)
+        o_row = part_o + part * NOPE
         om = hmask[:, None]
         tl.store(o_row[:, None] + c[None, :], acc0 * inv[:, None], mask=om)
         tl.store(o_row[:, None] + BLK + c[None, :], acc1 * inv[:, None], mask=om)
-        if V_SPLIT == 1:
-            tl.store(o_row[:, None] + 2 * BLK + c[None, :], acc2 * inv[:, None], mask=om)
-            tl.store(o_row[:, None] + 3 * BLK + c[None, :], acc3 * inv[:, None], mask=om)
+        tl.store(o_row[:, None] + 2 * BLK + c[None, :], acc2 * inv[:, None], mask=om)
+        tl.store(o_row[:, None] + 3 * BLK + c[None, :], acc3 * inv[:, None], mask=om)
         tl.store(part_lse + part, lse, mask=hmask)
 
 
@@ -227,7 +212,7 @@ def num_splits_for(tokens: int, heads: int, top_k: int, config: dict, sms: int) 
     tiles = triton.cdiv(top_k, block_n)
     if "num_splits" in config:
         return max(1, min(int(config["num_splits"]), tiles))
-    programs = tokens * triton.cdiv(heads, block_h) * int(config.get("v_split", 1))
+    programs = tokens * triton.cdiv(heads, block_h)
     splits = 1
     while splits * 2 <= tiles and programs * splits < 2 * sms:
         splits *= 2
@@ -269,12 +254,11 @@ def run(call: SparseDecodeCall, config: dict, on_gpu: bool | None = None):
     else:
         part_o = torch.empty(tokens * heads * splits * SPARSE_LATENT, dtype=torch.float32, device=device)
         part_lse = torch.empty(tokens * heads * splits, dtype=torch.float32, device=device)
-    v_split = int(config.get("v_split", 1))
-    _sparse_split_kernel[(triton.cdiv(heads, block_h) * v_split, splits, tokens)](
+    _sparse_split_kernel[(triton.cdiv(heads, block_h), splits, tokens)](
         q, codes, scales, rope, idx, call.metadata.valid_lens, part_o, part_lse, out, lse,
         rows, heads, q_len, top_k, splits, codes.stride(0), scales.stride(0), rope.stride(0),
         call.bmm1_scale * _LOG2E, call.bmm2_scale,
-        DS_MLA=ds_mla, BLOCK_H=block_h, BLOCK_N=block_n, NOPE=SPARSE_LATENT, ROPE=SPARSE_ROPE, DIRECT=direct, V_SPLIT=v_split, HW=hw,
+        DS_MLA=ds_mla, BLOCK_H=block_h, BLOCK_N=block_n, NOPE=SPARSE_LATENT, ROPE=SPARSE_ROPE, DIRECT=direct, HW=hw,
         num_warps=int(config.get("num_warps", 8)), num_stages=int(config.get("num_stages", 2)))
     if not direct:
         _sparse_combine_kernel[(tokens * heads,)](part_o, part_lse, out, lse, splits, call.bmm2_scale,
