@@ -82,9 +82,9 @@ def main():
                 row["pct_mma"] = 100 * row["tflops"] / ceilings["bf16_tflops"]
                 row["pct_copy"] = 100 * row["gbps"] / ceilings["copy_gbps"]
                 if batch == 32 and heads == 64 and q_len == 1:
-                    ref = lambda: mla_core.sparse_mla_fp8_decode(query, cache, None, 128, 512, 64, indices,  # noqa: E731
-                                                                 seq_lens, 0, TOP_K, bmm1_scale=576 ** -0.5,
-                                                                 backend="reference")
+                    def ref():
+                        return mla_core.sparse_mla_fp8_decode(query, cache, None, 128, 512, 64, indices, seq_lens, 0,
+                                                              TOP_K, bmm1_scale=576 ** -0.5, backend="reference")
                     row["reference_over_musa"] = time_eager(ref, iters=5, warmup=1) / us
                 rows.append(row)
                 print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)

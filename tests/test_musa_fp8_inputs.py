@@ -1,4 +1,4 @@
-"""Sparse-decode inputs shared by the musa_fp8 and compat tests (no tests here): both cache-row layouts, poisoned where unread."""
+"""Sparse-decode inputs shared by the musa_fp8 and compat tests (no tests here): both row layouts, poisoned."""
 import torch
 
 from mla_core import layouts
