@@ -248,7 +248,7 @@ def test_every_feature_the_calls_need_is_described():
 
 def test_builtin_priority_scale():
     prio = {b.name: b.priority for b in _builtin_backends()}
-    assert prio["reference"] == 0 and prio["musa_fp8"] == 150 and prio["triton"] == 200 and prio["cuda"] == 300
+    assert prio["reference"] == 0 and prio["musa_fp8"] == 150 and prio["triton"] == 200 and prio["cuda"] == 180
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def device_reason() -> str | None:
 class CudaBackend(mla_core.Backend):
     name = "cuda"
     version = "0.1 (sm_90a, mma.sync)"
-    priority = 300  # the project's priority scale (docs/plugins.md); see docs/cuda.md "Speed" for today's ranking
+    priority = 180  # below triton (200) until it is faster at the shapes that matter (docs/cuda.md "Speed"); tuned caches pick per shape
     device_types = frozenset({"cuda"})
     description = "CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA decode"
     capabilities = {
