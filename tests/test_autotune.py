@@ -191,3 +191,19 @@ def test_auto_splits_are_checked_against_the_reference_at_the_same_count(monkeyp
     assert sorted(set(splits_seen)) == [1, 2, 4]
     assert result.winner is not None and not result.rejected, result.rejected
     assert "num_kv_splits" in result.winner.config and "against reference" in result.check
+
+
+def test_json_collectives_on_one_gloo_rank(tmp_path, monkeypatch):
+    """all_gather_json / sync move JSON bytes in uint8 tensors (never pickles); one rank keeps the test cheap
+    (tests/test_autotune_distributed.py runs two)."""
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "broadcast_object_list", _no_tuning)
+    monkeypatch.setattr(dist, "all_gather_object", _no_tuning)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        value = {"key": [1, "two", None, 3.5], "ünïcode": True}
+        assert tuner.all_gather_json(value) == [value]
+        assert tuner.all_gather_json("") == [""]
+        assert tuner._broadcast_bytes(b"{}", 0) == b"{}"
+    finally:
+        dist.destroy_process_group()

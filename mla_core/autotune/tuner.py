@@ -487,13 +487,36 @@ def sync(group=None) -> int:
     return install(entries)
 
 
+def all_gather_json(value: Any, group=None) -> list[Any]:
+    """Every rank's JSON-serializable ``value``, in rank order, travelling as JSON bytes in uint8 tensors
+    (lengths first, then the bytes padded to the longest), never pickled (``all_gather_object`` unpickles)."""
+    import torch.distributed as dist
+    device = _collective_device(group)
+    data = json.dumps(value).encode()
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device), group=group)
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    bufs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(bufs, mine, group=group)
+    return [json.loads(b[:int(n.item())].cpu().numpy().tobytes().decode()) for b, n in zip(bufs, sizes)]
+
+
+def _collective_device(group=None) -> torch.device:
+    """Where collective tensors live: the current CUDA device under NCCL, else the CPU."""
+    import torch.distributed as dist
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _broadcast_bytes(data: bytes, src: int, group=None) -> bytes:
     """``data`` of rank ``src`` on every rank of ``group``: a length tensor, then a uint8 tensor, on the
     backend's device (the current CUDA device under NCCL, else the CPU)."""
     import torch.distributed as dist
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _collective_device(group)
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src, group=group)
     if dist.get_rank() == src:
