@@ -621,6 +621,11 @@ def _check_metadata(metadata: Any, query: torch.Tensor, seq_lens: torch.Tensor |
         raise MLAInputError(f"metadata: got {type(metadata).__name__}, needs the object get_sparse_decode_metadata() "
                             "returns")
     batch, q_len, heads = query.shape[:3]
+    vl = metadata.valid_lens
+    if not isinstance(vl, torch.Tensor) or vl.dtype != torch.int32 or tuple(vl.shape) != (batch,):
+        got_vl = f"{vl.dtype} {list(vl.shape)}" if isinstance(vl, torch.Tensor) else type(vl).__name__
+        raise MLAInputError(f"metadata: got valid_lens {got_vl}, needs int32 [{batch}] (build it with "
+                            "get_sparse_decode_metadata())")
     want = (batch, q_len, heads, top_k, seq_lens is not None)
     got = (metadata.batch, metadata.q_len, metadata.heads, metadata.top_k, metadata.from_seq_lens)
     if got != want or metadata.valid_lens.device != device:

@@ -242,3 +242,12 @@ def test_fp8_ds_mla_rows_match_float64_of_the_unpacked_values():
     with pytest.raises(mla_core.MLAInputError, match="kv_cache: got last dimension 600"):
         mla_core.sparse_mla_fp8_decode(query, torch.zeros(6, 16, 600, dtype=torch.uint8), None, 128, 512, 64,
                                        indices, seq_lens, 0, 64, backend="reference")
+
+
+def test_hand_built_metadata_with_wrong_valid_lens_is_refused():
+    case = make_case(seed=15)
+    seq_lens = torch.tensor([5, 5], dtype=torch.int32)
+    for bad in (torch.zeros(0, dtype=torch.int32), torch.zeros(2, dtype=torch.int64), [5, 5]):
+        meta = mla_core.SparseDecodeMetadata(2, 2, 4, 64, bad)
+        with pytest.raises(mla_core.MLAInputError, match="metadata: got valid_lens"):
+            run(case, seq_lens, metadata=meta)
