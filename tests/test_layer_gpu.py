@@ -135,3 +135,21 @@ def test_decode_step_in_a_cuda_graph():
     expected = step()                                   # eager, same inputs, same cache slots
     assert rel_l2(replayed, expected) < 1e-6
     assert torch.equal(replayed_cache.nan_to_num(2.0), cache.nan_to_num(2.0))
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_prefill_up_projection_on_tf32_is_the_float32_product(fp8):
+    """bf16 latents x FP8 codes (or bf16 weights) are exact in TF32: the CUDA up-projection equals the CPU float32 one."""
+    from mla_core_reference.layer import _up_project
+    from test_layer import quantize_blocks
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 512, generator=gen).to(torch.bfloat16).float()
+    w = torch.randn(128, 128, 512, generator=gen) / 20
+    if fp8:
+        w, scale = quantize_blocks(w, 128, 128)
+    else:
+        w, scale = w.to(torch.bfloat16), None
+    cpu = _up_project(x, w, scale, (128, 128), torch.bfloat16)
+    gpu = _up_project(x.cuda(), w.cuda(), None if scale is None else scale.cuda(), (128, 128), torch.bfloat16)
+    assert not torch.backends.cuda.matmul.allow_tf32                  # restored
+    assert rel_l2(gpu.cpu(), cpu) < 1e-6

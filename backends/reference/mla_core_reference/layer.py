@@ -12,9 +12,9 @@ Per token ``t`` of request ``b`` at position ``pos = cache_offsets[b] + i``:
   the cache dtype, :func:`mla_core.mla_decode` over the request's ``pos + 1`` cached rows (output in the cache
   dtype, natural-log LSE), then ``out[h] = w_uv[h] @ o_lat[h]`` in float32;
 - prefill: each request's cached rows ``0..cache_offsets[b] + len_b - 1`` give ``K = [w_k @ latent, k_rope]`` and
-  ``V = w_uv @ latent`` (float32, rounded to the cache dtype), ``Q = [q_nope, q_rope]`` rounded to the cache
-  dtype, and :func:`mla_core.mla_prefill` runs bottom-right causal attention (query ``i`` of ``len_q`` sees keys
-  ``j <= i + len_k - len_q``);
+  ``V = w_uv @ latent`` (float32, FP8 block scales applied to each block's partial product, rounded to the cache
+  dtype), ``Q = [q_nope, q_rope]`` rounded to the cache dtype, and :func:`mla_core.mla_prefill` runs bottom-right
+  causal attention (query ``i`` of ``len_q`` sees keys ``j <= i + len_k - len_q``);
 - sinks scale each head's output by ``1 / (1 + exp(sink - lse))`` (an extra ``exp(sink)`` in the denominator);
 - the output is cast to q's dtype.
 
@@ -22,6 +22,8 @@ The attention step runs on ``call.attention_backend`` (None: automatic dispatch)
 attention ops' contract, so the layer's numerics do not depend on it beyond the attention tolerance.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -82,11 +84,11 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
     q_nope = q32[..., :nope]
     q_rope = rotate(q32[..., nope:], cos[:, None, :], sin[:, None, :], call.rope_interleave)
     block = call.weight_block_size
-    w_uv = layer.dequantize_weight(call.w_uv, call.w_uv_scale, block, "w_uv")                        # [H, v, latent]
     kv_lens = starts + lens
 
     if call.decode:
         w_uk = layer.dequantize_weight(call.w_uk, call.w_uk_scale, block, "w_uk")                    # [H, latent, nope]
+        w_uv = layer.dequantize_weight(call.w_uv, call.w_uv_scale, block, "w_uv")                    # [H, v, latent]
         q_lat = torch.einsum("thn,hln->thl", q_nope, w_uk)
         q_dec = torch.cat((q_lat, q_rope), dim=-1).to(cdtype)
         o_lat, lse = mla_core.mla_decode(
@@ -95,14 +97,13 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
             backend=call.attention_backend)
         o = torch.einsum("thl,hvl->thv", o_lat.float(), w_uv)
     else:
-        w_k = layer.dequantize_weight(call.w_k, call.w_k_scale, block, "w_k")                        # [H*nope, latent]
         k_pages, k_slots, k_ok, cu_k = _key_rows(table, kv_lens, page_size, cache.shape[0])
         key_rows = torch.where(k_ok[:, None], cache[k_pages, k_slots].float(), 0.0)                  # [total_k, D]
         k_lat = key_rows[:, :latent]
-        k_nope = (k_lat @ w_k.T).view(-1, heads, nope)
+        k_nope = _up_project(k_lat, call.w_k, call.w_k_scale, block, cdtype).view(-1, heads, nope)
         k_rope = key_rows[:, None, latent:].expand(-1, heads, rope)
         k = torch.cat((k_nope, k_rope), dim=-1).to(cdtype)
-        v = torch.einsum("kl,hvl->khv", k_lat, w_uv).to(cdtype)
+        v = _up_project(k_lat, call.w_uv, call.w_uv_scale, block, cdtype).view(-1, heads, call.v_dim).to(cdtype)
         q_pre = torch.cat((q_nope, q_rope), dim=-1).to(cdtype)
         o, lse = mla_core.mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
                                       return_lse=True, backend=call.attention_backend)
@@ -110,6 +111,45 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
     if call.attn_sinks is not None:
         o = o * _sink_factor(lse, call.attn_sinks)[..., None]
     return o.to(q.dtype)
+
+
+_TF32_EXACT = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+"""Dtypes whose values TF32 holds exactly (at most 11 significant bits, float32's exponent range)."""
+
+
+@contextlib.contextmanager
+def _tf32_matmuls(allowed: bool):
+    """CUDA float32 matmuls may use TF32 tensor cores inside (only where every operand value is exact in TF32)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _up_project(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int],
+                x_dtype: torch.dtype) -> torch.Tensor:
+    """``x @ value(w)^T`` in float32: x [rows, K] (float32 holding ``x_dtype`` values), w [N, K] or [H, R, K].
+
+    A float ``w`` is one product. FP8 codes are multiplied per column block and each partial product is scaled by
+    its block's scale (``sum_kb (x_kb @ codes_kb^T) * scale[:, kb]``), so every product is of two values exact in
+    TF32 when ``x_dtype`` is bf16 / fp16: CUDA then runs them on TF32 tensor cores with float32 accumulation,
+    the float32 result up to summation order. Returns [rows, N] (N = all rows of ``w``).
+    """
+    codes = w.reshape(-1, w.shape[-1])
+    exact = x.is_cuda and x_dtype in _TF32_EXACT and w.dtype in _TF32_EXACT
+    with _tf32_matmuls(exact):
+        if scale is None:
+            return x @ codes.float().T
+        row_scale = scale.float().repeat_interleave(block[0], dim=-2)[..., :w.shape[-2], :]
+        row_scale = row_scale.reshape(-1, row_scale.shape[-1])                                   # [N, K blocks]
+        out = None
+        for kb in range(row_scale.shape[1]):
+            cols = slice(kb * block[1], (kb + 1) * block[1])
+            part = (x[:, cols] @ codes[:, cols].float().T) * row_scale[:, kb]
+            out = part if out is None else out + part
+        return out
 
 
 def _write_rows(cache: torch.Tensor, slot: torch.Tensor, ok: torch.Tensor, rows: torch.Tensor) -> None:
