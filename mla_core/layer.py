@@ -93,7 +93,7 @@ def weight_scale_shape(name: str, weight_shape, block: tuple[int, int]) -> tuple
 
 def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int],
                       name: str = "w_k") -> torch.Tensor:
-    """The float32 value of a layer weight: FP8 codes times their block scale (exact); a float weight upcast.
+    """The float32 value of a layer weight: FP8 code times its block scale (correctly rounded); a float weight upcast.
 
     ``w`` [..., rows, cols]; ``scale`` [..., ceil(rows / b_rows), ceil(cols / b_cols)] float32 with the block of
     ``name`` (:func:`weight_scale_shape`), or None for a float weight. The same rule dequantizes any 2-D

@@ -449,6 +449,8 @@ def test_no_tokens():
     ("attn_sinks", lambda c, w: dict(attn_sinks=torch.zeros(HEADS + 1))),
     ("rope_interleave", lambda c, w: dict(rope_interleave=1)),
     ("weight_block_size", lambda c, w: dict(weight_block_size=(0, 128))),
+    ("kv_norm_gamma", lambda c, w: dict(kv_norm_gamma=c["kv_norm_gamma"].to("meta"))),
+    ("w_uv", lambda c, w: dict(w_uv=w.w_uv.to("meta"))),
 ])
 def test_bad_arguments(name, make):
     case, weights = make_case([2, 1], [1, 3], seed=12)
