@@ -219,6 +219,27 @@ def test_prefill_rejects(name, change):
     assert_bad(mla_core.mla_prefill, {**args, **change(args)}, name)
 
 
+def test_int32_limits_on_sizes_seen_only_in_metadata():
+    """A block table of 2**30 pages x 4 tokens and 2**31 packed tokens exceed the int32 lengths and offsets
+    kernels hold. Fake tensors (no memory) carry the shapes; the checks read metadata only."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        bf16 = torch.bfloat16
+        args = dict(q=torch.empty(2, 4, 40, dtype=bf16), latent_cache=torch.empty(5, 4, 40, dtype=bf16),
+                    block_table=torch.empty(2, 2 ** 29 - 1, dtype=torch.int32), b_seq_len=torch.empty(2, dtype=torch.int32),
+                    softmax_scale=0.1, kv_lora_rank=32, qk_rope_head_dim=8)
+        decode_spec(**args)  # 2**31 - 4 tokens of capacity: accepted
+        assert_bad(decode_spec, {**args, "block_table": torch.empty(2, 2 ** 30, dtype=torch.int32)}, "block_table")
+        cu = torch.empty(2, dtype=torch.int32)
+        opts = dict(max_seqlen_q=4, softmax_scale=None, causal=True, return_lse=False, q_quant=None, k_quant=None,
+                    p_quant=None, v_quant=None, q_amax=None, k_amax=None, p_amax=1.0, v_amax=None, sparsity_n=0,
+                    sparsity_m=4, dense_sink_tokens=0, dense_recent_tokens=0, block_m=64, block_n=64)
+        small, huge = torch.empty(8, 1, 16, dtype=bf16), torch.empty(2 ** 31, 1, 16, dtype=bf16)
+        for name, q, kv in (("q", huge, small), ("k", small, huge)):
+            assert_bad(lambda **kw: specs.validate_prefill(**kw), dict(q=q, k=kv, v=kv, cu_seqlens_q=cu,
+                                                                       cu_seqlens_k=cu, **opts), name)
+
+
 # ------------------------------------------------------------------------------------------------
 # merge_attn_states: 5 tokens, 3 heads, 8 features
 
