@@ -78,7 +78,9 @@ def load_mutants(root: Path = ROOT) -> list[Mutant]:
         for i, entry in enumerate(entries, 1):
             m = Mutant(f"{area}#{i}", entry.get("file", ""), entry.get("old", ""), entry.get("new", ""),
                        list(entry.get("tests", [])), entry.get("why", ""), bool(entry.get("gpu", False)))
-            missing = [k for k in ("file", "old", "new", "tests", "why") if not entry.get(k)]
+            # new may be "" (a deleted line); everything else must be there and non-empty
+            missing = [k for k in ("file", "old", "new", "tests", "why")
+                       if entry.get(k) is None or (k != "new" and not entry.get(k))]
             if missing:
                 m.problems.append(f"missing {', '.join(missing)}")
             elif m.old == m.new:
@@ -121,6 +123,7 @@ def environment(copy: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no stale bytecode of a mutated file
     env["MLA_CORE_CACHE_DIR"] = str(copy / ".mutation_cache")
+    env["MLA_CORE_FUZZ_NO_SHRINK"] = "1"  # a failing fuzz example kills the mutant; no need to minimize it
     env.pop("MLA_CORE_CHECKS", None)
     env.pop("MLA_CORE_BACKEND", None)
     return env
