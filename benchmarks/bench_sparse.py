@@ -1,6 +1,7 @@
 """FP8 top-k sparse MLA decode benchmark: musa_fp8 on both cache layouts against FlashMLA's figures.
 
     python benchmarks/bench_sparse.py [--sweep N] [--q-lens 1,2] [--layouts fp8,fp8_ds_mla]
+    python benchmarks/bench_sparse.py --compile-only     # no GPU needed; run without TRITON_INTERPRET=1
 
 Rows: layout (``fp8``: MATE's 576-byte rows, FP8 query; ``fp8_ds_mla``: 656-byte rows, bf16 query) x q_len x
 (batch, heads) in FlashMLA's four published shapes (top-k 2048 of a 32k-token cache, every slot valid).
@@ -9,6 +10,9 @@ fastest of the first ``--sweep`` configs; TFLOP/s (2·B·q·H·top_k·(576+512))
 once per token (B·q·top_k·row bytes); their % of the bf16 matmul rate / copy bandwidth measured in the same
 run; FlashMLA's time over ours at q_len 1 (its H200 figures, 656-byte rows, bf16 query, q_len 1: > 1 means
 faster). The reference backend is timed eagerly at the smallest shape. JSON goes to $OUT/bench_sparse.json.
+``--compile-only`` instead compiles every config's stage-1 kernel for sm_90a with Triton's ptxas (as
+``compile_report.py`` does for the dense decode) and prints registers per thread, spilled bytes, shared memory
+and SASS counts (MMAs, FP32, conversions, 16-byte loads): how the configs were ranked before measuring.
 """
 from __future__ import annotations
 
@@ -48,13 +52,47 @@ def make_case(layout, batch, q_len, heads, seed=0):
     return query, cache, indices, seq_lens
 
 
+def compile_only(layouts_arg: str) -> None:
+    """Registers / spills / shared memory / SASS mix of every config's stage-1 kernel on sm_90a (no GPU)."""
+    from compile_report import _CompileOnly, resource_usage, sass_counts
+    from mla_core_musa_fp8 import sparse as kernels
+    print("layout     regs spill   smem   mma  fp32   cvt   int ld128/ldg total  config")
+    for layout in layouts_arg.split(","):
+        width, dtype = (576, torch.float8_e4m3fn) if layout == "fp8" else (656, torch.uint8)
+        query = torch.zeros(32, 1, 128, 576, dtype=torch.float8_e4m3fn if layout == "fp8" else torch.bfloat16)
+        cache = torch.zeros(TOKENS // 64, 64, width, dtype=dtype)
+        indices = torch.zeros(32, 1, TOP_K, dtype=torch.int32)
+        seq_lens = torch.full((32,), TOP_K, dtype=torch.int32)
+        problem, call = specs.validate_sparse_decode(query, cache, 128, 512, 64, indices, seq_lens, TOP_K, None,
+                                                     576 ** -0.5, 1.0, None, False, None)
+        for config in kernels.configs(problem):
+            log = []
+            saved = kernels._sparse_split_kernel
+            kernels._sparse_split_kernel = _CompileOnly(saved, log)
+            try:
+                kernels.run(call, dict(config, num_splits=1), on_gpu=True)
+            finally:
+                kernels._sparse_split_kernel = saved
+            for _, _, compiled in log:
+                regs, spills, shared = resource_usage(compiled)
+                c, _ = sass_counts(compiled)
+                print(f"{layout:10s} {regs:4d} {spills:5d} {shared:6d} {c['mma']:5d} {c['fp32']:5d} {c['cvt']:5d} "
+                      f"{c['int']:5d} {c['ld128']:5d}/{c['ldg']:<3d} {c['total']:5d}  {config}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a registers/spills per config, no GPU")
     ap.add_argument("--layouts", default="fp8,fp8_ds_mla")
     ap.add_argument("--q-lens", default="1,2")
     ap.add_argument("--sweep", type=int, default=3, help="time the first N configs, report the fastest")
     ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args()
+    if args.compile_only:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            sys.exit("run without TRITON_INTERPRET=1 (the interpreter replaces the kernels)")
+        compile_only(args.layouts)
+        return
     ceilings = measure_ceilings()
     info = device_info()
     print(info, {k: round(v, 1) for k, v in ceilings.items()}, flush=True)
