@@ -8,7 +8,7 @@ import torch
 
 import mla_core
 from mla_core.compat.flashinfer import decode, mla, rope
-from test_musa_fp8_inputs import run_sparse, sparse_inputs
+from musa_fp8_inputs import run_sparse, sparse_inputs
 from test_reference_rope import make_inputs
 
 _ = inspect.Parameter.empty

@@ -13,7 +13,7 @@ import torch
 
 import mla_core
 from mla_core.testing.shapes import boundary_lengths
-from test_musa_fp8_inputs import run_sparse, sparse_inputs
+from musa_fp8_inputs import run_sparse, sparse_inputs
 from test_reference_rope import make_inputs, rope_expected
 
 FP8 = torch.float8_e4m3fn
