@@ -203,6 +203,8 @@ def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_ca
     batch = input_row_offsets.shape[0] - 1
     check_shape("block_table", block_table, (batch, None))
     check_shape("cache_offsets", cache_offsets, (batch,))
+    if isinstance(max_seq_len, torch.SymInt):      # torch.compile made it dynamic: the path depends on its value
+        max_seq_len = int(max_seq_len)
     check_int("max_seq_len", max_seq_len, 0)
     block = _check_block(weight_block_size)
     _check_weight("w_k", w_k, w_k_scale, (heads * nope, latent), block)

@@ -161,3 +161,27 @@ def test_fp8_checkpoint_matches_transformers():
     assert rel_l2(torch.cat(outputs), torch.cat(hf_outputs(attn, config, inputs))) < 1e-5
     attn.load_state_dict(original)
     assert rel_l2(torch.cat(outputs), torch.cat(hf_outputs(attn, config, inputs))) > 1e-3
+
+
+def test_module_under_torch_compile():
+    """torch.compile(fullgraph=True) of MLAAttention's prefill and decode steps: the layer is one custom op."""
+    torch._dynamo.reset()
+    config = small_config()
+    attn = hf_attention(config, seed=6)
+    outputs = []
+    for compiled in (False, True):
+        mine = MLAAttention(config, attention_backend="reference")
+        mine.load_state_dict(attn.state_dict())
+        step = torch.compile(mine, backend="aot_eager", fullgraph=True) if compiled else mine
+        table = StaticPageTable(2, 12, PAGE, generator=torch.Generator().manual_seed(7))
+        mine.reset_cache(table.num_pages, PAGE)
+        gen = torch.Generator().manual_seed(8)
+        outs = []
+        for lens in (torch.tensor([3, 5]), torch.tensor([1, 1]), torch.tensor([1, 1])):
+            hidden = torch.randn(int(lens.sum()), config.hidden_size, generator=gen)
+            offsets = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0)))
+            with torch.no_grad():
+                outs.append(step(hidden, offsets, table.block_table, table.lengths, max_seq_len=int(lens.max())))
+            table.advance(lens)
+        outputs.append(torch.cat(outs))
+    assert rel_l2(outputs[1], outputs[0]) < 1e-6

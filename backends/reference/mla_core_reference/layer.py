@@ -110,7 +110,7 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
         o, lse = o.float(), lse.T                                                                    # lse [tokens, H]
     if call.attn_sinks is not None:
         o = o * _sink_factor(lse, call.attn_sinks)[..., None]
-    return o.to(q.dtype)
+    return o.to(q.dtype).contiguous()           # einsum may return permuted strides; the op's output is contiguous
 
 
 _TF32_EXACT = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
