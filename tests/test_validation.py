@@ -220,7 +220,7 @@ def test_prefill_rejects(name, change):
 
 
 def test_int32_limits_on_sizes_seen_only_in_metadata():
-    """A block table of 2**30 pages x 4 tokens and 2**31 packed tokens exceed the int32 lengths and offsets
+    """A block table of 2**29 pages x 4 tokens and 2**31 packed tokens exceed the int32 lengths and offsets
     kernels hold. Fake tensors (no memory) carry the shapes; the checks read metadata only."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
@@ -228,8 +228,8 @@ def test_int32_limits_on_sizes_seen_only_in_metadata():
         args = dict(q=torch.empty(2, 4, 40, dtype=bf16), latent_cache=torch.empty(5, 4, 40, dtype=bf16),
                     block_table=torch.empty(2, 2 ** 29 - 1, dtype=torch.int32), b_seq_len=torch.empty(2, dtype=torch.int32),
                     softmax_scale=0.1, kv_lora_rank=32, qk_rope_head_dim=8)
-        decode_spec(**args)  # 2**31 - 4 tokens of capacity: accepted
-        assert_bad(decode_spec, {**args, "block_table": torch.empty(2, 2 ** 30, dtype=torch.int32)}, "block_table")
+        decode_spec(**args)  # 2**31 - 4 tokens of capacity: accepted; 2**31 refused
+        assert_bad(decode_spec, {**args, "block_table": torch.empty(2, 2 ** 29, dtype=torch.int32)}, "block_table")
         cu = torch.empty(2, dtype=torch.int32)
         opts = dict(max_seqlen_q=4, softmax_scale=None, causal=True, return_lse=False, q_quant=None, k_quant=None,
                     p_quant=None, v_quant=None, q_amax=None, k_amax=None, p_amax=1.0, v_amax=None, sparsity_n=0,
