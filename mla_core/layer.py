@@ -43,7 +43,8 @@ class LayerCall:
     cache_offsets [batch] (tokens already cached per request = position of its first new token);
     w_k [heads * nope, latent], w_uk [heads, latent, nope], w_uv [heads, v_dim, latent], each FP8 with a
     float32 ``*_scale`` (see :func:`weight_scale_shape`) or a float dtype with scale None; attn_sinks [heads]
-    or None. ``decode`` is ``max_seq_len == 1``.
+    or None. ``decode`` is ``max_seq_len == 1``. sparse_indices [tokens, top_k] (cache rows ``page * page_size +
+    slot``, -1 none) with topk_lengths [tokens] (None: every slot) select each token's keys (DeepSeek-V3.2).
     """
 
     q: torch.Tensor
@@ -72,6 +73,8 @@ class LayerCall:
     rope_dim: int
     kv_lora_rank: int
     v_dim: int
+    sparse_indices: torch.Tensor | None = None
+    topk_lengths: torch.Tensor | None = None
 
     @property
     def decode(self) -> bool:
@@ -157,6 +160,8 @@ def _content_checks(call: LayerCall) -> None:
     if tokens and int(ends[lens > 0].max()) > call.freqs_cis.shape[0]:
         raise MLAInputError(f"freqs_cis: got {call.freqs_cis.shape[0]} positions, needs one per position up to "
                             f"{int(ends[lens > 0].max()) - 1} (cache_offsets + request lengths)")
+    if call.sparse_indices is not None and tokens:
+        _sparse_content_checks(call, page_size)
     used = (ends + page_size - 1) // page_size
     reached = torch.arange(call.block_table.shape[1])[None, :] < used[:, None]
     entries = call.block_table.to("cpu", torch.int64)[reached]
@@ -167,9 +172,26 @@ def _content_checks(call: LayerCall) -> None:
                             "(the latent_cache page count)")
 
 
+def _sparse_content_checks(call: LayerCall, page_size: int) -> None:
+    top_k = call.sparse_indices.shape[1]
+    tokens = call.sparse_indices.shape[0]
+    counts = torch.full((tokens,), top_k) if call.topk_lengths is None else call.topk_lengths.to("cpu", torch.int64)
+    if int(counts.min()) < 0 or int(counts.max()) > top_k:
+        bad = int(counts.min()) if int(counts.min()) < 0 else int(counts.max())
+        raise MLAInputError(f"topk_lengths: got {bad}, needs 0..{top_k} (sparse_indices.shape[1])")
+    idx = call.sparse_indices.to("cpu", torch.int64)
+    used = idx[(torch.arange(top_k)[None, :] < counts[:, None]) & (idx != -1)]
+    rows = call.latent_cache.shape[0] * page_size
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
+        bad = int(used.min()) if int(used.min()) < 0 else int(used.max())
+        raise MLAInputError(f"sparse_indices: got cache row {bad}, needs -1 or 0..{rows - 1} "
+                            "(num_pages * page_size rows of latent_cache)")
+
+
 def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, *,
                    max_seq_len, w_k, w_uk, w_uv, softmax_scale, epsilon, w_k_scale, w_uk_scale, w_uv_scale,
-                   weight_block_size, attn_sinks, rope_interleave, attention_backend) -> tuple[Problem, LayerCall]:
+                   weight_block_size, attn_sinks, rope_interleave, attention_backend, sparse_indices=None,
+                   topk_lengths=None) -> tuple[Problem, LayerCall]:
     """Check every argument of :func:`mla_forward` (raising :class:`MLAInputError` naming it) and build the call."""
     check_tensor("latent_cache", latent_cache, 3, FLOAT_DTYPES)
     check_contiguous("latent_cache", latent_cache)
@@ -221,24 +243,39 @@ def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_ca
         check_shape("attn_sinks", attn_sinks, (heads,))
     if not isinstance(rope_interleave, bool):
         raise MLAInputError(f"rope_interleave: got {rope_interleave!r}, needs a bool")
+    if sparse_indices is not None:
+        check_tensor("sparse_indices", sparse_indices, 2, INDEX_DTYPES)
+        check_shape("sparse_indices", sparse_indices, (tokens, None))
+        if sparse_indices.shape[1] < 1:
+            raise MLAInputError("sparse_indices: got top_k 0, needs [tokens, top_k >= 1]")
+        if topk_lengths is not None:
+            check_tensor("topk_lengths", topk_lengths, 1, INDEX_DTYPES)
+            check_shape("topk_lengths", topk_lengths, (tokens,))
+    elif topk_lengths is not None:
+        raise MLAInputError("topk_lengths: got a tensor without sparse_indices, needs None (or pass sparse_indices)")
     if attention_backend is not None and not isinstance(attention_backend, str):
         raise MLAInputError(f"attention_backend: got {attention_backend!r}, needs a backend name or None")
     device = check_same_device(q=q, kv=kv, input_row_offsets=input_row_offsets, freqs_cis=freqs_cis,
                                kv_norm_gamma=kv_norm_gamma, latent_cache=latent_cache, block_table=block_table,
                                cache_offsets=cache_offsets, w_k=w_k, w_k_scale=w_k_scale, w_uk=w_uk,
-                               w_uk_scale=w_uk_scale, w_uv=w_uv, w_uv_scale=w_uv_scale, attn_sinks=attn_sinks)
+                               w_uk_scale=w_uk_scale, w_uv=w_uv, w_uv_scale=w_uv_scale, attn_sinks=attn_sinks,
+                               sparse_indices=sparse_indices, topk_lengths=topk_lengths)
     call = LayerCall(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
                      max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, block, softmax_scale, epsilon,
-                     attn_sinks, rope_interleave, attention_backend, heads, nope, rope, latent, v_dim)
+                     attn_sinks, rope_interleave, attention_backend, heads, nope, rope, latent, v_dim,
+                     sparse_indices, topk_lengths)
     if content_checks_enabled(input_row_offsets, q):
         _content_checks(call)
     features = {"sinks"} if attn_sinks is not None else set()
+    if sparse_indices is not None:
+        features.add("sparse")
     weight_formats = {w.dtype == FP8 for w in (w_k, w_uk, w_uv)}
     if True in weight_formats:
         features.add("fp8_weights")
+    mode = "sparse" if sparse_indices is not None else "decode" if call.decode else "prefill"
     problem = Problem.make(
         "layer", device.type, features, dtype=dtype_name(dtype), heads=heads, nope_dim=nope, rope_dim=rope,
-        kv_lora_rank=latent, v_dim=v_dim, page_size=latent_cache.shape[1], mode="decode" if call.decode else "prefill",
+        kv_lora_rank=latent, v_dim=v_dim, page_size=latent_cache.shape[1], mode=mode,
         batch=numerics.bucket_pow2(batch), max_seq_len=numerics.bucket_pow2(max_seq_len))
     return problem, call
 
@@ -246,7 +283,8 @@ def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_ca
 def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, *,
                 max_seq_len, w_k, w_uk, w_uv, softmax_scale, epsilon=1e-6, w_k_scale=None, w_uk_scale=None,
                 w_uv_scale=None, weight_block_size=DEFAULT_WEIGHT_BLOCK, attn_sinks=None, rope_interleave=True,
-                attention_backend: str | None = None, backend: str | None = None):
+                sparse_indices=None, topk_lengths=None, attention_backend: str | None = None,
+                backend: str | None = None):
     """The fused MLA layer (MAX's ``mla_prefill_decode_graph_fp8``): cache the new latent rows, then decode or prefill.
 
     Request ``b`` owns tokens ``input_row_offsets[b]:input_row_offsets[b + 1]`` of ``q`` and ``kv``; its token
@@ -277,6 +315,10 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
         attn_sinks: optional [heads] per-head sink logits (units of the scaled scores): each softmax
             denominator gains ``exp(sink)``, so ``out = attention * 1 / (1 + exp(sink - lse))``.
         rope_interleave: True rotates pairs ``(2i, 2i + 1)`` (DeepSeek's layout); False rotates ``(i, i + rope/2)``.
+        sparse_indices: optional [tokens, top_k] int32/int64 cache rows (``page * page_size + slot``; -1 = none)
+            each token attends to instead of its request's positions (DeepSeek-V3.2's top-k selection; the new
+            rows are written first, so a token may select itself); the absorbed path runs for every token.
+        topk_lengths: optional [tokens] valid slots of each token's indices (0..top_k; None: all).
         attention_backend: backend name for the inner mla_decode / mla_prefill call (None: automatic).
         backend: backend name for the layer itself (None: automatic).
 
@@ -288,11 +330,13 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
         return torch.ops.mla_core.mla_forward(
             q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
             max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, list(weight_block_size),
-            softmax_scale, epsilon, attn_sinks, rope_interleave, attention_backend, backend)
+            softmax_scale, epsilon, attn_sinks, rope_interleave, sparse_indices, topk_lengths, attention_backend,
+            backend)
     problem, call = validate_layer(
         q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
         max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
         w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=weight_block_size,
-        attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend)
+        attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend,
+        sparse_indices=sparse_indices, topk_lengths=topk_lengths)
     choice = dispatch.choose(problem, backend)
     return choice.backend.run(problem, call, choice.config)

@@ -369,6 +369,86 @@ def test_attention_on_any_backend():
         assert torch.equal(cache.nan_to_num(1.0), ref_cache.nan_to_num(1.0))
 
 
+def sparse_math(case, weights, indices, lengths):
+    """Expected output when each token attends to its selected cache rows (float64, after the new rows are written)."""
+    _, written = layer_math(case, weights)
+    cache = case["latent_cache"].double().clone()
+    page = cache.shape[1]
+    for (p, slot), row in written.items():
+        cache[p, slot] = row
+    flat = cache.view(-1, cache.shape[-1])
+    q, freqs = case["q"].double(), case["freqs_cis"]
+    heads, latent = q.shape[1], case["kv_norm_gamma"].shape[0]
+    nope = q.shape[2] - freqs.shape[1]
+    w_k = weights.k64.view(heads, nope, latent)
+    offsets, starts = case["input_row_offsets"].tolist(), case["cache_offsets"].tolist()
+    out = torch.zeros(q.shape[0], heads, weights.uv64.shape[1], dtype=torch.float64)
+    for b in range(len(starts)):
+        for t in range(offsets[b], offsets[b + 1]):
+            pos = starts[b] + t - offsets[b]
+            slots = [int(i) for i in indices[t, :int(lengths[t])] if 0 <= int(i) < flat.shape[0]]
+            if not slots:
+                continue
+            keys = flat[slots]
+            for h in range(heads):
+                q_rope = rope64(q[t, h, nope:], freqs[pos], True)
+                scores = (keys[:, :latent] @ w_k[h].T @ q[t, h, :nope] + keys[:, latent:] @ q_rope) * case["softmax_scale"]
+                top = scores.max()
+                p_ = torch.exp(scores - top)
+                denom = p_.sum() + (math.exp(float(case["attn_sinks"][h]) - top) if case["attn_sinks"] is not None else 0)
+                out[t, h] = (p_ / denom) @ (keys[:, :latent] @ weights.uv64[h].T)
+    return out
+
+
+@pytest.mark.parametrize("lens,starts,dtype,fp8", [([3, 1, 0, 2], [5, 9, 2, 30], torch.float32, True),
+                                                   ([1, 1], [40, 3], torch.bfloat16, False)])
+def test_sparse_indices_match_float64(monkeypatch, lens, starts, dtype, fp8):
+    """DeepSeek-V3.2 top-k rows per token: -1, rows outside the cache and slots past topk_lengths are not keys;
+    a token with no valid slot gives 0; duplicates count twice; prefill and decode calls take the same path."""
+    case, weights = make_case(lens, starts, dtype=dtype, fp8=fp8, sinks=True, seed=18)
+    gen = torch.Generator().manual_seed(19)
+    table, page = case["block_table"], case["latent_cache"].shape[1]
+    offsets, top_k = case["input_row_offsets"].tolist(), 8
+    rows = case["latent_cache"].shape[0] * page
+    indices = torch.zeros((sum(lens), top_k), dtype=torch.int32)   # past the lengths: row 0 (may be NaN), never read
+    lengths = torch.zeros(sum(lens), dtype=torch.int32)
+    for b in range(len(lens)):
+        for t in range(offsets[b], offsets[b + 1]):
+            pos = starts[b] + t - offsets[b]
+            picks = torch.randint(0, pos + 1, (6,), generator=gen).tolist() + [pos]
+            phys = [int(table[b, p // page]) * page + p % page for p in picks]
+            phys[1] = -1
+            phys[2] = rows + 5                                                 # outside the cache: not a key
+            n = int(torch.randint(3, 8, (), generator=gen))
+            indices[t, :n] = torch.tensor(phys[:n], dtype=torch.int32)
+            lengths[t] = n
+    lengths[0] = 0 if len(lens) > 2 else lengths[0]
+    with pytest.raises(MLAInputError, match="sparse_indices"):                 # content checks refuse rows + 5
+        run(case, weights, sparse_indices=indices, topk_lengths=lengths)
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    out, _ = run(case, weights, sparse_indices=indices, topk_lengths=lengths)
+    monkeypatch.delenv("MLA_CORE_CHECKS")
+    ref = sparse_math(case, weights, indices, lengths)
+    assert rel_l2(out, ref) < tolerance(dtype)
+    if len(lens) > 2:
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+    indices[indices == rows + 5] = -1                                          # valid for the content checks
+    out_checked, _ = run(case, weights, sparse_indices=indices, topk_lengths=lengths)
+    assert rel_l2(out_checked, sparse_math(case, weights, indices, lengths)) < tolerance(dtype)
+
+
+def test_sparse_arguments():
+    case, weights = make_case([2, 1], [1, 3], seed=20)
+    idx = torch.zeros(3, 4, dtype=torch.int32)
+    for name, over in (("sparse_indices", dict(sparse_indices=idx[:2])),
+                       ("sparse_indices", dict(sparse_indices=idx.float())),
+                       ("sparse_indices", dict(sparse_indices=idx - 2)),
+                       ("topk_lengths", dict(sparse_indices=idx, topk_lengths=torch.tensor([1, 5, 0]))),
+                       ("topk_lengths", dict(topk_lengths=torch.tensor([1, 1, 1])))):
+        with pytest.raises(MLAInputError, match=name):
+            run(case, weights, **over)
+
+
 @pytest.mark.parametrize("lens,starts,bad", [([2], [0], [(0, 0)]), ([3, 2, 1], [0, 4, 2], [(1, 1), (0, 0)]),
                                              ([1, 1], [0, 9], [(0, 0)])])
 def test_out_of_table_writes_are_dropped_without_checks(monkeypatch, lens, starts, bad):
@@ -389,7 +469,8 @@ def test_out_of_table_writes_are_dropped_without_checks(monkeypatch, lens, start
     assert not out.isnan().any()
 
 
-def test_decode_path_has_no_host_sync(monkeypatch):
+@pytest.mark.parametrize("sparse", [False, True])
+def test_decode_path_has_no_host_sync(monkeypatch, sparse):
     """The reference decode step under FakeTensorMode (a value read, .item(), nonzero or a boolean mask would raise):
     the CPU stand-in for 'a decode step can be captured in a CUDA graph'. The attention op is stubbed."""
     import dataclasses
@@ -403,7 +484,8 @@ def test_decode_path_has_no_host_sync(monkeypatch):
         case["q"], case["kv"], case["input_row_offsets"], case["freqs_cis"], case["kv_norm_gamma"],
         case["latent_cache"], case["block_table"], case["cache_offsets"], max_seq_len=1,
         softmax_scale=case["softmax_scale"], epsilon=case["epsilon"], attn_sinks=case["attn_sinks"], rope_interleave=True,
-        attention_backend=None, **{k: v for k, v in weights.kwargs().items()})
+        attention_backend=None, sparse_indices=torch.tensor([[0, -1], [3, 2], [1, 1]]) if sparse else None,
+        topk_lengths=torch.tensor([2, 1, 0]) if sparse else None, **weights.kwargs())
     monkeypatch.setattr(mla_core, "mla_decode", lambda q, *a, **k: (q.new_empty(*q.shape[:2], LATENT),
                                                                      q.new_empty(q.shape[:2], dtype=torch.float32)))
     with FakeTensorMode() as mode:

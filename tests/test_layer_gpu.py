@@ -83,14 +83,22 @@ def test_deepseek_v3_attention_matches_transformers(fp8):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("lens,starts", [([1] * 32, list(range(0, 8192, 256))), ([300, 1, 64], [0, 4000, 63])])
-def test_layer_auto_attention_matches_reference(fp8, lens, starts):
+@pytest.mark.parametrize("lens,starts,sparse", [([1] * 32, list(range(0, 8192, 256)), False),
+                                                ([300, 1, 64], [0, 4000, 63], False),
+                                                ([1] * 8, list(range(100, 8100, 1000)), True)])
+def test_layer_auto_attention_matches_reference(fp8, lens, starts, sparse):
     """mla_forward at DeepSeek-V3 sizes: automatic attention dispatch equals the reference attention (bf16)."""
     from test_layer import make_case
     case, weights = make_case(lens, starts, dtype=torch.bfloat16, fp8=fp8, sinks=True, heads=128, nope=128, rope=64,
                               latent=512, v_dim=128, block=(128, 128), page=64)
+    extra = {}
+    if sparse:                          # 2048 of each request's rows (V3.2's top-k), some slots unused
+        rows = case["latent_cache"].shape[0] * 64
+        extra = dict(sparse_indices=torch.randint(0, rows, (len(lens), 2048), dtype=torch.int32),
+                     topk_lengths=torch.randint(1, 2049, (len(lens),), dtype=torch.int32))
+        case["latent_cache"] = case["latent_cache"].nan_to_num(0.5)       # every row may be selected
     case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    w = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in weights.kwargs().items()}
+    w = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in {**weights.kwargs(), **extra}.items()}
     outs = []
     for backend in ("reference", None):
         cache = case["latent_cache"].clone()

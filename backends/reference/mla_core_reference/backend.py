@@ -28,7 +28,7 @@ class ReferenceBackend(mla_core.Backend):
         "sparse_decode": OpCapability(limits={"kv_layout": frozenset({"fp8", "fp8_ds_mla"})},
                                       features=frozenset({"lse"}),
                                       notes="576-byte FP8 rows (FP8 query) and 656-byte fp8_ds_mla rows (bf16 query)"),
-        "layer": OpCapability(features=frozenset({"sinks", "fp8_weights"}),
+        "layer": OpCapability(features=frozenset({"sinks", "fp8_weights", "sparse"}),
                               notes="mla_forward: bf16/fp16/fp32 cache; FP8 block-scaled or float weights"),
     }
 

@@ -15,6 +15,8 @@ Per token ``t`` of request ``b`` at position ``pos = cache_offsets[b] + i``:
   ``V = w_uv @ latent`` (float32, FP8 block scales applied to each block's partial product, rounded to the cache
   dtype), ``Q = [q_nope, q_rope]`` rounded to the cache dtype, and :func:`mla_core.mla_prefill` runs bottom-right
   causal attention (query ``i`` of ``len_q`` sees keys ``j <= i + len_k - len_q``);
+- sparse (``sparse_indices`` given, any ``max_seq_len``): the absorbed decode math for every token, over the cache
+  rows its valid index slots select (in their order, as one-row pages; -1 and rows outside the cache are not keys);
 - sinks scale each head's output by ``1 / (1 + exp(sink - lse))`` (an extra ``exp(sink)`` in the denominator);
 - the output is cast to q's dtype.
 
@@ -86,15 +88,19 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
     block = call.weight_block_size
     kv_lens = starts + lens
 
-    if call.decode:
+    if call.decode or call.sparse_indices is not None:
         w_uk = layer.dequantize_weight(call.w_uk, call.w_uk_scale, block, "w_uk")                    # [H, latent, nope]
         w_uv = layer.dequantize_weight(call.w_uv, call.w_uv_scale, block, "w_uv")                    # [H, v, latent]
         q_lat = torch.einsum("thn,hln->thl", q_nope, w_uk)
         q_dec = torch.cat((q_lat, q_rope), dim=-1).to(cdtype)
+        if call.sparse_indices is None:      # each token over its request's positions 0..pos
+            keys, key_table, key_lens = cache, call.block_table[request], kv_lens[request]
+        else:                                # each token over its selected rows: a cache of one-row pages
+            keys = cache.view(-1, 1, cache.shape[-1])
+            key_table, key_lens = _selected_rows(call.sparse_indices, call.topk_lengths, keys.shape[0])
         o_lat, lse = mla_core.mla_decode(
-            q_dec, cache, call.block_table[request], kv_lens[request], softmax_scale=call.softmax_scale,
-            kv_lora_rank=latent, qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True,
-            backend=call.attention_backend)
+            q_dec, keys, key_table, key_lens, softmax_scale=call.softmax_scale, kv_lora_rank=latent,
+            qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True, backend=call.attention_backend)
         o = torch.einsum("thl,hvl->thv", o_lat.float(), w_uv)
     else:
         k_pages, k_slots, k_ok, cu_k = _key_rows(table, kv_lens, page_size, cache.shape[0])
@@ -150,6 +156,24 @@ def _up_project(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bl
             part = (x[:, cols] @ codes[:, cols].float().T) * row_scale[:, kb]
             out = part if out is None else out + part
         return out
+
+
+def _selected_rows(indices: torch.Tensor, lengths: torch.Tensor | None, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's valid cache rows first, in their given order: (table [tokens, top_k] int64, count [tokens]).
+
+    A slot is valid below the token's length (all slots without ``lengths``) and when it holds a row of the cache
+    (-1 and rows outside the cache are not keys). Entries past the count are 0 and never read. No host sync.
+    """
+    top_k = indices.shape[1]
+    idx = indices.to(torch.int64)
+    slots = torch.arange(top_k, device=idx.device)
+    valid = (idx >= 0) & (idx < rows)
+    if lengths is not None:
+        valid &= slots[None, :] < lengths.to(idx.device, torch.int64)[:, None]
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    count = valid.sum(dim=1)
+    table = torch.where(slots[None, :] < count[:, None], idx.gather(1, order), 0)
+    return table, count
 
 
 def _write_rows(cache: torch.Tensor, slot: torch.Tensor, ok: torch.Tensor, rows: torch.Tensor) -> None:
