@@ -321,11 +321,13 @@ class MLAAttention(nn.Module):
         return out
 
     def forward(self, hidden_states: torch.Tensor, input_row_offsets: torch.Tensor, block_table: torch.Tensor,
-                cache_lengths: torch.Tensor, max_seq_len: int | None = None) -> torch.Tensor:
+                cache_lengths: torch.Tensor, max_seq_len: int | None = None, sparse_indices: torch.Tensor | None = None,
+                topk_lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Attention output [tokens, hidden] of ``hidden_states`` [tokens, hidden] (see the class docstring).
 
         ``max_seq_len``: the longest request's token count in this call (None: read from ``input_row_offsets``,
-        a host sync); 1 runs the absorbed decode.
+        a host sync); 1 runs the absorbed decode. ``sparse_indices`` [tokens, top_k] / ``topk_lengths`` [tokens]:
+        DeepSeek-V3.2's selected cache rows per token (see :func:`mla_core.mla_forward`).
         """
         tokens = hidden_states.shape[0]
         if max_seq_len is None:
@@ -340,7 +342,7 @@ class MLAAttention(nn.Module):
                            self.kv_a_layernorm.weight, self.latent_cache, block_table, cache_lengths,
                            max_seq_len=max_seq_len, softmax_scale=self.softmax_scale, epsilon=self.kv_a_layernorm.eps,
                            rope_interleave=self.rope_interleave, attention_backend=self.attention_backend,
-                           **self.layer_weights())
+                           sparse_indices=sparse_indices, topk_lengths=topk_lengths, **self.layer_weights())
         attn = attn.reshape(tokens, self.local_heads * self.v_dim)
         if self.tp_size == 1:
             return self.o_proj(attn)

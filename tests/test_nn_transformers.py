@@ -185,3 +185,30 @@ def test_module_under_torch_compile():
             table.advance(lens)
         outputs.append(torch.cat(outs))
     assert rel_l2(outputs[1], outputs[0]) < 1e-6
+
+
+def test_sparse_selection_of_every_position_equals_dense():
+    """Selecting every cached position (in a shuffled order, with -1 slots) is the dense decode step."""
+    config = small_config()
+    attn = hf_attention(config, seed=9)
+    mine = MLAAttention(config, attention_backend="reference")
+    mine.load_state_dict(attn.state_dict())
+    table = StaticPageTable(2, 12, PAGE, generator=torch.Generator().manual_seed(10))
+    mine.reset_cache(table.num_pages, PAGE)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        mine(torch.randn(9, config.hidden_size, generator=gen), torch.tensor([0, 4, 9]), table.block_table,
+             table.lengths, max_seq_len=5)
+        table.advance(torch.tensor([4, 5]))
+        hidden = torch.randn(2, config.hidden_size, generator=gen)
+        cache = mine.latent_cache.clone()
+        dense = mine(hidden, torch.tensor([0, 1, 2]), table.block_table, table.lengths, max_seq_len=1)
+        indices = torch.full((2, 10), -1, dtype=torch.int32)
+        for b in range(2):
+            positions = torch.randperm(int(table.lengths[b]) + 1, generator=gen)
+            rows = table.block_table[b, positions // PAGE] * PAGE + positions % PAGE
+            indices[b, :len(rows)] = rows
+        mine.latent_cache.copy_(cache)
+        sparse = mine(hidden, torch.tensor([0, 1, 2]), table.block_table, table.lengths, max_seq_len=1,
+                      sparse_indices=indices)
+    assert rel_l2(sparse, dense) < 1e-5
