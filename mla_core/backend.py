@@ -13,6 +13,7 @@ import torch
 from . import env
 from .numerics import MAX_KV_SPLITS
 from .problem import OPS, Problem
+from .specs import SPARSE_LATENT
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,6 @@ def expected_result(op: str, call: Any) -> list[tuple[str, tuple[int, ...], torc
     if op == "sparse_decode":
         query = call.query
         batch, q_len, heads = query.shape[:3]
-        from .specs import SPARSE_LATENT
         return [("out", (batch, q_len, heads, SPARSE_LATENT), torch.bfloat16, query.device, call.out, True),
                 ("lse", (batch, q_len, heads), torch.float32, query.device, call.lse, True)]
     return None

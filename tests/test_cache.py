@@ -189,3 +189,10 @@ def test_shipped_h200_file_is_valid_and_names_real_configs(recwarn):
         assert problem.key() == key and problem.device == "cuda"
         assert entry["backend"] in mla_core.backends() and entry["versions"]["device"] == "NVIDIA H200"
         assert entry["backend"] != "reference", "a shipped choice never sends users to the slow reference"
+
+
+def test_store_refuses_malformed_keys_and_entries_with_a_warning(fake_world):
+    good = _entry(fake_world["tt_fast"])
+    with pytest.warns(cache.CacheWarning, match="2 entries not stored"):
+        assert cache.store("cpu", {_key(8): good, "no-bar": good, _key(16): {**good, "config": "x"}})
+    assert set(json.loads(cache.user_file("cpu").read_text())["entries"]) == {_key(8)}

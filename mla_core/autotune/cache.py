@@ -128,7 +128,7 @@ def key_problem(key: Any) -> str | None:
     """Why ``key`` is not a well-formed problem key (``op|device|name=value|...`` as ``Problem.key()`` writes
     it), or None when it is one. Malformed keys are skipped on read and refused on import."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:
-        return "not a non-empty string of at most {} characters".format(MAX_KEY_CHARS)
+        return f"not a non-empty string of at most {MAX_KEY_CHARS} characters"
     if "|" not in key:
         return "has no '|' (needs op|device|name=value|...)"
     try:
@@ -374,7 +374,12 @@ def store(device: str, new: dict[str, dict]) -> bool:
     world-writable, another owner: its files are never read), the entries stay in this process only
     and one warning says so. Entries with a malformed key or schema are dropped.
     """
-    new = {k: e for k, e in new.items() if not (key_problem(k) or entry_problem(e))}
+    why = {k: key_problem(k) or entry_problem(e) for k, e in new.items()}
+    dropped = [(k, reason) for k, reason in why.items() if reason]
+    if dropped:
+        warnings.warn(f"mla_core autotune cache: {len(dropped)} entries not stored (e.g. key {str(dropped[0][0])[:200]!r}:"
+                      f" {dropped[0][1]})", CacheWarning, stacklevel=2)
+        new = {k: e for k, e in new.items() if not why[k]}
     if not new:
         return True
     path = user_file(device)
