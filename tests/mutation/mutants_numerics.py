@@ -47,6 +47,7 @@ MUTANTS = [
     dict(file=NUMERICS, old='    return torch.where(lse == float("inf"), float("-inf"), lse)', new="    return lse",
          tests=TESTS + ["tests/test_reference_merge.py"],
          why="an empty state's LSE +inf (FlashAttention / vLLM convention) must merge as empty"),
-    dict(file=NUMERICS, old="        return p.to(v_dtype).float()", new="        return p.float()", tests=TESTS,
+    dict(file=NUMERICS, old="        return p.to(v_dtype).float()", new="        return p.float()",
+         tests=TESTS + ["tests/test_fuzz.py -k 'decode_fuzz_triton or prefill_fuzz_triton'"],
          why="unquantized P enters P.V rounded to V's dtype"),
 ]
