@@ -13,6 +13,7 @@ backend's exceptions into reasons. ``MLA_CORE_TRACE_PLUGINS=1`` prints every hoo
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import sys
 import threading
 import traceback
@@ -188,7 +189,7 @@ def _guard(backend: Backend) -> None:
     for attr, as_reason in (("unavailable_reason", lambda text: text), ("why_not", lambda text: [text])):
         def safe(*args, _attr=attr, _as_reason=as_reason):
             try:
-                return getattr(type(backend), _attr)(backend, *args)
+                return inspect.getattr_static(type(backend), _attr).__get__(backend, type(backend))(*args)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit, GeneratorExit included: a plugin never ends the process
