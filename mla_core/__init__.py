@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import numerics, torch_ops  # torch_ops registers torch.ops.mla_core.* for torch.compile
 from . import autotune  # registers the cache and tuner as dispatch's choice sources
-from .backend import Backend, OpCapability
+from .backend import Backend, BackendOutputError, OpCapability
 from .dispatch import use_backend
 from .errors import MLAInputError, NoBackendError
 from .explain import explain  # the function; its module stays importable as mla_core.explain
@@ -28,7 +28,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+unknown"
 
 __all__ = [
-    "Backend", "MLAInputError", "NoBackendError", "OpCapability", "Problem", "SparseDecodeMetadata", "backends",
+    "Backend", "BackendOutputError", "MLAInputError", "NoBackendError", "OpCapability", "Problem", "SparseDecodeMetadata", "backends",
     "get_backend", "get_batch_decode_metadata_mla", "get_sparse_decode_metadata", "hookimpl", "hookspec",
     "merge_attn_states", "mla_attention_decode", "mla_decode", "mla_prefill", "mla_prefill_attention",
     "mla_forward", "mla_rope_quantize_fp8", "nn", "numerics", "register_plugin", "sparse_mla_fp8_decode", "use_backend",

@@ -101,6 +101,26 @@ def candidates(problem: Problem) -> tuple[list[Backend], dict[str, list[str]]]:
     return ok, reasons
 
 
+_log = logging.getLogger(__name__)
+_log_configured = False
+
+
+def _configure_logging() -> None:
+    """Apply ``MLA_CORE_LOG`` once: a stderr handler on the ``mla_core`` logger at that level (off: untouched)."""
+    global _log_configured
+    level = env.log_level()  # a bad value is an MLAInputError naming the variable, at the first op
+    _log_configured = True
+    if level is None:
+        return
+    root = logging.getLogger("mla_core")
+    root.setLevel(level)
+    if not any(getattr(h, "_mla_core", False) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        handler._mla_core = True
+        root.addHandler(handler)
+
+
 def choose(problem: Problem, explicit: str | None = None) -> Choice:
     """The ``(backend, config)`` for ``problem``; raises NoBackendError when nothing can run it.
 
@@ -112,6 +132,8 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
     choice = _memory.get(key)
     if choice is not None:
         return choice
+    if not _log_configured:
+        _configure_logging()
     if name is not None:
         from_env = not explicit and _override.get() is None
         backend = get_backend(name, env.BACKEND if from_env else "backend")
@@ -129,8 +151,7 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
         if choice is None:
             choice = Choice(ok[0], plugins.default_config(ok[0], problem)[0], "priority")
     _memory[key] = choice
-    logging.getLogger(__name__).info("%s -> %s %s (%s)", problem.key(), choice.backend.name, choice.config,
-                                     choice.source)  # the first decision per problem (MLA_CORE_LOG=info)
+    _log.info("%s -> %s %s (%s)", problem.key(), choice.backend.name, choice.config, choice.source)
     return choice
 
 

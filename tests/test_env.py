@@ -2,6 +2,9 @@
 (issue 7, item 9). On 6ed19c9 ``MLA_CORE_CHECKS=banana`` silently meant full checks and
 ``MLA_CORE_BACKEND=refrence`` failed without naming the variable."""
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -110,3 +113,16 @@ def test_problems_lists_every_bad_variable(monkeypatch):
     monkeypatch.setenv("MLA_CORE_LOG", "loud")
     found = env.problems(mla_core.backends())
     assert len(found) == 3 and all("MLA_CORE_" in p for p in found)
+
+
+def test_log_info_prints_each_first_dispatch_decision_once():
+    code = ("import mla_core\nfrom mla_core import inputs\na = inputs.merge_inputs(4, heads=2, head_dim=8)\n"
+            "mla_core.merge_attn_states(**a)\nmla_core.merge_attn_states(**a)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "MLA_CORE_LOG": "info"})
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[mla_core.dispatch]")]
+    assert len(lines) == 1 and "merge|cpu" in lines[0] and "(priority)" in lines[0], out.stderr
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != "MLA_CORE_LOG"})
+    assert "[mla_core.dispatch]" not in quiet.stderr

@@ -198,7 +198,7 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
             bar.set_postfix_str(describe(problem))
         dev_name = cache.device_name(problem.device)
         entry = cache.user_entries(dev_name).get(problem.key())
-        if entry is not None and not force and _usable(entry, dev_name):
+        if entry is not None and not force and _usable(problem, entry, dev_name):
             results[i] = {"status": "cached", "entry": entry}
             continue
         only = _only_candidate(problem)
@@ -219,9 +219,7 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
         cache.store(result.device, {problem.key(): entry})  # saved as it goes: an interrupted warm-up keeps its work
         results[i] = {"status": "tuned", "entry": entry, "note": f"{result.wall_s:.1f} s"}
     if dist is not None and world > 1:
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, results)
-        results = {i: r for part in gathered for i, r in part.items()}
+        results = {int(i): r for part in tuner.all_gather_json(results) for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "recorded", "cached")}
     tuner.install(tuned, source="tuned")
     if dist is not None and world > 1:
@@ -257,8 +255,7 @@ def ranks_agree(problems: list[Problem]) -> bool | None:
     from ..dispatch import choose
     mine = [(p.key(), choose(p).backend.name, sorted(choose(p).config.items())) for p in problems
             if _runnable(p)]
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    everyone = tuner.all_gather_json([[key, name, [list(kv) for kv in config]] for key, name, config in mine])
     return all(theirs == everyone[0] for theirs in everyone)
 
 
@@ -274,10 +271,12 @@ def _runnable(problem: Problem) -> bool:
     return bool(candidates(problem)[0])
 
 
-def _usable(entry: dict[str, Any], dev_name: str) -> bool:
-    from ..plugins import backends
-    backend = backends().get(entry["backend"])
-    return backend is not None and cache.is_current(entry, backend, dev_name)
+def _usable(problem: Problem, entry: dict[str, Any], dev_name: str) -> bool:
+    """A cached entry warm-up may keep: its backend is loaded, its versions current and its config valid."""
+    from .. import plugins
+    backend = plugins.backends().get(entry["backend"])
+    return (backend is not None and cache.is_current(entry, backend, dev_name)
+            and not plugins.validate_config(backend, problem, entry["config"]))
 
 
 def summary(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
