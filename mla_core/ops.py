@@ -39,7 +39,7 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
     The cache holds raw values; each product operand is fake-quantized once, on read, along its own
     contraction axis: K (all ``kv_lora_rank + qk_rope_head_dim`` features) along features, V (the first
     ``kv_lora_rank`` features) along tokens in blocks of 16 at absolute positions, P per 32-key tile
-    after the row sum. Splits are tile-aligned and merged by log-sum-exp (shared/DESIGN.md).
+    after the row sum. Splits are tile-aligned and merged by log-sum-exp (docs/numerics.md).
 
     Args:
         q: [batch, heads, kv_lora_rank + qk_rope_head_dim] absorbed query, latent_cache's dtype, or

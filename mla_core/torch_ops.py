@@ -137,36 +137,6 @@ def mla_forward(q: torch.Tensor, kv: torch.Tensor, input_row_offsets: torch.Tens
                 cache_offsets: torch.Tensor, max_seq_len: int, w_k: torch.Tensor, w_k_scale: Optional[torch.Tensor],
                 w_uk: torch.Tensor, w_uk_scale: Optional[torch.Tensor], w_uv: torch.Tensor,
                 w_uv_scale: Optional[torch.Tensor], weight_block_size: list[int], softmax_scale: float, epsilon: float,
-                attn_sinks: Optional[torch.Tensor], rope_interleave: bool, attention_backend: Optional[str],
-                backend: Optional[str]) -> torch.Tensor:
-    """``mla_core.mla_forward``: writes the new rows into ``latent_cache`` and returns a new output."""
-    from . import layer
-    return layer.mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table,
-                             cache_offsets, max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv,
-                             softmax_scale=softmax_scale, epsilon=epsilon, w_k_scale=w_k_scale, w_uk_scale=w_uk_scale,
-                             w_uv_scale=w_uv_scale, weight_block_size=tuple(weight_block_size), attn_sinks=attn_sinks,
-                             rope_interleave=rope_interleave, attention_backend=attention_backend, backend=backend)
-
-
-@mla_forward.register_fake
-def _mla_forward_fake(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
-                      max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, weight_block_size, softmax_scale,
-                      epsilon, attn_sinks, rope_interleave, attention_backend, backend):
-    from . import layer
-    _, call = layer.validate_layer(
-        q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
-        max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
-        w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=tuple(weight_block_size),
-        attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend)
-    return q.new_empty((q.shape[0], call.heads, call.v_dim))
-
-
-@torch.library.custom_op("mla_core::mla_forward", mutates_args=("latent_cache",))
-def mla_forward(q: torch.Tensor, kv: torch.Tensor, input_row_offsets: torch.Tensor, freqs_cis: torch.Tensor,
-                kv_norm_gamma: torch.Tensor, latent_cache: torch.Tensor, block_table: torch.Tensor,
-                cache_offsets: torch.Tensor, max_seq_len: int, w_k: torch.Tensor, w_k_scale: Optional[torch.Tensor],
-                w_uk: torch.Tensor, w_uk_scale: Optional[torch.Tensor], w_uv: torch.Tensor,
-                w_uv_scale: Optional[torch.Tensor], weight_block_size: list[int], softmax_scale: float, epsilon: float,
                 attn_sinks: Optional[torch.Tensor], rope_interleave: bool, sparse_indices: Optional[torch.Tensor],
                 topk_lengths: Optional[torch.Tensor], attention_backend: Optional[str],
                 backend: Optional[str]) -> torch.Tensor:

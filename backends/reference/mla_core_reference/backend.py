@@ -30,8 +30,6 @@ class ReferenceBackend(mla_core.Backend):
                                       notes="576-byte FP8 rows (FP8 query) and 656-byte fp8_ds_mla rows (bf16 query)"),
         "layer": OpCapability(features=frozenset({"sinks", "fp8_weights", "sparse"}),
                               notes="mla_forward: bf16/fp16/fp32 cache; FP8 block-scaled or float weights"),
-        "layer": OpCapability(features=frozenset({"sinks", "fp8_weights"}),
-                              notes="mla_forward: bf16/fp16/fp32 cache; FP8 block-scaled or float weights"),
     }
 
     def decode(self, call, config):

@@ -2,7 +2,7 @@
 
 Every function is exact on the GPU and under ``TRITON_INTERPRET=1`` alike: E4M3 and E2M1 rounding use
 integer/bit arithmetic and comparisons (the interpreter's fp8 and bf16 casts round wrongly; see
-shared/DESIGN.md, "Tests"), and divisions that feed a rounding are correctly rounded (``div_rn``, or
+docs/testing.md, "The Triton interpreter"), and divisions that feed a rounding are correctly rounded (``div_rn``, or
 for the NVFP4 elements the per-block reciprocal plus one Markstein correction, which gives the same
 bits: see ``div_by_block_scale``). Constants mirror :mod:`mla_core.numerics` (E4M3_MAX 448, E2M1_MAX 6,
 blocks of 16).
