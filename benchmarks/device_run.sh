@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install mla_core, then run the named steps; logs and tables go to $OUT.
 #   bash benchmarks/device_run.sh tests decode prefill dispatch warmup
-# Steps: tests (pytest -m gpu), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
+# Steps: tests (pytest -m gpu), gputests (the same on GPU_WORKERS xdist workers, log in $OUT), build (mla-core build),
+# bench_cli (mla-core bench decode 128 heads and its plot), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
 # (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
 # WARMUP_TP, default 8, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
@@ -33,6 +34,13 @@ for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case $step in
     tests)    python3 -m pytest -m gpu -q -p no:cacheprovider -x --durations=10 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 ;;
+    build)    { time mla_core_cli build; } 2>&1 | tee "$LOGS/build.log" | tail -6 ;;
+    gputests) # every GPU test, spread over GPU_WORKERS pytest-xdist workers (Triton compiles are CPU-bound); log to $OUT
+      timeout "${GPU_TESTS_TIMEOUT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 \
+        -n "${GPU_WORKERS:-8}" ${GPU_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    bench_cli) # the CLI's own benchmark and roofline picture (issue 8)
+      mla_core_cli bench decode --heads 128 --batch 32 --length 8192 --recipe bf16,fp8,nvfp4 \
+        --plot "$OUT/bench_decode_cli.png" --output "$OUT/bench_decode_cli.json" 2>&1 | tee "$OUT/bench_decode_cli.log" | tail -20 ;;
     decode)   OUT=$LOGS python3 benchmarks/bench_decode.py ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/bench_decode.log" ;;
     prefill)  OUT=$LOGS python3 benchmarks/bench_prefill.py ${PREFILL_ARGS:-} 2>&1 | tee "$LOGS/bench_prefill.log" ;;
     sparse)   OUT=$LOGS python3 benchmarks/bench_sparse.py ${SPARSE_ARGS:-} 2>&1 | tee "$LOGS/bench_sparse.log" ;;

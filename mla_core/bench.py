@@ -187,19 +187,19 @@ class _Tensors:
 
     def normal(self, shape, dtype, scale: float = 1.0) -> torch.Tensor:
         if not self.materialize:  # only the last dimension is real: no memory for a DeepSeek-sized cache
-            return torch.zeros(*([1] * (len(shape) - 1)), shape[-1], dtype=dtype).expand(*shape)
+            return torch.zeros(*([1] * (len(shape) - 1)), shape[-1], dtype=dtype, device="cpu").expand(*shape)
         x = torch.randn(shape, generator=self.gen, device=self.device, dtype=torch.float32)
         return (x * scale).to(dtype)
 
     def dense(self, shape, dtype) -> torch.Tensor:
         """A contiguous tensor (ops that require one); zeros when not materialized."""
         if not self.materialize:
-            return torch.zeros(shape, dtype=dtype)
+            return torch.zeros(shape, dtype=dtype, device="cpu")
         return torch.randn(shape, generator=self.gen, device=self.device, dtype=torch.float32).to(dtype)
 
     def ints(self, lo: int, hi: int, shape) -> torch.Tensor:
         if not self.materialize:
-            return torch.full(shape, lo, dtype=torch.int64)
+            return torch.full(shape, lo, dtype=torch.int64, device="cpu")
         return torch.randint(lo, hi + 1, shape, generator=self.gen, device=self.device)
 
     def tensor(self, values, dtype) -> torch.Tensor:
@@ -230,12 +230,12 @@ def decode_workload(t: _Tensors, batch: int, heads: int, length: int, page_size:
         table = torch.randperm(batch * pages, generator=t.gen, device=t.device).to(torch.int32).view(batch, pages)
     else:  # one page, every entry pointing at it: the problem (and so the dispatch) is the same
         cache = t.normal((1, page_size, dim), dt)
-        table = torch.zeros((batch, pages), dtype=torch.int32)
+        table = torch.zeros((batch, pages), dtype=torch.int32, device="cpu")
     kwargs = dict(q=t.normal((batch, heads, dim), dt), latent_cache=cache, block_table=table,
                   b_seq_len=t.tensor([length] * batch, torch.int32), softmax_scale=(128 + rope_dim) ** -0.5,
                   kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope_dim, num_kv_splits=num_kv_splits,
                   k_qdq=fmt, v_qdq=fmt, p_qdq=fmt)
-    itemsize = torch.empty((), dtype=dt).element_size()
+    itemsize = dt.itemsize
     return Workload("decode", f"decode B={batch} H={heads} L={length} {recipe}", kwargs,
                     flops=2.0 * batch * heads * length * (dim + kv_lora_rank),
                     nbytes=float(batch * length * dim * itemsize),
@@ -262,7 +262,7 @@ def prefill_workload(t: _Tensors, batch: int, heads: int, length: int, kv_length
     kwargs = dict(q=t.normal((batch * length, heads, qk_dim), dt), k=t.normal((batch * kv_length, kv_heads, qk_dim), dt),
                   v=t.normal((batch * kv_length, kv_heads, v_dim), dt), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                   max_seqlen_q=length, causal=causal, q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt)
-    itemsize = torch.empty((), dtype=dt).element_size()
+    itemsize = dt.itemsize
     pairs = batch * causal_pairs(length, kv_length, causal)
     elems = batch * (length * heads * (qk_dim + v_dim) + kv_length * kv_heads * (qk_dim + v_dim))
     return Workload("prefill", f"prefill B={batch} H={heads} L={length}" + (f"/{kv_length}" if kv_length != length
@@ -280,7 +280,7 @@ def merge_workload(t: _Tensors, tokens: int, heads: int, head_dim: int = 128, dt
                                                                                              torch.float32, 3.0),
                   suffix_output=t.normal((tokens, heads, head_dim), dt), suffix_lse=t.normal((heads, tokens),
                                                                                              torch.float32, 3.0))
-    itemsize = torch.empty((), dtype=dt).element_size()
+    itemsize = dt.itemsize
     nbytes = 3 * tokens * heads * head_dim * itemsize + 3 * heads * tokens * 4
     return Workload("merge", f"merge T={tokens} H={heads} D={head_dim}", kwargs,
                     flops=4.0 * tokens * heads * head_dim, nbytes=float(nbytes),
@@ -293,13 +293,13 @@ def rope_workload(t: _Tensors, tokens: int, heads: int, rope_dim: int = 64, nope
     dt = _dtype(dtype)
     max_pos = max(16, 2 * tokens)
     half = rope_dim // 2
-    inv_freq = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float64) / half))
-    angle = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    inv_freq = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float64, device=t.device) / half))
+    angle = torch.arange(max_pos, dtype=torch.float64, device=t.device)[:, None] * inv_freq[None, :]
     cos_sin = torch.cat([angle.cos(), angle.sin()], dim=1).float().to(t.device)
     kwargs = dict(q_rope=t.normal((tokens, heads, rope_dim), dt), k_rope=t.normal((tokens, rope_dim), dt),
                   q_nope=t.normal((tokens, heads, nope_dim), dt), k_nope=t.normal((tokens, nope_dim), dt),
                   cos_sin_cache=cos_sin, pos_ids=t.ints(0, max_pos - 1, (tokens,)))
-    itemsize = torch.empty((), dtype=dt).element_size()
+    itemsize = dt.itemsize
     elems = tokens * (heads + 1) * (rope_dim + nope_dim)
     return Workload("rope_quantize_fp8", f"rope T={tokens} H={heads}", kwargs,
                     flops=float(6 * tokens * (heads + 1) * rope_dim + 2 * elems), nbytes=float(elems * (itemsize + 1)),

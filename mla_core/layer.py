@@ -163,7 +163,7 @@ def _content_checks(call: LayerCall) -> None:
     if call.sparse_indices is not None and tokens:
         _sparse_content_checks(call, page_size)
     used = (ends + page_size - 1) // page_size
-    reached = torch.arange(call.block_table.shape[1])[None, :] < used[:, None]
+    reached = torch.arange(call.block_table.shape[1], device="cpu")[None, :] < used[:, None]
     entries = call.block_table.to("cpu", torch.int64)[reached]
     num_pages = call.latent_cache.shape[0]
     if entries.numel() and (int(entries.min()) < 0 or int(entries.max()) >= num_pages):
@@ -175,12 +175,12 @@ def _content_checks(call: LayerCall) -> None:
 def _sparse_content_checks(call: LayerCall, page_size: int) -> None:
     top_k = call.sparse_indices.shape[1]
     tokens = call.sparse_indices.shape[0]
-    counts = torch.full((tokens,), top_k) if call.topk_lengths is None else call.topk_lengths.to("cpu", torch.int64)
+    counts = torch.full((tokens,), top_k, dtype=torch.int64, device="cpu") if call.topk_lengths is None else call.topk_lengths.to("cpu", torch.int64)
     if int(counts.min()) < 0 or int(counts.max()) > top_k:
         bad = int(counts.min()) if int(counts.min()) < 0 else int(counts.max())
         raise MLAInputError(f"topk_lengths: got {bad}, needs 0..{top_k} (sparse_indices.shape[1])")
     idx = call.sparse_indices.to("cpu", torch.int64)
-    used = idx[(torch.arange(top_k)[None, :] < counts[:, None]) & (idx != -1)]
+    used = idx[(torch.arange(top_k, device="cpu")[None, :] < counts[:, None]) & (idx != -1)]
     rows = call.latent_cache.shape[0] * page_size
     if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
         bad = int(used.min()) if int(used.min()) < 0 else int(used.max())

@@ -710,10 +710,10 @@ def validate_sparse_decode(query, kv_cache, qk_nope_head_dim, kv_lora_rank, qk_r
         if seq_lens is not None:
             s = _check_sparse_lens(seq_lens, sparse_mla_top_k)
         else:
-            s = torch.full((batch,), sparse_mla_top_k, dtype=torch.int64)
+            s = torch.full((batch,), sparse_mla_top_k, dtype=torch.int64, device="cpu")
         if check_indices:
             idx = block_tables.to("cpu", torch.int64)
-            valid = torch.arange(sparse_mla_top_k)[None, None, :] < s[:, None, None]
+            valid = torch.arange(sparse_mla_top_k, device="cpu")[None, None, :] < s[:, None, None]
             used = idx[valid & (idx != -1)]
             if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
                 bad = int(used.min()) if int(used.min()) < 0 else int(used.max())

@@ -12,6 +12,16 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # Decorate every Triton kernel now, under the interpreter: @triton.jit picks interpreter or GPU mode when the
+    # module is imported, so a kernel module first imported inside a test that unsets TRITON_INTERPRET (to keep a
+    # backend off the CPU) would otherwise stay GPU-compiled and break every later interpreter test.
+    import importlib
+    import pkgutil
+    for _package in ("mla_core_triton", "mla_core_musa_fp8", "mla_core_cudnn"):
+        _pkg = importlib.import_module(_package)
+        for _info in pkgutil.iter_modules(_pkg.__path__, _package + "."):
+            importlib.import_module(_info.name)
 
 sys.path.insert(0, os.path.dirname(__file__))  # test helpers (reference_math.py) import as plain modules
 
