@@ -158,15 +158,17 @@ def run_pytest(copy: Path, env, args: list[str], timeout: float) -> tuple[str, s
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return "timeout", out[-1500:], time.time() - t0
     out = r.stdout + r.stderr
-    counts = {}
-    for n, what in SUMMARY.findall(out.splitlines()[-1] if out.strip() else ""):
-        counts[what] = int(n)
-    ran = counts.get("passed", 0) + counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    passed = sum(int(n) for n, what in SUMMARY.findall(out.splitlines()[-1] if out.strip() else "")
+                 if what == "passed")
     if r.returncode == 0:
-        return ("passed" if counts.get("passed", 0) else "none"), out[-1500:], time.time() - t0
-    if r.returncode == 5 or not ran and r.returncode not in (1, 2):
+        return ("passed" if passed else "none"), out[-1500:], time.time() - t0
+    if r.returncode == 5:  # pytest: no test collected (or all deselected)
         return "none", out[-1500:], time.time() - t0
-    return "failed", out[-1500:], time.time() - t0
+    # failures (1), errors in collection (2), an internal error (3), or the process killed by a signal (a
+    # crash: an out-of-bounds read under the interpreter): the selection passed without the mutant, so the
+    # mutant did it
+    tail = out[-1500:] if r.returncode == 1 else f"pytest exit status {r.returncode}\n{out[-1500:]}"
+    return "failed", tail, time.time() - t0
 
 
 @dataclass
@@ -204,7 +206,8 @@ def judge(m: Mutant, copy: Path, env, timeout: float, baseline: dict, lock: thre
     finally:
         target.write_text(original)
     if verdict in ("failed", "timeout"):
-        return Result(m, "KILLED", "timed out" if verdict == "timeout" else "", seconds)
+        how = "timed out" if verdict == "timeout" else tail.split("\n")[0] if tail.startswith("pytest exit") else ""
+        return Result(m, "KILLED", how, seconds)
     if verdict == "none":
         return Result(m, "NOT RUN", "no test ran with the mutant", seconds)
     return Result(m, "SURVIVED", "", seconds)
