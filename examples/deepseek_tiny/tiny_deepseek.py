@@ -75,7 +75,7 @@ class TinyDeepseek(nn.Module):
         return self.lm_head(self.norm(h))
 
     def capture_decode_step(self, batch: int, table: StaticPageTable):
-        """A CUDA graph of one decode step (one token per request): returns ``(graph, tokens, logits)``.
+        """A CUDA graph of one decode step (one token per request): returns ``(graph, tokens, logits, offsets)``.
 
         Copy the next tokens into ``tokens`` [batch] and ``graph.replay()``: ``logits`` [batch, vocab] is refreshed
         and ``table.lengths`` advances. Needs dense layers (MoE routing reads values on the host).
@@ -96,7 +96,9 @@ class TinyDeepseek(nn.Module):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             logits = self(tokens, offsets, table, 1)
-        return graph, tokens, logits
+        # The graph reads `offsets` at replay but does not own it: return it too, or its memory is freed here and
+        # reused (seen on the H200: a replay read garbage offsets and tripped a device-side assert).
+        return graph, tokens, logits, offsets
 
     def generate(self, prompts: list[list[int]], steps: int, table: StaticPageTable,
                  cuda_graph: bool = False) -> tuple[list[list[int]], list]:
