@@ -144,11 +144,8 @@ MAKE_CALL_PARAMS = [pytest.param(op, id=f"make_call-{op}") for op in MAKE_CALL_O
 # Open items: cases that fail today because of library code, left out until the fix lands (each names the line).
 # (test name, parameter id) -> what is open.
 OPEN = {
-    ("default_device", "sparse_decode"): "mla_core/specs.py validate_sparse_decode: torch.arange(sparse_mla_top_k) "
-                                         "without a device (the index content check)",
     ("builders_bf16", "merge_inputs"): "mla_core/inputs.py merge_inputs: LSEs drawn with torch.randn in the default dtype",
     ("builders_bf16", "sparse_decode_inputs"): "mla_core/inputs.py sparse_decode_inputs: torch.randn in the default dtype",
-    ("builders_device", ""): "mla_core/inputs.py: every *_inputs builder draws on the default device (CPU generator)",
 }
 
 
@@ -315,15 +312,17 @@ def test_input_builders_bf16_default_dtype_cpu(global_defaults, name):
 
 
 DEVICE_BUILDERS = open_items("builders_device", [pytest.param(n, id=n) for n in BUILDERS])
-if DEVICE_BUILDERS:  # empty while the OPEN item above stands (an empty parametrization would show as skipped)
-    @pytest.mark.parametrize("name", DEVICE_BUILDERS)
-    def test_input_builders_meta_default_device_cpu(global_defaults, name):
-        check_under(global_defaults, lambda: BUILDERS[name]("cpu"), device="meta")
 
-    @pytest.mark.gpu
-    @pytest.mark.parametrize("mode", list(GPU_MODES))
-    @pytest.mark.parametrize("name", DEVICE_BUILDERS)
-    def test_input_builders_cuda_default_device_gpu(global_defaults, name, mode):
-        gpu_check(global_defaults, lambda: BUILDERS[name]("cuda"), mode)
+
+@pytest.mark.parametrize("name", DEVICE_BUILDERS)
+def test_input_builders_meta_default_device_cpu(global_defaults, name):
+    check_under(global_defaults, lambda: BUILDERS[name]("cpu"), device="meta")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(GPU_MODES))
+@pytest.mark.parametrize("name", DEVICE_BUILDERS)
+def test_input_builders_cuda_default_device_gpu(global_defaults, name, mode):
+    gpu_check(global_defaults, lambda: BUILDERS[name]("cuda"), mode)
 
 
