@@ -33,7 +33,7 @@ def _gen(seed: int, device) -> torch.Generator:
 
 
 def _randn(shape, g, dtype, device, scale=1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=g, device="cpu") * scale).to(dtype).to(device)
+    return (torch.randn(shape, generator=g, dtype=torch.float32, device="cpu") * scale).to(dtype).to(device)
 
 
 def decode_inputs(lengths, heads=16, page_size=64, kv_lora_rank=512, rope_dim=64, dtype=torch.bfloat16,
@@ -85,8 +85,8 @@ def prefill_inputs(q_lens, k_lens=None, heads=16, kv_heads=None, qk_dim=192, v_d
 def merge_inputs(tokens, heads=16, head_dim=512, dtype=torch.bfloat16, device="cpu", seed=0) -> dict:
     """Arguments of :func:`mla_core.merge_attn_states` (a few rows have one or both LSEs at -inf)."""
     g = _gen(seed, device)
-    lse_a = torch.randn((heads, tokens), generator=g, device="cpu") * 3
-    lse_b = torch.randn((heads, tokens), generator=g, device="cpu") * 3
+    lse_a = torch.randn((heads, tokens), generator=g, dtype=torch.float32, device="cpu") * 3
+    lse_b = torch.randn((heads, tokens), generator=g, dtype=torch.float32, device="cpu") * 3
     if tokens:
         lse_a[:, 0] = float("-inf")
         lse_b[0, -1] = float("-inf")
@@ -115,8 +115,8 @@ def sparse_decode_inputs(batch, q_len=1, heads=16, top_k=64, num_pages=8, page_s
     full = specs.SPARSE_LATENT + specs.SPARSE_ROPE
     rows = num_pages * page_size
     fp8 = specs.FP8
-    query = (torch.randn((batch, q_len, heads, full), generator=g, device="cpu")).to(fp8).to(device)
-    cache = (torch.randn((num_pages, page_size, full), generator=g, device="cpu")).to(fp8).to(device)
+    query = (torch.randn((batch, q_len, heads, full), generator=g, dtype=torch.float32, device="cpu")).to(fp8).to(device)
+    cache = (torch.randn((num_pages, page_size, full), generator=g, dtype=torch.float32, device="cpu")).to(fp8).to(device)
     idx = torch.randint(0, rows, (batch, q_len, top_k), generator=g, dtype=torch.int64, device="cpu").to(torch.int32)
     idx[..., ::7] = -1
     if seq_lens is None:

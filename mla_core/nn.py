@@ -181,8 +181,8 @@ class StaticPageTable:
         self.page_size = page_size
         pages_per_request = max(1, -(-max_len // page_size))
         self.num_pages = batch * pages_per_request
-        order = (torch.randperm(self.num_pages, generator=generator) if generator is not None
-                 else torch.arange(self.num_pages))
+        order = (torch.randperm(self.num_pages, generator=generator, device="cpu") if generator is not None
+                 else torch.arange(self.num_pages, device="cpu"))
         self.block_table = order.view(batch, pages_per_request).to(device=device, dtype=torch.int32)
         self.lengths = torch.zeros(batch, dtype=torch.int64, device=device)
 

@@ -649,6 +649,9 @@ def _host_scalar(name: str, v: Any) -> float:
         v = v.item()
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
         raise MLAInputError(f"{name}: got {v!r}, needs a finite float")
+    if v != 0 and not FLOAT32_MIN_NORMAL <= abs(float(v)) <= FLOAT32_MAX:  # kernels hold it in float32
+        raise MLAInputError(f"{name}: got {v!r}, needs 0 or a magnitude in float32's normal range "
+                            f"({FLOAT32_MIN_NORMAL:.3g}..{FLOAT32_MAX:.3g})")
     return float(v)
 
 

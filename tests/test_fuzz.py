@@ -407,10 +407,8 @@ def test_prefill_fuzz_triton(kwargs, mode):
 # ------------------------------------------------------------------------------------------------
 # merge_attn_states
 
-# OPEN (kernels): |LSE| ~ 1e4 left out. The reference merge weighs by exp(a - lse) with lse rounded to float32
-# (backends/reference/mla_core_reference/merge.py, w_prefix / w_suffix): at a = b = 1e4 its output is 2e-4 off
-# (triton, weighing by exp(a - max) / sum, is exact). Put 1e4 and -1e4 back when the reference is fixed.
-LSE_VALUES = [-math.inf, math.inf, 0.0, -80.0, 80.0]
+# |LSE| ~ 1e4: the merge must weigh relative to the larger LSE, not to the float32-rounded lse (found here)
+LSE_VALUES = [-math.inf, math.inf, 0.0, -80.0, 80.0, 1e4, -1e4]
 
 
 @st.composite
@@ -507,10 +505,8 @@ def test_rope_quantize_fuzz(kwargs, mode):
 # sparse_mla_fp8_decode and get_sparse_decode_metadata (reference)
 
 
-# OPEN (sparse): finite host scalars past float32's range are accepted (mla_core/specs.py _host_scalar checks only
-# isfinite): bmm2_scale=1e39 becomes inf in float32 and an empty row's 0 * inf gives NaN output. Left out until
-# bmm1_scale / bmm2_scale are held to float32's range like every other scalar.
-BAD_BMM_SCALES = [v for v in BAD_SCALARS if v not in (1e39, 1e300)]
+# bmm1_scale / bmm2_scale are held to float32's range like every other scalar (1e39 once became inf: found here)
+BAD_BMM_SCALES = BAD_SCALARS
 
 
 @st.composite

@@ -143,10 +143,7 @@ MAKE_CALL_PARAMS = [pytest.param(op, id=f"make_call-{op}") for op in MAKE_CALL_O
 
 # Open items: cases that fail today because of library code, left out until the fix lands (each names the line).
 # (test name, parameter id) -> what is open.
-OPEN = {
-    ("builders_bf16", "merge_inputs"): "mla_core/inputs.py merge_inputs: LSEs drawn with torch.randn in the default dtype",
-    ("builders_bf16", "sparse_decode_inputs"): "mla_core/inputs.py sparse_decode_inputs: torch.randn in the default dtype",
-}
+OPEN: dict[tuple[str, str], str] = {}
 
 
 def open_items(kind: str, params: list) -> list:

@@ -6,8 +6,6 @@ cache (the latent is shared by every head). Rank 0 also runs the unsharded modul
 """
 from __future__ import annotations
 
-import os
-import socket
 
 import pytest
 import torch
@@ -15,12 +13,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 pytest.importorskip("transformers")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _steps(config, gen):
@@ -42,10 +34,10 @@ def _run(module, steps, page=4):
     return torch.cat(outs)
 
 
-def _worker(rank, world, port, result_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, store_path, result_path):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a file rendezvous: no TCP port to race for with other processes on the machine
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
         from test_nn_transformers import hf_attention, quantize_state_dict, small_config
         from mla_core.nn import MLAAttention
@@ -77,7 +69,7 @@ def _worker(rank, world, port, result_path):
 
 def test_tp2_equals_tp1(tmp_path):
     result = tmp_path / "result.pt"
-    mp.spawn(_worker, args=(2, _free_port(), str(result)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(result)), nprocs=2, join=True)
     from reference_math import rel_l2
     for fp8, (tp, full) in torch.load(result).items():
         assert tp.shape == full.shape, fp8

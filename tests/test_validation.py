@@ -170,6 +170,7 @@ PREFILL_CASES = [
     ("cu_seqlens_q", lambda a: dict(cu_seqlens_q=torch.tensor([0, 3, 8], dtype=torch.int32))),
     ("cu_seqlens_k", lambda a: dict(cu_seqlens_k=torch.tensor([0, 10], dtype=torch.int32))),
     ("cu_seqlens_k", lambda a: dict(cu_seqlens_k=torch.tensor([0, 4, 11], dtype=torch.int32))),
+    ("cu_seqlens_k", lambda a: dict(cu_seqlens_k=torch.tensor([0, 4, 9], dtype=torch.int32))),  # ends short of k
     ("cu_seqlens_k", lambda a: dict(cu_seqlens_k=on_meta(a["cu_seqlens_k"]))),
     ("max_seqlen_q", lambda a: dict(max_seqlen_q=3)),
     ("max_seqlen_q", lambda a: dict(max_seqlen_q=-1)),

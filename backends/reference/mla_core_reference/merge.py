@@ -20,9 +20,13 @@ def merge_attn_states_reference(call: specs.MergeCall) -> tuple[torch.Tensor, to
     a, b = (numerics.empty_state_lse(x.float()) for x in (call.prefix_lse, call.suffix_lse))
     lse = numerics.merge_lse(a, b)                                         # [heads, tokens]
     empty = lse == _NEG_INF
-    lse_safe = torch.where(empty, 0.0, lse)
-    w_prefix = torch.exp(a - lse_safe).t()[..., None]                      # [tokens, heads, 1]
-    w_suffix = torch.exp(b - lse_safe).t()[..., None]
+    # weights relative to the larger LSE, not to the float32-rounded lse: at |lse| ~ 1e4 one float32 step of
+    # lse is ~1e-3, which exp(a - lse) would carry into the output
+    top = torch.where(empty, 0.0, torch.maximum(a, b))
+    e_prefix, e_suffix = torch.exp(a - top), torch.exp(b - top)
+    total = torch.where(empty, 1.0, e_prefix + e_suffix)
+    w_prefix = (e_prefix / total).t()[..., None]                           # [tokens, heads, 1]
+    w_suffix = (e_suffix / total).t()[..., None]
     merged = w_prefix * call.prefix_output.float() + w_suffix * call.suffix_output.float()
     merged = torch.where(empty.t()[..., None], 0.0, merged)
     if call.output is not None:
