@@ -21,39 +21,10 @@ from ..autotune import cache, tuner, warmup
 from ..errors import MLAInputError
 from ..problem import Problem
 from .table import table as _table_rows
+from .args import int_list, name_list, split_list
 
 NO_GPU = ("mla-core warmup: no CUDA GPU is visible, so there is nothing to tune on. Run it on the machine that will "
           "serve the model, or pass --device cpu to tune the CPU backends (useful for tests).")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _names(allowed):
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(v.strip() for v in text.split(",") if v.strip())
-        bad = [n for n in names if n not in allowed]
-        if bad or not names:
-            raise argparse.ArgumentTypeError(f"got {text!r}; choose from {', '.join(allowed)} (comma-separated)")
-        return names
-    return parse
-
-
-def _splits(text: str) -> tuple:
-    out = []
-    for v in text.split(","):
-        v = v.strip()
-        if v == "auto":
-            out.append("auto")
-        elif v.isdigit() and 1 <= int(v) <= 32:
-            out.append(int(v))
-        else:
-            raise argparse.ArgumentTypeError(f"num_kv_splits: got {v!r}, needs 1..32 or auto")
-    return tuple(out)
 
 
 def _current_device_name(explicit: str | None) -> str:
@@ -283,15 +254,15 @@ def add_parsers(subparsers) -> None:
                     "speed-up over the priority default). Under torchrun the ranks split the shapes and share "
                     "the results. Needs a GPU unless --device cpu is given.")
     p.add_argument("--model", default="deepseek-v3", choices=sorted(warmup.MODELS), help="model preset")
-    p.add_argument("--tp", type=_ints, default=(8,), help="tensor-parallel sizes, e.g. 8 or 1,2,4,8 (heads = 128/tp)")
-    p.add_argument("--heads", type=_ints, help="explicit head counts (instead of --tp)")
-    p.add_argument("--recipes", type=_names(tuple(warmup.RECIPES)), default=tuple(warmup.RECIPES),
+    p.add_argument("--tp", type=int_list, default=(8,), help="tensor-parallel sizes, e.g. 8 or 1,2,4,8 (heads = 128/tp)")
+    p.add_argument("--heads", type=int_list, help="explicit head counts (instead of --tp)")
+    p.add_argument("--recipes", type=name_list(tuple(warmup.RECIPES)), default=tuple(warmup.RECIPES),
                    help="quant recipes: bf16, fp8 (K/V/P FP8), nvfp4 (K/V/P NVFP4); default all")
-    p.add_argument("--ops", type=_names(warmup.OPS), default=warmup.OPS, help="ops to tune (default decode,prefill,merge)")
-    p.add_argument("--batch", type=_ints, help="decode batch sizes (default: the preset's grid)")
-    p.add_argument("--lengths", type=_ints, help="decode KV lengths (default: the preset's grid)")
-    p.add_argument("--prefill-lengths", type=_ints, help="prefill / merge token counts (default: the preset's grid)")
-    p.add_argument("--num-kv-splits", type=_splits, default=(32,),
+    p.add_argument("--ops", type=name_list(warmup.OPS), default=warmup.OPS, help="ops to tune (default decode,prefill,merge)")
+    p.add_argument("--batch", type=int_list, help="decode batch sizes (default: the preset's grid)")
+    p.add_argument("--lengths", type=int_list, help="decode KV lengths (default: the preset's grid)")
+    p.add_argument("--prefill-lengths", type=int_list, help="prefill / merge token counts (default: the preset's grid)")
+    p.add_argument("--num-kv-splits", type=split_list, default=(32,),
                    help="decode split counts the model passes (default 32, the API default; 'auto' lets the tuner pick)")
     p.add_argument("--page-size", type=int, help="KV cache page size (default: the preset's, 64)")
     p.add_argument("--device", choices=("cuda", "cpu"), help="where to tune (default cuda; cpu only when asked)")

@@ -10,79 +10,47 @@ from typing import Any
 
 from .. import bench
 from ..explain import explain_problem, validate, with_device
+from .args import int_list, name_list, split_list
 
 # CLI op -> (help, [(option, dest, type, default, help)])
 SHAPE_OPTIONS: dict[str, tuple[str, list[tuple[str, str, Any, Any, str]]]] = {}
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return values
-
-
-def _choices(allowed):
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(v.strip() for v in text.split(",") if v.strip())
-        bad = [n for n in names if n not in allowed]
-        if bad or not names:
-            raise argparse.ArgumentTypeError(f"got {text!r}; choose from {', '.join(allowed)} (comma-separated)")
-        return names
-    return parse
-
-
-def _splits(text: str) -> tuple:
-    out = []
-    for v in text.split(","):
-        v = v.strip()
-        if v == "auto":
-            out.append("auto")
-        elif v.isdigit() and 1 <= int(v) <= 32:
-            out.append(int(v))
-        else:
-            raise argparse.ArgumentTypeError(f"got {v!r}, needs 1..32 or auto (comma-separated)")
-    return tuple(out)
-
-
-_RECIPE = ("--recipe", "recipe", _choices(tuple(bench.RECIPES)), ("bf16",),
+_RECIPE = ("--recipe", "recipe", name_list(tuple(bench.RECIPES)), ("bf16",),
            "quant recipe(s): bf16 (none), fp8 or nvfp4 (K, V and P fake-quantized; Q not)")
-_DTYPE = ("--dtype", "dtype", _choices(tuple(bench.DTYPES)), ("bf16",), "input dtype(s): bf16, fp16, fp32")
+_DTYPE = ("--dtype", "dtype", name_list(tuple(bench.DTYPES)), ("bf16",), "input dtype(s): bf16, fp16, fp32")
 
 SHAPE_OPTIONS.update({
     "decode": ("absorbed decode over a paged latent cache (576 = 512 latent + 64 rope)", [
-        ("--batch", "batch", _ints, (32,), "requests per batch"),
-        ("--heads", "heads", _ints, (16,), "query heads (DeepSeek-V3: 128 / TP)"),
-        ("--length", "length", _ints, (8192,), "cached tokens per request"),
-        ("--page-size", "page_size", _ints, (64,), "tokens per cache page"),
-        ("--splits", "num_kv_splits", _splits, (32,), "num_kv_splits: 1..32 or auto"),
+        ("--batch", "batch", int_list, (32,), "requests per batch"),
+        ("--heads", "heads", int_list, (16,), "query heads (DeepSeek-V3: 128 / TP)"),
+        ("--length", "length", int_list, (8192,), "cached tokens per request"),
+        ("--page-size", "page_size", int_list, (64,), "tokens per cache page"),
+        ("--splits", "num_kv_splits", split_list, (32,), "num_kv_splits: 1..32 or auto"),
         _RECIPE, _DTYPE]),
     "prefill": ("varlen prefill (un-absorbed, qk 192 / v 128)", [
-        ("--batch", "batch", _ints, (1,), "sequences"),
-        ("--heads", "heads", _ints, (16,), "query heads"),
-        ("--length", "length", _ints, (4096,), "queries per sequence"),
-        ("--kv-length", "kv_length", _ints, None, "keys per sequence (default: --length)"),
-        ("--kv-heads", "kv_heads", _ints, None, "key/value heads (GQA; default: --heads)"),
-        ("--qk-dim", "qk_dim", _ints, (192,), "q/k head dim"),
-        ("--v-dim", "v_dim", _ints, (128,), "v head dim"),
+        ("--batch", "batch", int_list, (1,), "sequences"),
+        ("--heads", "heads", int_list, (16,), "query heads"),
+        ("--length", "length", int_list, (4096,), "queries per sequence"),
+        ("--kv-length", "kv_length", int_list, None, "keys per sequence (default: --length)"),
+        ("--kv-heads", "kv_heads", int_list, None, "key/value heads (GQA; default: --heads)"),
+        ("--qk-dim", "qk_dim", int_list, (192,), "q/k head dim"),
+        ("--v-dim", "v_dim", int_list, (128,), "v head dim"),
         _RECIPE, _DTYPE]),
     "merge": ("merge_attn_states of two partial results", [
-        ("--tokens", "tokens", _ints, (4096,), "tokens"),
-        ("--heads", "heads", _ints, (16,), "heads"),
-        ("--head-dim", "head_dim", _ints, (128,), "head dim"),
+        ("--tokens", "tokens", int_list, (4096,), "tokens"),
+        ("--heads", "heads", int_list, (16,), "heads"),
+        ("--head-dim", "head_dim", int_list, (128,), "head dim"),
         _DTYPE]),
     "rope": ("mla_rope_quantize_fp8: RoPE + FP8 quantization of Q and K", [
-        ("--tokens", "tokens", _ints, (4096,), "tokens"),
-        ("--heads", "heads", _ints, (16,), "query heads"),
-        ("--dtype", "dtype", _choices(("bf16", "fp16")), ("bf16",), "input dtype(s): bf16, fp16")]),
+        ("--tokens", "tokens", int_list, (4096,), "tokens"),
+        ("--heads", "heads", int_list, (16,), "query heads"),
+        ("--dtype", "dtype", name_list(("bf16", "fp16")), ("bf16",), "input dtype(s): bf16, fp16")]),
     "sparse": ("sparse_mla_fp8_decode: DeepSeek-V3.2 FP8 top-k sparse decode", [
-        ("--batch", "batch", _ints, (32,), "requests"),
-        ("--heads", "heads", _ints, (128,), "query heads"),
-        ("--q-len", "q_len", _ints, (1,), "query tokens per request"),
-        ("--top-k", "top_k", _ints, (2048,), "selected cache rows per query (a multiple of 64)")]),
+        ("--batch", "batch", int_list, (32,), "requests"),
+        ("--heads", "heads", int_list, (128,), "query heads"),
+        ("--q-len", "q_len", int_list, (1,), "query tokens per request"),
+        ("--top-k", "top_k", int_list, (2048,), "selected cache rows per query (a multiple of 64)")]),
 })
 
 
