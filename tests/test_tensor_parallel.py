@@ -63,6 +63,7 @@ def _worker(rank, world, store_path, result_path):
                 results[fp8] = (out, _run(full, steps))
         if rank == 0:
             torch.save(results, result_path)
+        dist.barrier()  # rank 1 skips the unsharded run: tear down together (an early exit once aborted rank 1)
     finally:
         dist.destroy_process_group()
 
