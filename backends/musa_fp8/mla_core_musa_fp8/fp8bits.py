@@ -26,7 +26,10 @@ def round_e4m3(y):
     frac = t - whole.to(tl.float32)
     up = (frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))
     r = (whole + up.to(tl.int32)).to(tl.float32) * quantum
-    r = tl.where(c < 0, -r, r)
+    # the sign as a bit: a value that rounds to zero keeps it (-0.0, as the hardware cast gives; triton 3.6's
+    # interpreter negates 0.0 to +0.0)
+    sign = (c.to(tl.int32, bitcast=True) >> 31) << 31
+    r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return tl.where(y != y, y, r)
 
 
