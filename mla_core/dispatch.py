@@ -154,7 +154,3 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
     _log.info("%s -> %s %s (%s)", problem.key(), choice.backend.name, choice.config, choice.source)
     return choice
 
-
-def explain(problem: Problem) -> dict[str, list[str]]:
-    """Every loaded backend's reasons for ``problem`` (empty list: it can run it)."""
-    return {name: _reasons(b, problem) for name, b in backends().items()}

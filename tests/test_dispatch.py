@@ -43,7 +43,7 @@ def test_highest_priority_valid_backend_wins_and_reasons_are_kept(fakes):
     mla_core.merge_attn_states(**_merge_args(torch.bfloat16))  # fake_high declares float32 only
     assert (hi.calls, lo.calls) == (1, 1)
     problem, _ = specs.validate_merge(**_merge_args(torch.bfloat16), output=None, output_lse=None)
-    assert dispatch.explain(problem)["fake_high"] == ["dtype=bfloat16 (supported: float32)"]
+    assert dispatch.candidates(problem)[1]["fake_high"] == ["dtype=bfloat16 (supported: float32)"]
 
 
 def test_overrides_argument_context_and_env(fakes, monkeypatch):

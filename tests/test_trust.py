@@ -327,7 +327,7 @@ def test_faulty_plugin_never_breaks_other_backends(site, fault, capsys):
         with pytest.raises(mla_core.MLAInputError, match="broken"):
             mla_core.merge_attn_states(**args, backend="faulty")
     else:  # refused at call time: the exception is its reason
-        assert "raised" in " ".join(dispatch.explain(problem)["faulty"])
+        assert "raised" in " ".join(dispatch.candidates(problem)[1]["faulty"])
     from mla_core import cli
     assert cli.main(["backends"]) == 0 and "faulty" in capsys.readouterr().out
     assert cli.main(["backends", "--json"]) == 0
