@@ -6,7 +6,7 @@
 # (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
 # WARMUP_TP, default 8, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
-# sparse / rope (musa_fp8 benchmarks). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS.
+# sparse / rope (musa_fp8 benchmarks), layer (benchmarks/bench_layer.py, log in $OUT). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS / LAYER_ARGS.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
@@ -28,7 +28,7 @@ else
 fi
 python3 -c "import mla_core, torch, triton; print('mla_core', mla_core.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'backends', sorted(mla_core.backends()))"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
-git rev-parse --short HEAD 2>/dev/null || true
+echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} (the working tree copied to the device)"
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
@@ -45,6 +45,8 @@ for step in "$@"; do
     prefill)  OUT=$LOGS python3 benchmarks/bench_prefill.py ${PREFILL_ARGS:-} 2>&1 | tee "$LOGS/bench_prefill.log" ;;
     sparse)   OUT=$LOGS python3 benchmarks/bench_sparse.py ${SPARSE_ARGS:-} 2>&1 | tee "$LOGS/bench_sparse.log" ;;
     rope)     OUT=$LOGS python3 benchmarks/bench_rope.py ${ROPE_ARGS:-} 2>&1 | tee "$LOGS/bench_rope.log" ;;
+    layer)    timeout "${LAYER_TIMEOUT:-240}" python3 benchmarks/bench_layer.py ${LAYER_ARGS:-} 2>&1 | tee "$OUT/bench_layer.log" | tail -60
+              cp "$LOGS"/bench_layer.json "$OUT"/ 2>/dev/null || true ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda --json "$LOGS/bench_dispatch.json" 2>&1 | tee "$LOGS/bench_dispatch.log" ;;
     check)    mla_core_cli check --device cuda 2>&1 | tee "$LOGS/check.log" ;;
     cuda)     # the CUDA C++ backend: build (timed), its GPU tests, memcheck of a small workload, its mutants
