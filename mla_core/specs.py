@@ -307,6 +307,29 @@ class PrefillCall:
     block_n: int
 
 
+def prefill_dense_batch(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                        max_seqlen_q: int) -> bool:
+    """Whether shapes alone prove a prefill batch dense: every sequence has the same len_q and the same len_k.
+
+    True for at most one sequence (its lengths are total_q and total_k), and for ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` the same memory with ``total_q == total_k == batch * max_seqlen_q`` (``max_seqlen_q``
+    bounds each length, so each is exactly ``max_seqlen_q``). No value is read: a caller whose
+    ``max_seqlen_q`` lies (caught by content checks, not in ``metadata`` mode) gets wrong values, never an
+    access outside q / k / v.
+    """
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch <= 1:
+        return True
+    if not (q.shape[0] == k.shape[0] == batch * max_seqlen_q):
+        return False
+    a, b = cu_seqlens_q, cu_seqlens_k
+    if a is b:
+        return True
+    if isinstance(a, FakeTensor) or isinstance(b, FakeTensor) or a.device.type == "meta":
+        return False
+    return a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.stride() == b.stride()
+
+
 def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, return_lse, *,
                      q_quant, k_quant, p_quant, v_quant, q_amax, k_amax, p_amax, v_amax, sparsity_n, sparsity_m,
                      dense_sink_tokens, dense_recent_tokens, block_m, block_n) -> tuple[Problem, PrefillCall]:
@@ -365,8 +388,11 @@ def validate_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
         features.add("nm_sparsity")
     if kv_heads != heads:
         features.add("gqa")
+    # a property of the inputs (backends may rank themselves by it), not a behaviour to support: a parameter,
+    # present only when true so that ragged keys stay as they were
+    dense = {"dense_batch": 1} if prefill_dense_batch(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q) else {}
     problem = Problem.make(
-        "prefill", device.type, features,
+        "prefill", device.type, features, **dense,
         dtype=dtype_name(q.dtype), heads=heads, kv_heads=kv_heads, qk_dim=qk_dim, v_dim=v.shape[2],
         causal=int(causal), q_quant=q_quant, k_quant=k_quant, p_quant=p_quant, v_quant=v_quant,
         block_n=block_n, sparsity_m=sparsity_m if "nm_sparsity" in features else 0,

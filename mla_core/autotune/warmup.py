@@ -100,7 +100,7 @@ def preset_problems(grid: Grid) -> list[Problem]:
                             "prefill", grid.device, features, dtype=dtype, heads=heads, kv_heads=heads,
                             qk_dim=shape.qk_nope_dim + shape.rope_dim, v_dim=shape.v_head_dim, causal=1,
                             q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt,
-                            block_n=numerics.DEFAULT_PREFILL_BLOCK_N, sparsity_m=0, batch=1,
+                            block_n=numerics.DEFAULT_PREFILL_BLOCK_N, sparsity_m=0, batch=1, dense_batch=1,
                             max_seqlen_q=length, total_k=length))
         if "merge" in grid.ops:
             for length in _buckets(grid.prefill_lengths or shape.prefill_lengths):
