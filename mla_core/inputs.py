@@ -171,7 +171,13 @@ def _decode(p: Problem, r: _Rand):
     dim = p["kv_lora_rank"] + p["rope_dim"]
     max_pages = max(1, p["max_len"] // page)
     capacity = max_pages * page
-    cache = r.normal((batch * max_pages, page, dim), _dtype(p["dtype"]))
+    cache = r.normal((batch * max_pages, page, dim), torch.float32)
+    kv_scale = None
+    if p["dtype"] == "float8_e4m3fn":  # an FP8 cache: the codes of those values at a calibrated scale
+        kv_scale = float(cache.abs().max()) / 448 if cache.numel() else 1.0
+        values, cache = cache, (cache / kv_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    else:
+        values = cache = cache.to(_dtype(p["dtype"]))
     table = r.perm(batch * max_pages).view(batch, max_pages).to(torch.int32)
     lens = r.ints(capacity // 2 + 1 if capacity > 1 else 1, capacity, (batch,)).to(torch.int32)
     q = r.normal((batch, p["heads"], dim), _dtype(p["q_dtype"]))
@@ -180,8 +186,9 @@ def _decode(p: Problem, r: _Rand):
     return specs.validate_decode(
         q, cache, table, lens, softmax_scale=dim ** -0.5, kv_lora_rank=p["kv_lora_rank"],
         qk_rope_head_dim=p["rope_dim"], page_size=page, num_kv_splits=splits, k_qdq=kqdq,
-        k_qdq_amax=_amax(cache, kqdq), v_qdq=vqdq, v_qdq_amax=_amax(cache[..., :p["kv_lora_rank"]], vqdq),
-        p_qdq=p["p_qdq"], p_qdq_amax=1.0, return_lse="lse" in p.features, out_dtype=_dtype(p["out_dtype"]))
+        k_qdq_amax=_amax(values, kqdq), v_qdq=vqdq, v_qdq_amax=_amax(values[..., :p["kv_lora_rank"]], vqdq),
+        p_qdq=p["p_qdq"], p_qdq_amax=1.0, return_lse="lse" in p.features, out_dtype=_dtype(p["out_dtype"]),
+        kv_scale=kv_scale)
 
 
 def _prefill(p: Problem, r: _Rand):

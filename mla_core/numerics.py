@@ -158,6 +158,25 @@ def qdq_p(p: torch.Tensor, fmt: str | None, amax: float, v_dtype: torch.dtype, d
     return qdq_nvfp4(p.to(v_dtype), amax, dim)
 
 
+FP8_CACHE_DTYPE = torch.float8_e4m3fn
+"""Dtype of an FP8 latent cache: E4M3 codes with one per-tensor ``kv_scale`` (docs/numerics.md, "FP8 KV cache")."""
+
+
+def fp8_cache_values(codes: torch.Tensor, kv_scale: float) -> torch.Tensor:
+    """The values an FP8 latent cache holds: ``float32(code) * float32(kv_scale)``, one float32 rounding.
+
+    Args: codes any shape, float8_e4m3fn (or already float32 code values); kv_scale the per-tensor scale.
+    Returns: float32 tensor of codes' shape.
+    """
+    return codes.float() * torch.full((), kv_scale, dtype=torch.float32, device=codes.device)
+
+
+def decode_value_dtype(cache_dtype: torch.dtype, q_dtype: torch.dtype) -> torch.dtype:
+    """The dtype decode's P is rounded to without ``p_qdq`` (V's dtype in the dot): the cache's dtype, or
+    q's dtype (bf16 / fp16) over an FP8 cache, whose codes enter the P·V dot exactly in q's dtype."""
+    return q_dtype if cache_dtype == FP8_CACHE_DTYPE else cache_dtype
+
+
 def decode_tiles_per_split(seq_len: int, num_kv_splits: int) -> int:
     """``ceil(ceil(L / 32) / num_kv_splits)``: 32-key tiles per decode split (0 when L == 0)."""
     return -(-(-(-seq_len // DECODE_P_TILE)) // num_kv_splits)

@@ -33,7 +33,7 @@ def _fill(buffer, value):
 def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, kv_lora_rank=512,
                          qk_rope_head_dim=64, page_size=None, num_kv_splits=32, k_qdq=None, k_qdq_amax=None,
                          v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None,
-                         backend: str | None = None):
+                         kv_scale=None, backend: str | None = None):
     """Decode one absorbed query token per request over a paged latent cache.
 
     The cache holds raw values; each product operand is fake-quantized once, on read, along its own
@@ -43,8 +43,9 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
 
     Args:
         q: [batch, heads, kv_lora_rank + qk_rope_head_dim] absorbed query, latent_cache's dtype, or
-            float32 as the carrier of a caller-quantized Q.
-        latent_cache: [num_pages, page_size, kv_lora_rank + qk_rope_head_dim] bf16 / fp16 / fp32.
+            float32 as the carrier of a caller-quantized Q; bf16 / fp16 over an FP8 cache.
+        latent_cache: [num_pages, page_size, kv_lora_rank + qk_rope_head_dim] bf16 / fp16 / fp32, or
+            float8_e4m3fn codes with ``kv_scale`` (the FP8 KV cache: half the bytes of bf16).
         block_table: [batch, max_pages] int32/int64 page indices; entries past ``ceil(len / page_size)`` are never read.
         b_seq_len: [batch] int32/int64 KV lengths, 0..max_pages * page_size (0 gives output 0 and LSE -inf).
         softmax_scale: scale of ``q·k`` before the softmax (required).
@@ -55,7 +56,9 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
         k_qdq, v_qdq, p_qdq: None, ``"fp8"`` or ``"nvfp4"``; ``*_amax``: per-tensor amax (None -> scale 1.0;
             ``p_qdq_amax`` default 1.0, the bound of unnormalized P).
         return_lse: also return the natural-log LSE.
-        out_dtype: output dtype (default ``latent_cache.dtype``).
+        out_dtype: output dtype (default ``latent_cache.dtype``; q's dtype over an FP8 cache).
+        kv_scale: per-tensor scale of a float8_e4m3fn cache, a positive python float (required with it, None
+            otherwise): the cache holds ``float32(code) * kv_scale`` (docs/numerics.md, "FP8 KV cache").
         backend: mla_core backend name for this call (None: automatic).
 
     Returns:
@@ -65,13 +68,13 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
         out, lse = torch.ops.mla_core.decode(
             q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim, page_size,
             0 if num_kv_splits == specs.AUTO else num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq,
-            p_qdq_amax, return_lse, out_dtype, backend)
+            p_qdq_amax, return_lse, out_dtype, kv_scale, backend)
         return out, (lse if return_lse else None)
     problem, call = specs.validate_decode(
         q, latent_cache, block_table, b_seq_len, softmax_scale=softmax_scale, kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope_head_dim, page_size=page_size, num_kv_splits=num_kv_splits, k_qdq=k_qdq,
         k_qdq_amax=k_qdq_amax, v_qdq=v_qdq, v_qdq_amax=v_qdq_amax, p_qdq=p_qdq, p_qdq_amax=p_qdq_amax,
-        return_lse=return_lse, out_dtype=out_dtype)
+        return_lse=return_lse, out_dtype=out_dtype, kv_scale=kv_scale)
     return _run(problem, call, backend)
 
 

@@ -161,7 +161,8 @@ class DecodeCall:
     q [batch, heads, kv_lora_rank + rope_dim] (bf16/fp16, or fp32 carrier); latent_cache
     [num_pages, page_size, kv_lora_rank + rope_dim]; block_table [batch, max_pages]; seq_lens [batch];
     ``num_kv_splits`` an int, or None for "auto" (the config or a heuristic picks it: see
-    :func:`decode_num_splits`); out / lse: None (allocate) or tensors to write.
+    :func:`decode_num_splits`); out / lse: None (allocate) or tensors to write. ``kv_scale``: the
+    per-tensor scale of a float8_e4m3fn cache (values ``code * kv_scale``), None for a float cache.
     """
 
     q: torch.Tensor
@@ -181,6 +182,7 @@ class DecodeCall:
     p_amax: float
     return_lse: bool
     out_dtype: torch.dtype
+    kv_scale: float | None = None
 
 
 def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 132) -> int:
@@ -196,11 +198,39 @@ def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 
     return max(1, min(numerics.MAX_KV_SPLITS, want, max_tiles))
 
 
+def _check_kv_scale(kv_scale: Any, cache_dtype: torch.dtype) -> float | None:
+    """``kv_scale`` is a host float with an FP8 cache (required) and None with a float cache.
+
+    A host float, as FlashInfer's ``bmm1_scale`` / ``bmm2_scale`` and vLLM's ``_k_scale_float``: it is
+    checked here without a device sync, is part of no dispatch key, and a CUDA graph bakes it in (a
+    calibrated per-tensor scale is fixed once the model is loaded).
+    """
+    if cache_dtype != FP8:
+        if kv_scale is not None:
+            raise MLAInputError(f"kv_scale: got {kv_scale!r} with a {dtype_name(cache_dtype)} latent_cache, needs None "
+                                "(kv_scale dequantizes a float8_e4m3fn cache; a float cache holds its values)")
+        return None
+    if kv_scale is None:
+        raise MLAInputError("kv_scale: got None with a float8_e4m3fn latent_cache, needs the cache's per-tensor scale "
+                            "as a positive python float (cache value = code * kv_scale; 1.0 for raw codes)")
+    if isinstance(kv_scale, torch.Tensor):
+        raise MLAInputError(f"kv_scale: got a tensor of shape {list(kv_scale.shape)} on {kv_scale.device}, needs a "
+                            "python float (pass float(kv_scale) once after calibration: a device tensor could only be "
+                            "checked with a sync)")
+    return check_positive_float("kv_scale", kv_scale)
+
+
 def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, kv_lora_rank, qk_rope_head_dim,
                     page_size, num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq, p_qdq_amax,
-                    return_lse, out_dtype) -> tuple[Problem, DecodeCall]:
-    check_tensor("latent_cache", latent_cache, 3, FLOAT_DTYPES)
-    check_tensor("q", q, 3, (latent_cache.dtype, torch.float32))
+                    return_lse, out_dtype, kv_scale=None) -> tuple[Problem, DecodeCall]:
+    check_tensor("latent_cache", latent_cache, 3, FLOAT_DTYPES + (FP8,))
+    if latent_cache.dtype == FP8:
+        check_tensor("q", q, 3)
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise MLAInputError(f"q: got dtype {dtype_name(q.dtype)} with a float8_e4m3fn latent_cache, needs "
+                                "bfloat16 or float16 (the FP8 codes enter q's dtype exactly); pass q.bfloat16()")
+    else:
+        check_tensor("q", q, 3, (latent_cache.dtype, torch.float32))
     check_tensor("block_table", block_table, 2, INDEX_DTYPES)
     check_tensor("b_seq_len", b_seq_len, 1, INDEX_DTYPES)
     device = check_same_device(q=q, latent_cache=latent_cache, block_table=block_table, b_seq_len=b_seq_len)
@@ -232,9 +262,11 @@ def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, k
     k_amax = check_positive_float("k_qdq_amax", k_qdq_amax, allow_none=True)
     v_amax = check_positive_float("v_qdq_amax", v_qdq_amax, allow_none=True)
     p_amax = check_positive_float("p_qdq_amax", p_qdq_amax)
+    kv_scale = _check_kv_scale(kv_scale, latent_cache.dtype)
     if not isinstance(return_lse, bool):
         raise MLAInputError(f"return_lse: got {return_lse!r}, needs a bool")
-    out_dtype = latent_cache.dtype if out_dtype is None else check_dtype_arg("out_dtype", out_dtype, FLOAT_DTYPES)
+    value_dtype = numerics.decode_value_dtype(latent_cache.dtype, q.dtype)
+    out_dtype = value_dtype if out_dtype is None else check_dtype_arg("out_dtype", out_dtype, FLOAT_DTYPES)
     capacity = block_table.shape[1] * page_size
     if capacity > INT32_MAX:
         raise MLAInputError(f"block_table: got {block_table.shape[1]} pages of {page_size} tokens per request "
@@ -265,7 +297,8 @@ def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, k
         k_qdq=k_qdq, v_qdq=v_qdq, p_qdq=p_qdq,
         batch=numerics.bucket_pow2(batch), max_len=numerics.bucket_pow2(capacity))
     call = DecodeCall(q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim,
-                      page_size, splits, k_qdq, k_amax, v_qdq, v_amax, p_qdq, p_amax, return_lse, out_dtype)
+                      page_size, splits, k_qdq, k_amax, v_qdq, v_amax, p_qdq, p_amax, return_lse, out_dtype,
+                      kv_scale)
     return problem, call
 
 

@@ -27,24 +27,25 @@ def decode(q: torch.Tensor, latent_cache: torch.Tensor, block_table: torch.Tenso
            num_kv_splits: int,
            k_qdq: Optional[str], k_qdq_amax: Optional[float], v_qdq: Optional[str], v_qdq_amax: Optional[float],
            p_qdq: Optional[str], p_qdq_amax: float, return_lse: bool, out_dtype: Optional[torch.dtype],
-           backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
+           kv_scale: Optional[float], backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """``mla_core.mla_decode``; ``num_kv_splits`` 0 means "auto"; lse is empty when not returned."""
     out, lse = ops.mla_attention_decode(
         q, latent_cache, block_table, b_seq_len, softmax_scale=softmax_scale, kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope_head_dim, page_size=page_size, num_kv_splits=num_kv_splits or specs.AUTO,
         k_qdq=k_qdq, k_qdq_amax=k_qdq_amax, v_qdq=v_qdq, v_qdq_amax=v_qdq_amax, p_qdq=p_qdq, p_qdq_amax=p_qdq_amax,
-        return_lse=return_lse, out_dtype=out_dtype, backend=backend)
+        return_lse=return_lse, out_dtype=out_dtype, kv_scale=kv_scale, backend=backend)
     return out, _lse_or_empty(lse, q)
 
 
 @decode.register_fake
 def _decode_fake(q, latent_cache, block_table, b_seq_len, softmax_scale, kv_lora_rank, qk_rope_head_dim, page_size,
-                 num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq, p_qdq_amax, return_lse, out_dtype, backend):
+                 num_kv_splits, k_qdq, k_qdq_amax, v_qdq, v_qdq_amax, p_qdq, p_qdq_amax, return_lse, out_dtype, kv_scale,
+                 backend):
     _, call = specs.validate_decode(
         q, latent_cache, block_table, b_seq_len, softmax_scale=softmax_scale, kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope_head_dim, page_size=page_size, num_kv_splits=num_kv_splits or specs.AUTO, k_qdq=k_qdq,
         k_qdq_amax=k_qdq_amax, v_qdq=v_qdq, v_qdq_amax=v_qdq_amax, p_qdq=p_qdq, p_qdq_amax=p_qdq_amax,
-        return_lse=return_lse, out_dtype=out_dtype)
+        return_lse=return_lse, out_dtype=out_dtype, kv_scale=kv_scale)
     batch, heads = q.shape[0], q.shape[1]
     out = q.new_empty((batch, heads, kv_lora_rank), dtype=call.out_dtype)
     return out, q.new_empty((batch, heads) if return_lse else _EMPTY, dtype=torch.float32)

@@ -11,6 +11,11 @@ Per request of length L, with the 576-wide cache rows as K and their first ``kv_
   ``qdq_p(P)`` (rounded to the cache dtype, or FP8 / NVFP4);
 - splits merge through their log-sum-exp: ``o = sum_i exp(lse_i - lse) * acc_i / l_i``.
 
+An FP8 cache (float8_e4m3fn codes) holds the values ``float32(code) * kv_scale``
+(:func:`mla_core.numerics.fp8_cache_values`); everything above then runs on those float32 values, with P
+rounded to q's dtype (:func:`mla_core.numerics.decode_value_dtype`) and K / V fake quantization, when
+asked, applied to the dequantized values.
+
 Everything is vectorized over the batch and heads; only the running maximum walks the tiles.
 float32 matmuls are meant as IEEE float32: on CUDA this assumes TF32 is off (torch's default).
 """
@@ -27,6 +32,7 @@ def _gather_rows(call: specs.DecodeCall, lens: torch.Tensor, max_len: int) -> tu
     """Cache rows of every request (``lens`` [batch] int64, clamped), padded to ``max_len`` tokens.
 
     Returns (rows [batch, max_len, dim] float32, zero where a key is absent; valid [batch, max_len] bool).
+    An FP8 cache's rows are its values ``code * kv_scale``.
     A key is absent past the request's length, and where its page index lies outside the cache (the
     safety rule: never read outside the cache). Table entries past ceil(L / page_size) are never
     dereferenced: they are replaced by page 0 before the gather and their keys are masked.
@@ -42,8 +48,9 @@ def _gather_rows(call: specs.DecodeCall, lens: torch.Tensor, max_len: int) -> tu
     rows = cache[safe_table].reshape(batch, num_pages * page_size, cache.shape[2])[:, :max_len]
     pos = torch.arange(max_len, device=device)
     valid = (pos[None, :] < lens[:, None]) & page_ok.repeat_interleave(page_size, dim=1)[:, :max_len]
+    values = numerics.fp8_cache_values(rows, call.kv_scale) if call.kv_scale is not None else rows.float()
     # torch.where, not a multiply: rows the length does not reach may hold NaN or inf.
-    return torch.where(valid[..., None], rows.float(), 0.0), valid
+    return torch.where(valid[..., None], values, 0.0), valid
 
 
 def _running_max(tile_max: torch.Tensor, split_start: torch.Tensor) -> torch.Tensor:
@@ -114,7 +121,8 @@ def _decode_batch(call: specs.DecodeCall, lens: torch.Tensor, max_len: int,
     m_safe = torch.where(m == _NEG_INF, 0.0, m)                            # a tile with no key yet: P = 0
     p = torch.exp(s - m_safe[..., None])                                   # [B, H, T, 32] float32
     row_sum = p.sum(dim=-1)                                                # unquantized P
-    p_q = numerics.qdq_p(p.view(batch, heads, -1), call.p_qdq, call.p_amax, cache.dtype, dim=-1)
+    p_q = numerics.qdq_p(p.view(batch, heads, -1), call.p_qdq, call.p_amax,
+                         numerics.decode_value_dtype(cache.dtype, q.dtype), dim=-1)
 
     # Per split i: M_i = its final running max (the maximum is monotone within a split),
     # l_i = sum_t exp(m_t - M_i) * row_sum_t, acc_i = sum_t exp(m_t - M_i) * P_q,t · V_t, and

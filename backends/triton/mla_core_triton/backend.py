@@ -14,6 +14,7 @@ from mla_core import OpCapability
 
 _FORMATS = frozenset({None, "fp8", "nvfp4"})
 _FLOAT = frozenset({"bfloat16", "float16", "float32"})
+_FP8_CACHE = "float8_e4m3fn"
 
 
 class TritonBackend(mla_core.Backend):
@@ -22,11 +23,12 @@ class TritonBackend(mla_core.Backend):
     description = "Triton kernels: fused fake-quant MLA decode (split-KV, paged), varlen prefill, merge"
     capabilities = {
         "decode": OpCapability(
-            limits={"dtype": _FLOAT, "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS,
+            limits={"dtype": _FLOAT | {_FP8_CACHE}, "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS,
                     "heads": range(1, 129), "kv_lora_rank": range(16, 1025, 16), "rope_dim": range(0, 257)},
             features=frozenset({"lse", "fp32_q"}),
             notes="any page size >= 1; heads 1..128; kv_lora_rank a multiple of 16 (NVFP4 K blocks stay "
-                  "within the latent part) up to 1024; rope 0..256"),
+                  "within the latent part) up to 1024; rope 0..256; an FP8 cache (float8_e4m3fn + kv_scale) with "
+                  "p_qdq only (no k_qdq / v_qdq)"),
         "prefill": OpCapability(
             limits={"dtype": _FLOAT, "q_quant": _FORMATS, "k_quant": _FORMATS, "p_quant": _FORMATS,
                     "v_quant": _FORMATS},
@@ -45,6 +47,13 @@ class TritonBackend(mla_core.Backend):
         if importlib.util.find_spec("triton") is None:
             return "the triton package is not installed (pip install 'mla-core[triton]')"
         return None
+
+    def why_not(self, problem):
+        reasons = super().why_not(problem)
+        if problem.op == "decode" and problem.get("dtype") == _FP8_CACHE and (problem.get("k_qdq") or problem.get("v_qdq")):
+            reasons.append("k_qdq / v_qdq over an FP8 cache (float8_e4m3fn): the cache already holds FP8 codes; "
+                           "re-quantizing their dequantized values on read is run by the reference backend only")
+        return reasons
 
     def _kernels(self, op: str):
         return importlib.import_module(f"{__package__}.{op}")

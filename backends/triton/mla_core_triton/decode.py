@@ -19,6 +19,11 @@ into per-request code buffers of the dot dtype, ``[batch, block_table width * pa
 ``[..., 512]`` for V (FP8 V with K's scale reuses K's codes). Sized from metadata (no device sync), they
 cost memory: batch 32 x 32768 tokens x 576 x 2 B = 1.2 GB for K plus 1.1 GB for V (fine on a 141 GB
 H200; a server with long block tables should budget for it or leave the config to the tuner).
+
+FP8 KV cache (float8_e4m3fn codes, passed as a uint8 view): each tile loads half the bytes of bf16; the codes
+convert exactly to q's dtype (bf16 / fp16) for the dots, and ``kv_scale`` multiplies the fp32 scores
+(with the softmax scale) and the final accumulator, as the per-tensor QDQ scales do. P rounds to q's
+dtype. K / V fake quantization over an FP8 cache is the reference's only (the backend says why not).
 """
 from __future__ import annotations
 
@@ -60,6 +65,22 @@ def _qk(q_a, q_b, q_c, k, acc, Q_SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE
         acc = _mma(q_b, kt, acc, UPCAST, IEEE)
         acc = _mma(q_c, kt, acc, UPCAST, IEEE)
     return acc
+
+
+@triton.jit
+def _e4m3_to_dot(x, DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
+    """uint8 E4M3 codes -> their exact values in the dot dtype. ``HW_CVT``: the hardware cvt (GPU); else bit
+    arithmetic (the interpreter has no FP8 storage type): exponent bias 7, subnormals m * 2^-9, 0x7F NaN."""
+    if HW_CVT:
+        return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+    else:
+        b = x.to(tl.int32)
+        e = (b >> 3) & 15
+        m = b & 7
+        normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+        f = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+        f = tl.where((b & 0x7F) == 0x7F, float("nan"), f)
+        return tl.where((b & 0x80) != 0, -f, f).to(DOT_DTYPE)
 
 
 @triton.jit
@@ -152,7 +173,8 @@ def _decode_split_kernel(
         K_FMT: tl.constexpr, V_FMT: tl.constexpr, P_FMT: tl.constexpr,
         K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr,
         K_G_POW2: tl.constexpr, V_G_POW2: tl.constexpr, P_G_POW2: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, Q_SPLIT: tl.constexpr, IEEE: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, CACHE_FP8: tl.constexpr, Q_SPLIT: tl.constexpr,
+        IEEE: tl.constexpr,
         UPCAST: tl.constexpr, HW_CVT: tl.constexpr, P_BF16_RNE: tl.constexpr, DIRECT: tl.constexpr,
         WRITE_LSE: tl.constexpr, V_SPLIT: tl.constexpr, KV_CODES: tl.constexpr, V_FROM_K: tl.constexpr,
         PREFETCH_PAGES: tl.constexpr):
@@ -225,6 +247,9 @@ def _decode_split_kernel(
                              other=0.0)
                 kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE),
                              other=0.0)
+                if CACHE_FP8:  # codes (K_FMT 0: the backend runs no K / V QDQ over an FP8 cache)
+                    kn = _e4m3_to_dot(kn, DOT_DTYPE, HW_CVT)
+                    kr = _e4m3_to_dot(kr, DOT_DTYPE, HW_CVT)
                 kn_d, kr_d = _k_codes(kn, kr, k_scale, k_inv_scale, TILE, D_NOPE, D_ROPE, K_FMT, K_HAS_SCALE,
                                       K_G_POW2, DOT_DTYPE, HW_CVT)
             s = tl.zeros([BLOCK_H, TILE], tl.float32)
@@ -267,6 +292,8 @@ def _decode_split_kernel(
                     vn = kn
                 else:  # the slice again from the rows just read (L1/L2 hits)
                     vn = tl.load(row[:, None] + offs_v[None, :], mask=valid[:, None] & mask_v[None, :], other=0.0)
+                    if CACHE_FP8:
+                        vn = _e4m3_to_dot(vn, DOT_DTYPE, HW_CVT)
                 v_d = _v_codes(vn, v_scale, v_inv_scale, TILE, D_V, V_FMT, V_HAS_SCALE, V_G_POW2, DOT_DTYPE,
                                HW_CVT)
             acc = _mma(p_d.to(DOT_DTYPE), v_d.to(DOT_DTYPE), acc * alpha[:, None], UPCAST, IEEE)
@@ -438,12 +465,18 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     block_h = min(int(config.get("block_h", 16)), _pow2(heads))
     sub_tiles = int(config.get("sub_tiles", 1))
 
-    cache_dtype = cache.dtype
-    q_split = q.dtype == torch.float32 and cache_dtype == torch.bfloat16
-    if cache_dtype == torch.float32 or (q.dtype == torch.float32 and cache_dtype == torch.float16):
+    cache_fp8 = cache.dtype == numerics.FP8_CACHE_DTYPE
+    if cache_fp8:  # codes as bytes (the interpreter has no FP8 storage type); they enter q's dtype exactly
+        if call.k_qdq is not None or call.v_qdq is not None:
+            raise ValueError("k_qdq / v_qdq over an FP8 cache: run by the reference backend only")
+        cache = cache.view(torch.uint8)
+    value_dtype = numerics.decode_value_dtype(call.latent_cache.dtype, q.dtype)  # V's dtype in the dot, P's rounding
+    kv_scale = call.kv_scale if cache_fp8 else 1.0
+    q_split = q.dtype == torch.float32 and value_dtype == torch.bfloat16
+    if value_dtype == torch.float32 or (q.dtype == torch.float32 and value_dtype == torch.float16):
         dot_dtype = tl.float32  # fp16 parts of an fp32 q could underflow: fall back to fp32 FMA dots
     else:
-        dot_dtype = _TL_DTYPE[cache_dtype]
+        dot_dtype = _TL_DTYPE[value_dtype]
 
     k_fmt, v_fmt, p_fmt = _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq]
     k_scale = {0: 1.0, 1: numerics.fp8_scale(call.k_amax), 2: numerics.nvfp4_global_scale(call.k_amax)}[k_fmt]
@@ -485,12 +518,12 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
         kcode, vcode, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
         call.block_table.stride(0), call.block_table.stride(1),
         heads, cache.shape[0], splits, capacity,
-        float(call.softmax_scale) * k_scale * _LOG2E, k_scale, v_scale, p_scale, v_scale * p_scale,
+        float(call.softmax_scale) * kv_scale * k_scale * _LOG2E, k_scale, v_scale, p_scale, kv_scale * v_scale * p_scale,
         1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale, **common,
         BLOCK_H=block_h, SUB_TILES=sub_tiles, P_FMT=p_fmt, P_G_POW2=_is_pow2(p_scale),
-        V_DTYPE=_TL_DTYPE[cache_dtype], Q_SPLIT=q_split,
+        V_DTYPE=_TL_DTYPE[value_dtype], CACHE_FP8=cache_fp8, Q_SPLIT=q_split,
         IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16,
-        P_BF16_RNE=interpreting and cache_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
+        P_BF16_RNE=interpreting and value_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
         V_SPLIT=v_split, KV_CODES=kv_codes, V_FROM_K=v_from_k, PREFETCH_PAGES=bool(config.get("prefetch_pages")),
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
     LAST_RESOURCES.update(regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
