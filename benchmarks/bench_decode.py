@@ -1,6 +1,6 @@
 """MLA decode benchmark: triton vs reference on the GPU, against ceilings measured in the same run.
 
-    python benchmarks/bench_decode.py [--quick] [--sweep N] [--splits 32,auto]
+    python benchmarks/bench_decode.py [--quick] [--sweep N] [--splits 32,auto] [--kv-dtypes bf16,fp8]
 
 Rows: heads × batch × length × recipe (bf16; fp8 = K/V/P FP8; nvfp4 = K/V/P NVFP4) × split count (the
 default 32, and "auto" at batch 1). Page size 64, every request at full length, bf16 cache and q.
@@ -13,6 +13,9 @@ When the cuda backend is available (--cuda auto, the default), each row also tim
 inputs and L2 flush): its µs, % of the copy bandwidth / matmul rate, its recipe time over its own bf16 time,
 triton's time over it, and its time over FlashMLA's figure for that shape (bf16, page 64, measured on an
 H200 beside mla_core 6ed19c9; FLASHMLA_US below).
+``--kv-dtypes bf16,fp8`` also times each shape over an FP8 KV cache (float8_e4m3fn codes of the same values,
+per-tensor ``kv_scale = amax / 448``; recipe bf16 = no fake quantization, the only recipe triton runs over an
+FP8 cache besides P QDQ): bytes are then ``B·L·576·1``, and "x bf16 kv" is its time over the bf16 cache's.
 """
 from __future__ import annotations
 
@@ -52,6 +55,12 @@ def make_inputs(batch, heads, length, seed=0):
     return q, cache, table, lens
 
 
+def fp8_cache(cache):
+    """The FP8 KV cache of a bf16 cache's values: codes ``e4m3(x / s)`` and ``kv_scale s = amax / 448``."""
+    kv_scale = float(cache.abs().max().float()) / 448
+    return (cache.float() / kv_scale).clamp(-448, 448).to(torch.float8_e4m3fn), kv_scale
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="heads 16/128 × batch 1/32 × length 1024/8192")
@@ -59,6 +68,7 @@ def main():
     ap.add_argument("--batch", default="1,32,128")
     ap.add_argument("--lengths", default="1024,8192,32768")
     ap.add_argument("--recipes", default="bf16,fp8,nvfp4")
+    ap.add_argument("--kv-dtypes", default="bf16", help="bf16 and/or fp8 (an FP8 KV cache with kv_scale)")
     ap.add_argument("--splits", default=None, help="split counts for every shape (default: 32, plus auto at batch 1)")
     ap.add_argument("--sweep", type=int, default=1, help="time the first N triton configs, report the fastest")
     ap.add_argument("--ref-max-tokens", type=int, default=32 * 8192)
@@ -84,15 +94,18 @@ def main():
     for heads in ints(args.heads):
         for batch in ints(args.batch):
             for length in ints(args.lengths):
-                q, cache, table, lens = make_inputs(batch, heads, length)
+                q, bf16_cache, table, lens = make_inputs(batch, heads, length)
                 splits_list = args.splits.split(",") if args.splits else (["32", "auto"] if batch == 1 else ["32"])
                 bf16_us = {}
-                for recipe in args.recipes.split(","):
+                for kv_dtype, recipe in [(kv, r) for kv in args.kv_dtypes.split(",") for r in args.recipes.split(",")]:
                     k, v, p = RECIPES[recipe]
+                    if kv_dtype == "fp8" and (k or v):
+                        continue  # K / V QDQ over an FP8 cache: reference only
+                    cache, kv_scale = fp8_cache(bf16_cache) if kv_dtype == "fp8" else (bf16_cache, None)
                     for splits in splits_list:
                         nsplit = "auto" if splits == "auto" else int(splits)
                         kw = dict(softmax_scale=(RANK + ROPE) ** -0.5, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
-                                  num_kv_splits=nsplit, k_qdq=k, v_qdq=v, p_qdq=p)
+                                  num_kv_splits=nsplit, k_qdq=k, v_qdq=v, p_qdq=p, kv_scale=kv_scale)
                         problem, call = validate_decode(
                             q, cache, table, lens, page_size=None, k_qdq_amax=None, v_qdq_amax=None,
                             p_qdq_amax=1.0, return_lse=True, out_dtype=None, **kw)
@@ -121,17 +134,18 @@ def main():
                                     print(f"  cuda config {config}: {c_us:.1f} us", flush=True)
                                 if cuda_us is None or c_us < cuda_us:
                                     cuda_us, cuda_config = c_us, config
-                        if recipe == "bf16":
+                        if recipe == "bf16" and kv_dtype == "bf16":
                             bf16_us[splits] = us
                             bf16_us["cuda", splits] = cuda_us
-                        gbps = batch * length * (RANK + ROPE) * 2 / us / 1e3
+                        gbps = batch * length * (RANK + ROPE) * cache.element_size() / us / 1e3
                         tflops = 2 * batch * heads * length * (RANK + ROPE + RANK) / us / 1e6
                         rows.append(dict(
-                            heads=heads, batch=batch, length=length, recipe=recipe, splits=splits,
+                            heads=heads, batch=batch, length=length, kv=kv_dtype, recipe=recipe, splits=splits,
                             used_splits=kernels.decode_num_splits(call, config, kernels._sm_count(q.device)),
                             us=us, eager_us=eager, gbps=gbps, pct_bw=100 * gbps / ceil["copy_gbps"],
                             tflops=tflops, pct_tc=100 * tflops / ceil["bf16_tflops"],
-                            vs_bf16=us / bf16_us[splits] if splits in bf16_us else None,
+                            vs_bf16=us / bf16_us[splits] if splits in bf16_us and kv_dtype == "bf16" else None,
+                            vs_bf16_kv=us / bf16_us[splits] if splits in bf16_us and kv_dtype != "bf16" else None,
                             ref_us=ref_us, ref_over_triton=ref_us / us if ref_us else None,
                             config=",".join(f"{k}={v}" for k, v in config.items()),
                             cuda_us=cuda_us,
@@ -144,17 +158,19 @@ def main():
                             if cuda_us and (heads, batch, length) in FLASHMLA_US else None,
                             cuda_config=",".join(f"{k}={v}" for k, v in (cuda_config or {}).items())))
                         r = rows[-1]
-                        print(f"H={heads} B={batch} L={length} {recipe} splits={splits}({r['used_splits']}): "
+                        print(f"H={heads} B={batch} L={length} kv={kv_dtype} {recipe} splits={splits}({r['used_splits']}): "
                               f"{us:.1f} us, {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s"
                               + (f", ref {ref_us:.0f} us" if ref_us else "") + f" [{r['config']}]"
                               + (f"; cuda {cuda_us:.1f} us [{r['cuda_config']}]" if cuda_us else ""), flush=True)
-                del q, cache, table, lens
+                del q, cache, bf16_cache, table, lens
                 torch.cuda.empty_cache()
     print()
-    print_table(rows, [("heads", "H", "d"), ("batch", "B", "d"), ("length", "L", "d"), ("recipe", "recipe", "s"),
+    print_table(rows, [("heads", "H", "d"), ("batch", "B", "d"), ("length", "L", "d"), ("kv", "kv", "s"),
+                       ("recipe", "recipe", "s"),
                        ("splits", "splits", "s"), ("used_splits", "used", "d"), ("us", "graph us", ".1f"),
                        ("eager_us", "eager us", ".1f"), ("gbps", "GB/s", ".0f"), ("pct_bw", "%copy", ".0f"),
                        ("tflops", "TFLOP/s", ".0f"), ("pct_tc", "%mm", ".0f"), ("vs_bf16", "x bf16", ".2f"),
+                       ("vs_bf16_kv", "x bf16 kv", ".2f"),
                        ("ref_us", "ref us (eager)", ".0f"), ("ref_over_triton", "ref/triton", ".1f"),
                        ("config", "config", "s")]
                 + ([("cuda_us", "cuda us", ".1f"), ("cuda_pct_bw", "cuda %copy", ".0f"), ("cuda_pct_tc", "cuda %mm", ".0f"),
