@@ -13,10 +13,13 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import mla_core
 from mla_core import MLAInputError, numerics, specs
 from mla_core.accuracy import rel_l2
+from mla_core_triton.decode import _e4m3_to_dot
 from paged_inputs import paged_decode_inputs
 from reference_math import NEG_INF, _lse_merge, _online_softmax, decode_request_rows, same_lse
 
@@ -137,6 +140,25 @@ def check_triton(inputs, rank, rope, tol=1e-5 if INTERPRETED else 1e-3, **kw):
     assert err < tol, f"rel L2 {err:.2e} >= {tol}"
     assert torch.allclose(lse[~empty], ref_lse[~empty], rtol=1e-5, atol=1e-4)
     return out
+
+
+@triton.jit
+def _convert_codes(src, dst, DOT: tl.constexpr):
+    offs = tl.arange(0, 256)
+    tl.store(dst + offs, _e4m3_to_dot(tl.load(src + offs), DOT, False).to(tl.float32))
+
+
+@cpu
+def test_code_conversion_is_exact_for_every_code_cpu():
+    """The kernel's byte -> value conversion (bit arithmetic under the interpreter) gives torch's value of each of
+    the 256 E4M3 codes: normals, subnormals, both zeros, NaN."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    want = codes.view(FP8).float()
+    for dot in (tl.float32, tl.float16):
+        got = torch.empty(256)
+        _convert_codes[(1,)](codes, got, DOT=dot)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
 
 
 @cpu
