@@ -67,3 +67,47 @@ def test_warmup_reports_shapes_no_backend_can_run(fake_world, capsys):
     assert _cli("warmup", "--device", "cpu", "--ops", "decode", "--batch", "1", "--lengths", "64", "--recipes", "bf16",
                 "--no-progress") == 1
     assert "failed" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# compiling ahead (mla_core.autotune.precompile): real backends, since worker processes load only installed plugins
+
+
+def _merge_problems(tokens):
+    return warmup.preset_problems(warmup.Grid(ops=("merge",), prefill_lengths=tokens, device="cpu"))
+
+
+def test_precompile_units_are_one_per_kind_backend_and_config_on_the_smallest_problem():
+    from mla_core.autotune import precompile
+    problems = _merge_problems((32, 1024, 16))
+    configs = tuner.candidate_configs(dispatch.candidates(problems[0])[0][0], problems[0])
+    units = precompile.units(problems)
+    assert len(units) == len(configs) and {u.backend for u in units} == {"triton"}
+    assert {u.key for u in units} == {next(p.key() for p in problems if p["tokens"] == 16)}
+    # Triton specializes an integer argument equal to 1 or divisible by 16: those sizes are kinds of their own
+    decode = warmup.preset_problems(warmup.Grid(ops=("decode",), recipes=("bf16",), batches=(1, 2, 4, 32, 64),
+                                                lengths=(1024,), device="cpu"))
+    batches = {precompile.Problem.from_key(u.key)["batch"] for u in precompile.units(decode) if u.backend == "triton"}
+    assert {1, 2, 32} <= batches and 64 not in batches  # (4 appears where a config is listed for 4 but not for 2)
+
+
+def test_precompile_runs_every_unit_in_worker_processes_and_reports_failures():
+    from mla_core.autotune import precompile
+    problems = _merge_problems((16,))
+    messages = []
+    report = precompile.run(problems, 2, "cpu", progress=messages.append)
+    assert report.units == len(precompile.units(problems)) > 0 and report.jobs == 2
+    assert not report.failed, report.failed
+    assert messages[0].startswith("compiling ahead") and "ran" in report.describe()
+    assert precompile.run(problems, 1, "cpu").units == 0  # one job: compile while timing, as before
+    bad = precompile.Unit(problems[0].key(), "triton", {"block_h": 3, "num_warps": 4})
+    assert precompile.run_unit(bad, "cpu")  # an error line, not an exception
+
+
+def test_warmup_cli_takes_compile_jobs(fake_world, capsys):
+    argv = ["warmup", "--device", "cpu", "--ops", "merge", "--prefill-lengths", "16", "--tp", "8", "--no-progress",
+            "--compile-jobs", "1"]
+    with pytest.warns(tuner.AutotuneWarning):
+        assert _cli(*argv) == 0
+    out = capsys.readouterr().out
+    assert "tuning s (1st calls)" in out

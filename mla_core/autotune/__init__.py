@@ -3,7 +3,8 @@
 :mod:`~mla_core.autotune.tuner` times and judges candidates and answers dispatch (its choice sources
 are registered with :func:`mla_core.dispatch.add_choice_source` when this package is imported);
 :mod:`~mla_core.autotune.cache` keeps choices on disk (docs/autotune.md); :mod:`~mla_core.autotune.warmup`
-fills the cache for a model's shapes ahead of time (``mla-core warmup``).
+fills the cache for a model's shapes ahead of time (``mla-core warmup``), after
+:mod:`~mla_core.autotune.precompile` has compiled its kernels in parallel processes.
 """
 from .. import dispatch
 from . import cache, tuner, warmup

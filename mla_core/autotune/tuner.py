@@ -109,6 +109,8 @@ class TuneResult:
     check: str = ""
     versions: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    first_call_s: float = 0.0
+    """Of ``wall_s``, the seconds in each candidate's first, untimed call (compilation, allocation)."""
 
     @property
     def runner_up(self) -> Candidate | None:
@@ -178,14 +180,15 @@ class SlowerThanCutoff(Exception):
 
 
 def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, warmup: int = 3, repeats: int = 7,
-            target_s: float = 5e-4, cutoff_us: float | None = None) -> float:
+            target_s: float = 5e-4, cutoff_us: float | None = None, spent: dict[str, float] | None = None) -> float:
     """Median microseconds per call of ``run`` cycling through ``calls``.
 
     The first call (compilation, allocation) is not timed; the other ``warmup - 1`` warm-up calls
     estimate the per-call time, and with ``cutoff_us`` a candidate slower than that stops here
     (:class:`SlowerThanCutoff`), so a slow backend costs a few calls, not a full measurement. Then each
     of ``repeats`` repeats times enough calls to last about ``target_s`` (CUDA events on a GPU,
-    perf_counter on the CPU) and divides by their number.
+    perf_counter on the CPU) and divides by their number. ``spent["first_call_s"]`` (when given) grows by
+    the first call's seconds: compilation, where there is one.
     """
     turn = 0
 
@@ -194,8 +197,11 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
         run(calls[turn % len(calls)])
         turn += 1
 
+    first = time.perf_counter()
     step()
     _sync(device)
+    if spent is not None:
+        spent["first_call_s"] = spent.get("first_call_s", 0.0) + time.perf_counter() - first
     per_call = math.inf
     for _ in range(max(1, warmup - 1)):
         start = time.perf_counter()
@@ -279,6 +285,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
 
     timed: list[Candidate] = []
     default = None
+    spent: dict[str, float] = {}
     for rank, backend in enumerate(valid):
         try:
             configs = candidate_configs(backend, problem)
@@ -290,7 +297,8 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             best = min((c.us for c in timed if c.us is not None and c.note is None), default=None)
             try:
                 cand.us = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats,
-                                  cutoff_us=PRUNE_FACTOR * best + PRUNE_SLACK_US if best is not None else None)
+                                  cutoff_us=PRUNE_FACTOR * best + PRUNE_SLACK_US if best is not None else None,
+                                  spent=spent)
             except SlowerThanCutoff as slow:
                 cand.us, cand.note = slow.us, f"warm-up estimate only (over {PRUNE_FACTOR:g}x the best so far)"
             except Exception as exc:
@@ -330,7 +338,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
 
     versions = cache.versions(by_name[winner.backend], dev_name) if winner else {}
     result = TuneResult(problem, dev_name, timed, winner, default, rejected, check, versions,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, spent.get("first_call_s", 0.0))
     log.info("tuned %s: %s", problem.key(), winner.label() if winner else "no candidate")
     return result
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from .. import numerics
 from ..problem import Problem
-from . import cache, tuner
+from . import cache, precompile, tuner
 
 RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
 """Quant recipe name -> the format of K, V and P (Q stays unquantized)."""
@@ -143,6 +143,9 @@ class Row:
     status: str
     entry: dict[str, Any] | None = None
     note: str = ""
+    wall_s: float | None = None
+    """Tuning seconds (tuned rows), of which ``first_call_s`` in the candidates' first calls (compilation)."""
+    first_call_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         entry = self.entry or {}
@@ -182,23 +185,34 @@ def _dist():
 
 
 def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Iterable], Iterable] | None = None,
-        warmup: int = 3, repeats: int = 7) -> list[Row]:
+        warmup: int = 3, repeats: int = 7, compile_jobs: int = 0,
+        message: Callable[[str], None] | None = None) -> list[Row]:
     """Tune every problem not already in the cache (all of them with ``force``); record and use the winners.
 
-    ``progress`` wraps the iterable of this rank's problems (e.g. ``tqdm``). Under torch.distributed
-    each rank tunes every world-size-th problem, then all results are exchanged so every rank records
-    the same entries and dispatches alike. Returns one :class:`Row` per problem, in order.
+    ``progress`` wraps the iterable of this rank's problems (e.g. ``tqdm``). ``compile_jobs`` > 1 first
+    runs every candidate kernel once in that many processes (:mod:`mla_core.autotune.precompile`), so
+    the timing loads compiled kernels; ``message`` receives its one-line reports. Under
+    torch.distributed each rank tunes every world-size-th problem, then all results are exchanged so
+    every rank records the same entries and dispatches alike. Returns one :class:`Row` per problem, in order.
     """
     dist, rank, world = _dist()
     mine = [(i, p) for i, p in enumerate(problems) if i % world == rank]
     results: dict[int, dict[str, Any]] = {}
+    if compile_jobs > 1:
+        todo = [p for _, p in mine if force or not _cached_usable(p)]
+        device = todo[0].device if todo else "cpu"
+        if device == "cuda":
+            import torch
+            device = f"cuda:{torch.cuda.current_device()}"
+        report = precompile.run(todo, compile_jobs, device, progress=message)
+        if message:
+            message(report.describe())
     bar = (progress or (lambda it: it))(mine)
     for i, problem in bar:
         if hasattr(bar, "set_postfix_str"):  # a tqdm bar names the shape it is on
             bar.set_postfix_str(describe(problem))
-        dev_name = cache.device_name(problem.device)
-        entry = cache.user_entries(dev_name).get(problem.key())
-        if entry is not None and not force and _usable(problem, entry, dev_name):
+        entry = cache.user_entries(cache.device_name(problem.device)).get(problem.key())
+        if not force and _cached_usable(problem):
             results[i] = {"status": "cached", "entry": entry}
             continue
         only = _only_candidate(problem)
@@ -217,15 +231,16 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
             continue
         entry = result.entry()
         cache.store(result.device, {problem.key(): entry})  # saved as it goes: an interrupted warm-up keeps its work
-        results[i] = {"status": "tuned", "entry": entry, "note": f"{result.wall_s:.1f} s"}
+        results[i] = {"status": "tuned", "entry": entry, "wall_s": result.wall_s, "first_call_s": result.first_call_s,
+                      "note": f"{result.wall_s:.1f} s ({result.first_call_s:.1f} s in first calls)"}
     if dist is not None and world > 1:
         results = {int(i): r for part in tuner.all_gather_json(results) for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "recorded", "cached")}
     tuner.install(tuned, source="tuned")
     if dist is not None and world > 1:
         tuner.sync()  # rank 0's view wins for anything a rank held differently (e.g. its own older cache)
-    return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""))
-            for i in range(len(problems))]
+    return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""),
+                results[i].get("wall_s"), results[i].get("first_call_s")) for i in range(len(problems))]
 
 
 def _only_candidate(problem: Problem) -> dict[str, Any] | None:
@@ -271,6 +286,13 @@ def _runnable(problem: Problem) -> bool:
     return bool(candidates(problem)[0])
 
 
+def _cached_usable(problem: Problem) -> bool:
+    """Whether the user cache holds an entry for ``problem`` that warm-up may keep."""
+    dev_name = cache.device_name(problem.device)
+    entry = cache.user_entries(dev_name).get(problem.key())
+    return entry is not None and _usable(problem, entry, dev_name)
+
+
 def _usable(problem: Problem, entry: dict[str, Any], dev_name: str) -> bool:
     """A cached entry warm-up may keep: its backend is loaded, its versions current and its config valid."""
     from .. import plugins
@@ -280,15 +302,17 @@ def _usable(problem: Problem, entry: dict[str, Any], dev_name: str) -> bool:
 
 
 def summary(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the summary table: shape, status, winner, time, runner-up, speed-up over the default."""
-    header = ["shape", "status", "winner", "us", "runner-up", "us", "vs default"]
+    """Header and rows of the summary table: shape, status, winner, time, runner-up, speed-up over the default,
+    and the seconds tuning took (of which in first calls: compilation)."""
+    header = ["shape", "status", "winner", "us", "runner-up", "us", "vs default", "tuning s (1st calls)"]
     table = []
     for row in rows:
         d = row.as_dict()
         fmt = lambda v: "-" if v is None else f"{v:.1f}"
         table.append([d["shape"], d["status"], d["winner"] or row.note or "-", fmt(d["us"]), d["runner_up"] or "-",
                       fmt(d["runner_up_us"]),
-                      "-" if d["speedup_over_default"] is None else f"{d['speedup_over_default']:.2f}x"])
+                      "-" if d["speedup_over_default"] is None else f"{d['speedup_over_default']:.2f}x",
+                      "-" if row.wall_s is None else f"{row.wall_s:.1f} ({row.first_call_s:.1f})"])
     return header, table
 
 

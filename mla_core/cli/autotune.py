@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import plugins
-from ..autotune import cache, tuner, warmup
+from ..autotune import cache, precompile, tuner, warmup
 from ..errors import MLAInputError
 from ..problem import Problem
 from .table import table as _table_rows
@@ -54,7 +54,16 @@ def cmd_warmup(args) -> int:
         from tqdm import tqdm
         return tqdm(items, desc="mla-core warmup", unit="shape", file=sys.stderr)
 
-    rows, wall = warmup.timed_run(problems, force=args.force, progress=progress, repeats=args.repeats)
+    jobs = args.compile_jobs
+    if jobs is None:
+        jobs = min(precompile.DEFAULT_JOBS, os.cpu_count() or 1) if device == "cuda" else 0
+
+    def message(text):
+        if rank == 0 and not args.json:
+            print(f"mla-core warmup: {text}", file=sys.stderr, flush=True)
+
+    rows, wall = warmup.timed_run(problems, force=args.force, progress=progress, repeats=args.repeats,
+                                  compile_jobs=jobs, message=message)
     agree = warmup.ranks_agree(problems)
     warmup.close_process_group()
     if rank != 0:
@@ -268,6 +277,9 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), help="where to tune (default cuda; cpu only when asked)")
     p.add_argument("--force", action="store_true", help="re-tune shapes already in the cache")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per candidate (median kept)")
+    p.add_argument("--compile-jobs", type=int, default=None, metavar="N",
+                   help="processes that compile every candidate kernel before the timing (default "
+                        f"{precompile.DEFAULT_JOBS} on a GPU, capped by the CPU count; 0 or 1: compile while timing)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_warmup)
