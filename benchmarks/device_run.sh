@@ -4,7 +4,7 @@
 # Steps: tests (pytest -m gpu), gputests (the same on GPU_WORKERS xdist workers, log in $OUT), build (mla-core build),
 # bench_cli (mla-core bench decode 128 heads and its plot), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
 # (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
-# WARMUP_TP, default 8, exported as $OUT/NVIDIA_H200.json for autotune_cache/), check (mla-core check on cuda),
+# WARMUP_TP, default 8, logs and $OUT/NVIDIA_H200.json for autotune_cache/; WARMUP_FRESH=1 empty Triton cache; WARMUP_ARGS), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
 # sparse / rope (musa_fp8 benchmarks), layer (benchmarks/bench_layer.py, log in $OUT). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS / LAYER_ARGS.
 set -uo pipefail
@@ -56,8 +56,12 @@ for step in "$@"; do
       python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/cuda_mutants.log" | tail -12 ;;
     warmup)
       cache=$(mktemp -d)
+      # WARMUP_FRESH=1: an empty Triton cache, as on a machine that has compiled nothing yet
+      triton_cache=${TRITON_CACHE_DIR:-}; [ "${WARMUP_FRESH:-0}" = 1 ] && triton_cache=$(mktemp -d)
       for tp in ${WARMUP_TP:-8}; do
-        MLA_CORE_CACHE_DIR=$cache mla_core_cli warmup --model deepseek-v3 --tp "$tp" --no-progress 2>&1 | tee "$LOGS/warmup_tp$tp.log"
+        ( export MLA_CORE_CACHE_DIR=$cache; [ -n "$triton_cache" ] && export TRITON_CACHE_DIR=$triton_cache
+          time mla_core_cli warmup --model deepseek-v3 --tp "$tp" --no-progress ${WARMUP_ARGS:-} ) 2>&1 \
+          | tee "$OUT/warmup_tp$tp.log" | tail -12
       done
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
     sync2)
