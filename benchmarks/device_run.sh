@@ -5,7 +5,7 @@
 # bench_cli (mla-core bench decode 128 heads and its plot), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
 # (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
 # WARMUP_TP, default 8, logs and $OUT/NVIDIA_H200.json for autotune_cache/; WARMUP_FRESH=1 empty Triton cache; WARMUP_ARGS), check (mla-core check on cuda),
-# sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike).
+# sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike), tp2 (2 GPUs: bench_tp.py).
 # sparse / rope (musa_fp8 benchmarks), layer (benchmarks/bench_layer.py, log in $OUT). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS / LAYER_ARGS.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -64,6 +64,10 @@ for step in "$@"; do
           | tee "$OUT/warmup_tp$tp.log" | tail -12
       done
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
+    tp2)      # on a 2-GPU machine: MLAAttention TP=2 vs TP=1 (test at small sizes, then the decode-step benchmark)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_tensor_parallel.py 2>&1 | tail -5
+      torchrun --standalone --nproc-per-node 2 benchmarks/bench_tp.py ${TP_ARGS:-} 2>&1 | tee "$OUT/bench_tp.log" | tail -12 ;;
     sync2)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here
       nvidia-smi -L
