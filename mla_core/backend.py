@@ -54,7 +54,8 @@ def _show(values: Collection[Any]) -> str:
 class Backend:
     """Base class of an mla_core backend.
 
-    Subclasses set ``name``, ``version``, ``priority`` (higher wins when nothing is tuned),
+    Subclasses set ``name``, ``version``, ``priority`` (higher wins when nothing is tuned; a backend whose
+    speed depends on the problem overrides :meth:`priority_for`),
     ``device_types`` and ``capabilities`` (op name -> :class:`OpCapability`; ops absent are not
     supported), and implement one method per supported op, named after it, taking the validated
     call object from :mod:`mla_core.specs` and a config dict:
@@ -94,6 +95,14 @@ class Backend:
         if cap is None:
             return [f"op {problem.op!r} not implemented"]
         return self.device_reasons(problem) + cap.why_not(problem)
+
+    def priority_for(self, problem: Problem) -> int:
+        """The priority dispatch ranks this backend by for ``problem``, one it can run (default: ``priority``).
+
+        ``priority`` is what ``mla-core backends`` shows; override this where the backend is faster for some
+        problems than for others (e.g. the cudnn backend on dense prefill batches).
+        """
+        return self.priority
 
     def configs(self, problem: Problem) -> list[dict[str, Any]]:
         """Launch choices worth timing for ``problem`` (tile sizes, warps, stages...). The first is the default.

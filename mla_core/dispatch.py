@@ -4,11 +4,12 @@ Order (docs/architecture.md): an explicit override (the op's ``backend=`` argume
 :func:`use_backend`, then ``MLA_CORE_BACKEND``) wins; else the in-memory choice for the problem;
 else the first answer of the registered choice sources (:func:`add_choice_source`; the autotuner
 registers the user cache, the shipped cache and tuning-on-a-miss, in that order); else the valid
-backend with the highest priority. After the first call of a problem the answer is one dict lookup.
-Dispatch imports neither the autotuner nor the CLI: they build on it.
+backend with the highest priority for the problem (``Backend.priority_for``). After the first call
+of a problem the answer is one dict lookup. Dispatch imports neither the autotuner nor the CLI: they build on it.
 
-A plugin's mistakes stay its own: an exception from ``why_not`` / ``unavailable_reason`` / ``configs``
-makes that backend unusable for the problem (the exception is the reason) and the others are asked.
+A plugin's mistakes stay its own: an exception from ``why_not`` / ``unavailable_reason`` / ``configs`` /
+``priority_for`` makes that backend unusable for the problem (the exception is the reason) and the others
+are asked.
 Results are checked against the op's spec in ``full`` checks mode (:meth:`mla_core.backend.Backend.run`).
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Choice:
 
 
 ChoiceSource = Callable[[Problem, "list[Backend]"], "Choice | None"]
-"""Asked on an in-memory miss with the valid backends (highest priority first); None: no opinion."""
+"""Asked on an in-memory miss with the valid backends (highest ``priority_for`` first); None: no opinion."""
 
 _memory: dict[tuple[str | None, Problem], Choice] = {}
 _sources: list[ChoiceSource] = []
@@ -88,17 +89,28 @@ def _reasons(backend: Backend, problem: Problem) -> list[str]:
     return why
 
 
+def priority_for(backend: Backend, problem: Problem) -> tuple[int | None, str | None]:
+    """``(backend.priority_for(problem), None)``, or ``(None, reason)`` when it raised or is not an int."""
+    got, error = plugins._call("priority_for()", lambda: backend.priority_for(problem))
+    if error:
+        return None, error
+    if type(got) is not int:
+        return None, f"priority_for() returned {got!r:.80}, not an int"
+    return got, None
+
+
 def candidates(problem: Problem) -> tuple[list[Backend], dict[str, list[str]]]:
-    """Backends that can run ``problem`` (highest priority first) and every other backend's reasons."""
-    ok, reasons = [], {}
+    """Backends that can run ``problem`` (highest ``priority_for(problem)`` first) and every other backend's reasons."""
+    ranked, reasons = [], {}
     for name, backend in backends().items():
         why = _reasons(backend, problem)
-        if why:
-            reasons[name] = why
+        priority, error = (None, None) if why else priority_for(backend, problem)
+        if why or error:
+            reasons[name] = why or [error]
         else:
-            ok.append(backend)
-    ok.sort(key=lambda b: (-b.priority, b.name))
-    return ok, reasons
+            ranked.append((-priority, backend.name, backend))
+    ranked.sort(key=lambda t: t[:2])
+    return [b for _, _, b in ranked], reasons
 
 
 _log = logging.getLogger(__name__)

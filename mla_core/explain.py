@@ -206,8 +206,9 @@ def explain_problem(problem: Problem, backend: str | None = None) -> Explanation
         if b.name in reasons:
             others[b.name] = reasons[b.name]
         else:
-            others[b.name] = [f"valid (priority {b.priority}), but not chosen: {choice.backend.name} "
-                              f"(priority {choice.backend.priority}) is, {why_source}"]
+            others[b.name] = [f"valid (priority {dispatch.priority_for(b, problem)[0]}), but not chosen: "
+                              f"{choice.backend.name} (priority {dispatch.priority_for(choice.backend, problem)[0]}) "
+                              f"is, {why_source}"]
     return Explanation(problem.op, problem, choice.backend.name, dict(choice.config), source, valid, others,
                        first_source, note, broken)
 

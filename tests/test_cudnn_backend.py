@@ -1,12 +1,16 @@
-"""The cudnn backend: capability detection and ``why_not`` (CPU), its ragged decomposition against the
-reference through an emulation of torch's cuDNN call (CPU), and the real thing on the GPU (``-m gpu``).
+"""The cudnn backend: capability detection and ``why_not`` (CPU), its ragged decomposition and dense path
+against the reference through emulations of torch's two cuDNN calls (CPU), the per-problem priority and
+dispatch by it (CPU), and the real thing on the GPU (``-m gpu``).
 
-The CPU emulation computes what ``aten._cudnn_attention_forward`` promises (per piece of the cumulative
+The ragged emulation computes what ``aten._cudnn_attention_forward`` promises (per piece of the cumulative
 offsets, top-left causal, natural-log LSE as ``[tokens, heads, 1]``) in float64, and fills every row
 of a piece without keys with NaN, the worst cuDNN could leave there: a NaN in a result means the
 backend let such a row through. It also asserts that every piece fits the ``max_q`` / ``max_k`` the
-backend passed. fp32 inputs (cuDNN itself takes bf16/fp16; the emulation does not care) make the
-comparison with the reference a float32-rounding one (< 1e-5).
+backend passed. The dense emulation computes what ``aten._scaled_dot_product_cudnn_attention`` promises
+([batch, heads, length, dim] views, LSE ``[batch, heads, len_q, 1]``, output in q's memory layout) and
+asserts that it gets views of the packed tensors (no copies) and only square causal calls. fp32 inputs
+(cuDNN itself takes bf16/fp16; the emulations do not care) make the comparison with the reference a
+float32-rounding one (< 1e-5).
 """
 from __future__ import annotations
 
@@ -207,6 +211,7 @@ class EmulatedCudnn:
 
     def __init__(self):
         self.calls = []
+        self.dense_calls = []  # filled by the EmulatedDenseCudnn of the same run
 
     def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, need_lse):
         assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape
@@ -232,11 +237,38 @@ class EmulatedCudnn:
         return out, (cudnn_prefill.lse_heads_tokens(lse, tokens, heads) if need_lse else None)
 
 
-def run_emulated(inputs, causal=True, return_lse=True, **kw):
-    """(emulated cudnn backend (out, lse), reference (out, lse), the emulator)."""
+class EmulatedDenseCudnn:
+    """float64 stand-in for ``cudnn_dense_attend``: softmax(q k^T * scale) v per batch and head, top-left causal."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __call__(self, q, k, v, causal, scale, need_lse):
+        batch, heads, len_q, _ = q.shape
+        len_k = k.shape[2]
+        assert k.shape[:2] == (batch, heads) and tuple(v.shape[:3]) == (batch, heads, len_k)
+        assert not causal or len_q == len_k, "causal dense calls must be square (top-left == bottom-right)"
+        for x in (q, k, v):  # views of packed [tokens, heads, dim] tensors, never copies
+            assert x.transpose(1, 2).is_contiguous() and x.stride(1) == x.shape[3], x.stride()
+        self.calls.append(dict(batch=batch, len_q=len_q, len_k=len_k, causal=causal))
+        s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(len_q, len_k, dtype=torch.bool).triu(1), NEG_INF)
+        # torch allocates the output in q's layout ([batch, len_q, heads, v_dim] in memory)
+        out = torch.empty(batch, len_q, heads, v.shape[3], dtype=q.dtype).transpose(1, 2)
+        out.copy_(torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, -1), v.double()))
+        lse = torch.logsumexp(s, -1).float()[..., None]
+        return out, (cudnn_prefill.dense_lse(lse, batch, heads, len_q) if need_lse else None)
+
+
+def run_emulated(inputs, causal=True, return_lse=True, dense=True, **kw):
+    """(emulated cudnn backend (out, lse), reference (out, lse), the emulator: ``calls`` ragged, ``dense_calls``).
+
+    ``dense`` False: the dense op is absent (every batch takes the ragged path)."""
     problem, call = validated(inputs, causal=causal, return_lse=return_lse, **kw)
     emulator = EmulatedCudnn()
-    out = cudnn_prefill.run(call, {}, attend=emulator)
+    dense_attend = EmulatedDenseCudnn(emulator.dense_calls) if dense else None
+    out = cudnn_prefill.run(call, {}, attend=emulator, dense_attend=dense_attend)
     ref = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference", **kw)
     return out, ref, emulator
 
@@ -352,6 +384,192 @@ def test_half_precision_through_the_finishing_kernels():
 
 
 # ------------------------------------------------------------------------------------------------
+# the dense path against the reference, through an emulation of the dense op (CPU)
+
+ONE_SEQUENCE = [(70, 70), (40, 200), (200, 40), (1, 1), (1, 129), (129, 1), (64, 128)]
+
+
+def _dense_calls(len_q, len_k, causal, batch=1):
+    """The dense calls the backend should make for ``batch`` sequences of (len_q, len_k)."""
+    if not causal or len_q == len_k:
+        return [dict(batch=batch, len_q=len_q, len_k=len_k, causal=causal)]
+    if len_q > len_k:  # the leading len_q - len_k queries see no key
+        return [dict(batch=1, len_q=len_k, len_k=len_k, causal=True)]
+    return [dict(batch=1, len_q=len_q, len_k=len_k - len_q, causal=False), dict(batch=1, len_q=len_q, len_k=len_q,
+                                                                                 causal=True)]
+
+
+@pytest.mark.parametrize("len_q,len_k", ONE_SEQUENCE)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_one_sequence_takes_the_dense_path(len_q, len_k, causal, return_lse):
+    out, ref, emulator = run_emulated(make_inputs([(len_q, len_k)], 4, 4, 16, 8, seed=len_q + 3 * len_k),
+                                      causal=causal, return_lse=return_lse)
+    check(out, ref, FP32_TOL, return_lse)
+    assert emulator.calls == [] and emulator.dense_calls == _dense_calls(len_q, len_k, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_equal_length_batch_with_one_cu_tensor_is_one_dense_call(causal, return_lse):
+    seqs = [(65, 65)] * 3
+    inputs = make_inputs(seqs, 4, 4, 16, 8, seed=21, shared_cu=True)
+    out, ref, emulator = run_emulated(inputs, causal=causal, return_lse=return_lse)
+    check(out, ref, FP32_TOL, return_lse)
+    assert emulator.calls == [] and emulator.dense_calls == _dense_calls(65, 65, causal, batch=3)
+    # not proven by shapes: two cu_seqlens tensors (values are never read), or max_seqlen_q above the lengths
+    for other in (make_inputs(seqs, 4, 4, 16, 8, seed=21), inputs[:5] + [66]):
+        out, _, emulator = run_emulated(other, causal=causal, return_lse=return_lse)
+        check(out, ref, FP32_TOL, return_lse)
+        assert emulator.dense_calls == [] and emulator.calls
+
+
+def test_gqa_and_a_missing_dense_op_take_the_ragged_path():
+    inputs = make_inputs([(40, 200)], 4, 2, 16, 8, seed=23)              # GQA: the dense op gets one head count
+    out, ref, emulator = run_emulated(inputs)
+    check(out, ref, FP32_TOL)
+    assert emulator.dense_calls == [] and len(emulator.calls) == 2
+    inputs = make_inputs([(40, 200)], 4, 4, 16, 8, seed=23)
+    out, ref, emulator = run_emulated(inputs, dense=False)
+    check(out, ref, FP32_TOL)
+    assert emulator.dense_calls == [] and len(emulator.calls) == 2
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("seqs,shared_cu", [([(40, 97)], False), ([(97, 40)], False), ([(33, 33)] * 3, True)])
+def test_dense_path_qkv_quantization_is_the_fused_definition(fmt, seqs, shared_cu):
+    """Lengths off the NVFP4 block of 16: V's blocks must start at each sequence's first key."""
+    kw = dict({name: fmt for name in QKV}, q_amax=3.7, k_amax=3.7, v_amax=3.7)
+    inputs = make_inputs(seqs, 4, 4, 32, 32, seed=24, shared_cu=shared_cu)
+    out, ref, emulator = run_emulated(inputs, **kw)
+    check(out, ref, FP32_TOL)
+    assert emulator.dense_calls and not emulator.calls
+    assert rel_l2(out[0], mla_core.mla_prefill(*inputs, backend="reference")) > 2e-2
+
+
+def test_dense_path_in_half_precision_through_the_merge():
+    inputs = make_inputs([(40, 200)], 4, 4, 16, 16, dtype=torch.float16, seed=25)
+    out, ref, emulator = run_emulated(inputs)
+    check(out, ref, HALF_TOL)
+    assert len(emulator.dense_calls) == 2
+
+
+def _problem(seqs, shared_cu=False, max_q=None, kv_heads=4, cu_k_view=False):
+    inputs = make_inputs(list(seqs), 4, kv_heads, 16, 8, shared_cu=shared_cu)
+    if max_q is not None:
+        inputs[5] = max_q
+    if cu_k_view:  # the same memory through another tensor object
+        inputs[4] = inputs[3].view(-1)
+    return validated(inputs)[0]
+
+
+@pytest.mark.parametrize("checks", ["full", "metadata"])
+def test_dense_batch_is_in_the_problem_exactly_when_shapes_prove_it(checks, monkeypatch):
+    monkeypatch.setenv("MLA_CORE_CHECKS", checks)
+
+    def dense(problem):
+        assert ("dense_batch=1" in problem.key()) == (problem.get("dense_batch") == 1)
+        return problem.get("dense_batch") == 1
+
+    assert all(dense(_problem([seq])) for seq in ONE_SEQUENCE + [(0, 5), (5, 0)])
+    assert dense(_problem([(8, 8)] * 4, shared_cu=True))
+    assert dense(_problem([(8, 8)] * 4, cu_k_view=True))
+    assert dense(_problem([(8, 8)] * 4, shared_cu=True, kv_heads=2))   # a property of the batch; GQA ranks apart
+    assert not dense(_problem([(8, 8)] * 4))                          # two tensors: equal values are not read
+    assert not dense(_problem([(8, 8)] * 3 + [(4, 4)], shared_cu=True))  # total_q < batch * max_seqlen_q
+    if checks == "metadata":  # content checks would refuse a max_seqlen_q below the longest sequence
+        assert not dense(_problem([(8, 8)] * 4, shared_cu=True, max_q=9))
+    assert not dense(_problem(RAGGED))
+    assert _problem(RAGGED).key() == _problem(RAGGED).key().replace("|dense_batch=1", "")
+
+
+def test_dense_problems_rebuild_their_inputs_for_the_autotuner():
+    from mla_core import inputs as problem_inputs
+    for problem in (_problem([(8, 8)] * 4, shared_cu=True), _problem([(8, 8)]), _problem([(8, 8)] * 4)):
+        call = problem_inputs.make_call(problem, "cpu")
+        assert specs.prefill_dense_batch(call.q, call.k, call.cu_seqlens_q, call.cu_seqlens_k,
+                                         call.max_seqlen_q) == bool(problem.get("dense_batch"))
+
+
+def test_priority_for_dense_problems_is_above_triton_even_where_the_ragged_path_rebuilds(available, monkeypatch):
+    triton_priority = mla_core.get_backend("triton").priority
+    monkeypatch.setattr(cudnn_backend, "probe_graph_rebuild", lambda: "torch 2.11 builds a new graph per call")
+    dense, ragged = _cuda_problem(seqs=((64, 64),)), _cuda_problem()
+    gqa = _cuda_problem(seqs=((64, 64),), kv_heads=2)
+    assert available.priority_for(dense) == cudnn_backend.PRIORITY_CAPTURABLE > triton_priority
+    assert available.priority_for(ragged) == available.priority == cudnn_backend.PRIORITY_EAGER_ONLY
+    assert available.priority_for(gqa) == cudnn_backend.PRIORITY_EAGER_ONLY
+    assert available.capture_reason(dense) is None
+    assert "builds a new graph" in available.capture_reason(ragged)
+    monkeypatch.setattr(cudnn_backend, "probe_dense_op", lambda: "torch 9 has no aten._scaled_dot_product_cudnn_attention")
+    without = cudnn_backend.CudnnBackend()
+    assert without.priority_for(dense) == cudnn_backend.PRIORITY_EAGER_ONLY
+    assert without.dense_reason().startswith("torch 9 has no")
+
+
+def test_dense_op_probe_accepts_the_installed_signature_and_explains_a_changed_or_missing_op(monkeypatch):
+    assert cudnn_backend.probe_dense_op() is None  # torch's CPU builds carry the schema too
+    names = list(cudnn_backend.DENSE_OP_ARGUMENTS) + ["scale"]
+    attr = "_scaled_dot_product_cudnn_attention"
+    monkeypatch.setattr(torch.ops.aten, attr, _FakeOp(names), raising=False)
+    assert cudnn_backend.probe_dense_op() is None
+    monkeypatch.setattr(torch.ops.aten, attr, _FakeOp([n for n in names if n != "compute_log_sumexp"]))
+    assert "takes" in cudnn_backend.probe_dense_op()
+    monkeypatch.setattr(torch.ops.aten, attr, _FakeOp(names, returns=1))
+    assert "returns 1 values" in cudnn_backend.probe_dense_op()
+    monkeypatch.setattr(torch.ops.aten, attr, types.SimpleNamespace())
+    assert "has no aten._scaled_dot_product_cudnn_attention" in cudnn_backend.probe_dense_op()
+
+
+class _Ranked(mla_core.Backend):
+    """A CPU prefill backend whose priority depends on the problem (the reference computes)."""
+
+    device_types = frozenset({"cpu"})
+    capabilities = {"prefill": mla_core.OpCapability(features=frozenset({"lse", "gqa"}))}
+
+    def __init__(self, name, priority, dense_priority):
+        self.name, self.priority, self.dense_priority = name, priority, dense_priority
+
+    def priority_for(self, problem):
+        if isinstance(self.dense_priority, Exception):
+            raise self.dense_priority
+        if type(self.dense_priority) is not int:
+            return self.dense_priority
+        return self.dense_priority if problem.get("dense_batch") else self.priority
+
+    def prefill(self, call, config):
+        return mla_core.get_backend("reference").prefill(call, config)
+
+
+def test_dispatch_ranks_by_priority_for(monkeypatch):
+    from mla_core import dispatch, plugins
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
+    ranked = [_Ranked("tt_dense_fast", 1000, 3000), _Ranked("tt_flat", 2000, 2000),
+              _Ranked("tt_raises", 5000, ValueError("no idea")), _Ranked("tt_not_int", 5000, 2.5)]
+
+    class Plugin:
+        @mla_core.hookimpl
+        def mla_core_backends(self):
+            return ranked
+
+    mla_core.register_plugin(Plugin(), "tt_ranked")
+    try:
+        dense, ragged = _problem([(5, 9)]), _problem(RAGGED)
+        for problem, first in ((dense, "tt_dense_fast"), (ragged, "tt_flat")):
+            ok, reasons = dispatch.candidates(problem)
+            assert [b.name for b in ok][:2] == [first, ({"tt_dense_fast", "tt_flat"} - {first}).pop()]
+            assert reasons["tt_raises"] == ["priority_for() raised ValueError: no idea"]
+            assert reasons["tt_not_int"][0].startswith("priority_for() returned 2.5, not an int")
+            assert dispatch.choose(problem).backend.name == first
+        from mla_core.explain import explain_problem
+        reasons = explain_problem(dense).reasons["tt_flat"]
+        assert reasons[0].startswith("valid (priority 2000), but not chosen: tt_dense_fast (priority 3000) is")
+    finally:
+        plugins.reload()
+        dispatch.clear_memory()
+
+
+# ------------------------------------------------------------------------------------------------
 # GPU: the real cuDNN against the reference at DeepSeek sizes (pytest -m gpu)
 
 HEADS, QK_DIM, V_DIM = 128, 192, 128
@@ -382,9 +600,13 @@ def test_gpu_backend_is_available_and_first_for_plain_prefill_where_capturable(m
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
     from mla_core import dispatch
     dispatch.clear_memory()
-    problem, _ = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"))
+    print(f"cudnn dense path: {backend.dense_reason() or 'on'}")
+    assert backend.dense_reason() is None, backend.dense_reason()
+    dense, _ = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"))
+    assert dispatch.choose(dense).backend.name == "cudnn"  # dense batches: 250 whatever the ragged path does
+    ragged, _ = validated(make_inputs([(64, 64), (32, 32)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"))
     expected = "cudnn" if backend.rebuild_reason() is None else "triton"
-    assert dispatch.choose(problem).backend.name == expected
+    assert dispatch.choose(ragged).backend.name == expected
     fp8 = validated(make_inputs([(64, 64)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, device="cuda"),
                     **dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "fp8"))[0]
     assert dispatch.choose(fp8).backend.name == "triton"
@@ -486,3 +708,123 @@ def test_gpu_torch_compile_fullgraph():
     check((out / 2, lse), ref, HALF_TOL)
     torch._dynamo.reset()
     assert math.isfinite(float(out.float().abs().sum()))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: the dense path (pytest -m gpu)
+
+GPU_ONE_SEQUENCE = [(1000, 1000), (300, 1000), (1000, 300), (1, 1), (1, 4096), (129, 64), (64, 4096)]
+
+
+def _gpu_dense_pair(inputs, monkeypatch, causal=True, calls=None, **kw):
+    """_gpu_pair, asserting that the dense op served the call (``calls``: how many dense calls)."""
+    made = []
+    real = cudnn_prefill.cudnn_dense_attend
+
+    def counted(*args):
+        made.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(cudnn_prefill, "cudnn_dense_attend", counted)
+    out = _gpu_pair(inputs, causal=causal, **kw)
+    assert made and (calls is None or len(made) == calls), made
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_dense_one_sequence_deepseek_dims(causal, monkeypatch):
+    for i, (len_q, len_k) in enumerate(GPU_ONE_SEQUENCE):
+        inputs = make_inputs([(len_q, len_k)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=40 + i, device="cuda")
+        _gpu_dense_pair(inputs, monkeypatch, causal=causal, calls=2 if causal and len_q < len_k else 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_dense_equal_length_batch(causal, monkeypatch):
+    inputs = make_inputs([(1024, 1024)] * 4, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=50, device="cuda",
+                         shared_cu=True)
+    _gpu_dense_pair(inputs, monkeypatch, causal=causal, calls=1)
+
+
+@pytest.mark.gpu
+def test_gpu_dense_matches_triton_at_4x4096():
+    """The benchmark's shape, against the triton backend (the reference would need 8 GB of scores per head
+    group); both within bf16 rounding of each other (measured ~1e-3 for the ragged path)."""
+    inputs = make_inputs([(4096, 4096)] * 4, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=51, device="cuda",
+                         shared_cu=True)
+    want = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="triton")
+    _poison_allocator()
+    got = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cudnn")
+    torch.cuda.synchronize()
+    check(got, want, HALF_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,amax", [("fp8", 4.0), ("nvfp4", 5.0)])
+def test_gpu_dense_qkv_recipes(fmt, amax, monkeypatch):
+    kw = dict({name: fmt for name in QKV}, q_amax=amax, k_amax=amax, v_amax=amax)
+    for seqs, shared_cu in (([(300, 1000)], False), ([(257, 257)] * 2, True)):
+        inputs = make_inputs(seqs, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=52, device="cuda",
+                             shared_cu=shared_cu)
+        out, _ = _gpu_dense_pair(inputs, monkeypatch, **kw)
+        assert rel_l2(out[0], mla_core.mla_prefill(*inputs, backend="reference")) > 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_dense_output_comes_back_without_a_copy():
+    """torch allocates the dense op's output in q's layout: on [batch, len, heads, dim] views of packed
+    tensors the packed output is then a view of it (printed either way; the layout is torch's choice)."""
+    q, k, v, *_ = make_inputs([(256, 256)] * 2, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=53, device="cuda",
+                              shared_cu=True)
+    out, lse = cudnn_prefill.cudnn_dense_attend(*(cudnn_prefill._bhsd(x, 2) for x in (q, k, v)), True, 0.1, True)
+    packed = cudnn_prefill._packed(out)
+    print(f"dense op: output {list(out.shape)} strides {out.stride()}; LSE {list(lse.shape)} strides {lse.stride()}; "
+          f"packed output {'is a view' if packed.data_ptr() == out.data_ptr() else 'needed a copy'}")
+    assert packed.data_ptr() == out.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqs,shared_cu", [([(1000, 1000)] * 2, True), ([(300, 1000)], False),
+                                             ([(1000, 300)], False)])
+def test_gpu_dense_cuda_graph_capture_replays_new_values(seqs, shared_cu, monkeypatch):
+    """Captured whatever the ragged path does (torch caches the dense op's cuDNN graphs)."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    inputs = make_inputs(seqs, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=54, device="cuda", shared_cu=shared_cu)
+
+    def step():
+        return mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cudnn")
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    fresh = make_inputs(seqs, HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=55, device="cuda")
+    for dst, src in zip(inputs[:3], fresh[:3]):
+        dst.copy_(src)
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference")
+    check((out, lse), ref, HALF_TOL)
+
+
+@pytest.mark.gpu
+def test_gpu_dense_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    inputs = make_inputs([(300, 1000)], HEADS, HEADS, QK_DIM, V_DIM, torch.bfloat16, seed=56, device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v, cu_q, cu_k):
+        out, lse = mla_core.mla_prefill(q, k, v, cu_q, cu_k, 300, causal=True, return_lse=True, backend="cudnn")
+        return out * 2, lse
+
+    out, lse = step(*inputs[:5])
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference")
+    check((out / 2, lse), ref, HALF_TOL)
+    torch._dynamo.reset()

@@ -1,9 +1,12 @@
 """The cuDNN backend object: what the installed torch and cuDNN offer, and why a problem cannot run.
 
 torch exposes cuDNN's fused attention with ragged (cumulative-offset) batches as the private op
-``aten._cudnn_attention_forward``; private ops change between torch releases, so its signature is
-probed, never assumed, and a mismatch makes the backend unavailable with the reason. Nothing here
-touches the GPU at import: the probes run the first time the backend is asked about a problem.
+``aten._cudnn_attention_forward``, and over dense ``[batch, heads, length, dim]`` views as
+``aten._scaled_dot_product_cudnn_attention`` (what SDPA's cuDNN backend calls); private ops change
+between torch releases, so both signatures are probed, never assumed: a mismatch of the ragged op
+makes the backend unavailable, one of the dense op only turns its dense path off, each with the
+reason. Nothing here touches the GPU at import: the probes run the first time the backend is asked
+about a problem.
 """
 from __future__ import annotations
 
@@ -17,6 +20,10 @@ OP_NAME = "aten._cudnn_attention_forward"
 OP_ARGUMENTS = ("query", "key", "value", "attn_bias", "cum_seq_q", "cum_seq_k", "max_q", "max_k",
                 "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask")
 """The leading arguments the backend passes by position, in this order (torch 2.11..2.13); ``scale`` is keyword."""
+DENSE_OP_NAME = "aten._scaled_dot_product_cudnn_attention"
+DENSE_OP_ARGUMENTS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal",
+                      "return_debug_mask")
+"""The leading arguments the dense path passes by position (torch 2.11..2.13); ``scale`` is keyword."""
 MIN_CUDNN = 90000
 """cuDNN 9.0: the oldest release whose fused attention the backend has been written against (ragged offsets,
 head dims up to 256); measured with 9.19."""
@@ -28,21 +35,31 @@ OFFSET_LIMIT = 2 ** 31
 _QKV_FORMATS = frozenset({None, "fp8", "nvfp4"})
 
 
-def probe_op() -> str | None:
-    """Why ``aten._cudnn_attention_forward`` cannot be called as this backend calls it, or None."""
+def _probe_schema(attribute: str, name: str, arguments: tuple[str, ...]) -> str | None:
+    """Why ``torch.ops.aten.<attribute>`` cannot be called with ``arguments`` by position (then ``scale=``)
+    returning (output, logsumexp, ...), or None."""
     import torch
     try:
-        op = torch.ops.aten._cudnn_attention_forward.default
-        schema = op._schema
+        schema = getattr(torch.ops.aten, attribute).default._schema
     except (AttributeError, RuntimeError) as e:
-        return f"torch {torch.__version__} has no {OP_NAME} ({type(e).__name__})"
+        return f"torch {torch.__version__} has no {name} ({type(e).__name__})"
     names = tuple(a.name for a in schema.arguments)
-    if names[:len(OP_ARGUMENTS)] != OP_ARGUMENTS or "scale" not in names:
-        return (f"{OP_NAME} in torch {torch.__version__} takes ({', '.join(names)}); this backend was written for "
-                f"({', '.join(OP_ARGUMENTS)}, *, scale)")
+    if names[:len(arguments)] != arguments or "scale" not in names:
+        return (f"{name} in torch {torch.__version__} takes ({', '.join(names)}); this backend was written for "
+                f"({', '.join(arguments)}, *, scale)")
     if len(schema.returns) < 2:
-        return f"{OP_NAME} in torch {torch.__version__} returns {len(schema.returns)} values, needs (output, logsumexp, ...)"
+        return f"{name} in torch {torch.__version__} returns {len(schema.returns)} values, needs (output, logsumexp, ...)"
     return None
+
+
+def probe_op() -> str | None:
+    """Why ``aten._cudnn_attention_forward`` cannot be called as this backend calls it, or None."""
+    return _probe_schema("_cudnn_attention_forward", OP_NAME, OP_ARGUMENTS)
+
+
+def probe_dense_op() -> str | None:
+    """Why ``aten._scaled_dot_product_cudnn_attention`` cannot serve the dense path, or None."""
+    return _probe_schema("_scaled_dot_product_cudnn_attention", DENSE_OP_NAME, DENSE_OP_ARGUMENTS)
 
 
 def probe_cuda() -> str | None:
@@ -110,17 +127,20 @@ def probe_graph_rebuild(attend=None, device: str = "cuda") -> str | None:
 
 PRIORITY_CAPTURABLE = 250
 """Above triton (200): where both run (bf16/fp16, P unquantized, dense scores) cuDNN measured 1.4x faster
-on the H200 (docs/cudnn.md); the autotuner still times both when it tunes."""
+on the H200 (docs/cudnn.md); the autotuner still times both when it tunes. Also the priority of every
+problem the dense path serves, whatever the ragged path does."""
 PRIORITY_EAGER_ONLY = 150
-"""Below triton where the installed torch rebuilds the cuDNN graph on every ragged call (torch 2.11): each
-call then costs ~40 ms of host time, and the priority rule also serves CUDA-graph captures, which must
-not land on a call that breaks them. The backend stays available by name and to the autotuner."""
+"""Below triton for ragged problems where the installed torch rebuilds the cuDNN graph on every ragged
+call (torch 2.11): each call then costs ~40 ms of host time, and the priority rule also serves CUDA-graph
+captures, which must not land on a call that breaks them. The backend stays available by name and to
+the autotuner."""
 
 
 class CudnnBackend(mla_core.Backend):
     name = "cudnn"
     device_types = frozenset({"cuda"})
-    description = "cuDNN fused attention through torch (aten._cudnn_attention_forward): ragged prefill, no build"
+    description = ("cuDNN fused attention through torch (aten._scaled_dot_product_cudnn_attention for dense batches, "
+                   "aten._cudnn_attention_forward for ragged ones): prefill, no build")
     capabilities = {
         "prefill": OpCapability(
             limits={"dtype": frozenset({"bfloat16", "float16"}), "q_quant": _QKV_FORMATS, "k_quant": _QKV_FORMATS,
@@ -128,16 +148,40 @@ class CudnnBackend(mla_core.Backend):
                     "v_dim": range(8, MAX_HEAD_DIM + 1, 8)},
             features=frozenset({"lse", "gqa"}),
             notes="ragged varlen without padding, causal (bottom-right when len_q < len_k) and non-causal, GQA; "
-                  "Q/K/V fake quantization as QDQ before cuDNN; P quantization and N:M sparsity are not possible"),
+                  "dense batches (one sequence, or equal lengths with one cu_seqlens tensor; no GQA) through the "
+                  "dense op at priority 250, which torch caches and CUDA graphs capture, whatever the ragged path "
+                  "does; Q/K/V fake quantization as QDQ before cuDNN; P quantization and N:M sparsity are not "
+                  "possible"),
     }
 
     def __init__(self) -> None:
         self._unavailable: str | None | bool = False  # False: not probed yet
         self._rebuilds: str | None | bool = False
+        self._no_dense: str | None | bool = False
 
     @property
     def priority(self) -> int:
+        """The ragged path's priority (what ``mla-core backends`` shows); dense problems: :meth:`priority_for`."""
         return PRIORITY_CAPTURABLE if self.rebuild_reason() is None else PRIORITY_EAGER_ONLY
+
+    def priority_for(self, problem) -> int:
+        return PRIORITY_CAPTURABLE if self.serves_dense(problem) else self.priority
+
+    def dense_reason(self) -> str | None:
+        """Why the dense path (``aten._scaled_dot_product_cudnn_attention``) is off here, or None."""
+        if self._no_dense is False:
+            self._no_dense = self.unavailable_reason() or probe_dense_op()
+        return self._no_dense
+
+    def serves_dense(self, problem) -> bool:
+        """Whether ``problem`` (a prefill this backend can run) goes through the dense path: shapes prove the
+        batch dense (``dense_batch``), no GQA, and the dense op is there."""
+        return (problem.op == "prefill" and bool(problem.get("dense_batch")) and "gqa" not in problem.features
+                and self.dense_reason() is None)
+
+    def capture_reason(self, problem) -> str | None:
+        """Why a call of ``problem`` cannot be captured in a CUDA graph here, or None."""
+        return None if self.serves_dense(problem) else self.rebuild_reason()
 
     def rebuild_reason(self) -> str | None:
         """Why this backend's calls are slow and cannot be captured in a CUDA graph here, or None.
@@ -193,7 +237,10 @@ class CudnnBackend(mla_core.Backend):
 
     def prefill(self, call, config):
         import torch
-        if call.q.is_cuda and torch.cuda.is_current_stream_capturing() and self.rebuild_reason() is not None:
-            raise RuntimeError(f"the cudnn backend cannot run inside a CUDA graph capture: {self.rebuild_reason()}; "
-                               "pass backend='triton' for captured prefill")
-        return importlib.import_module(f"{__package__}.prefill").run(call, config)
+        prefill = importlib.import_module(f"{__package__}.prefill")
+        dense = self.dense_reason() is None
+        if (call.q.is_cuda and torch.cuda.is_current_stream_capturing() and not prefill.takes_dense_path(call, dense)
+                and self.rebuild_reason() is not None):
+            raise RuntimeError(f"the cudnn backend cannot run this ragged batch inside a CUDA graph capture: "
+                               f"{self.rebuild_reason()}; pass backend='triton' for captured ragged prefill")
+        return prefill.run(call, config, dense_attend=prefill.cudnn_dense_attend if dense else None)

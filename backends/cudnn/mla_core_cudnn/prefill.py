@@ -1,4 +1,15 @@
-"""``mla_prefill`` through cuDNN's fused attention, as torch exposes it (``aten._cudnn_attention_forward``).
+"""``mla_prefill`` through cuDNN's fused attention, as torch exposes it.
+
+Dense batches. When shapes alone prove every sequence the same length (one sequence, or one
+``cu_seqlens`` tensor with ``total_q == total_k == batch * max_seqlen_q``:
+:func:`mla_core.specs.prefill_dense_batch`) and q and k have the same head count, the packed tensors
+are viewed as ``[batch, heads, length, dim]`` (no copy) and served by torch's dense cuDNN op
+``aten._scaled_dot_product_cudnn_attention``, whose cuDNN graphs torch caches per shape (so the call
+costs launches only and CUDA graphs capture it, where torch 2.11's ragged path rebuilds its graph on
+every call). One sequence with ``len_k > len_q`` is two dense calls merged by LSE (the non-causal
+cached prefix, then the causal square of the last ``len_q`` keys); one with ``len_q > len_k`` is one
+causal square over the last ``len_k`` queries, the leading ones (which see no key) output 0 and LSE
+-inf. Causal dense calls are always square, so top-left and bottom-right agree.
 
 Ragged batches use cuDNN's ragged offsets: the op's ``cu_seqlens`` are the cumulative offsets cuDNN
 takes, so nothing is padded and nothing is read on the host (the call can be captured in a CUDA graph).
@@ -35,6 +46,7 @@ from . import finish
 from .backend import OFFSET_LIMIT
 
 Attend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+DenseAttend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def lse_heads_tokens(lse: torch.Tensor, tokens: int, heads: int) -> torch.Tensor:
@@ -60,6 +72,29 @@ def cudnn_attend(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scal
                                                       False, scale=scale)
     out = result[0]
     return out, (lse_heads_tokens(result[1], q.shape[0], q.shape[1]) if need_lse else None)
+
+
+def dense_lse(lse: torch.Tensor, batch: int, heads: int, length: int) -> torch.Tensor:
+    """The dense op's logsumexp as a [batch, heads, length] view: torch 2.13 returns [batch, heads, length, 1]."""
+    if lse.dim() == 4 and tuple(lse.shape) == (batch, heads, length, 1):
+        return lse[..., 0]
+    if lse.dim() == 3 and tuple(lse.shape) == (batch, heads, length):
+        return lse
+    raise RuntimeError(f"aten._scaled_dot_product_cudnn_attention returned a logsumexp of shape {list(lse.shape)}; "
+                       f"the cudnn backend knows [{batch}, {heads}, {length}, 1] and [{batch}, {heads}, {length}]")
+
+
+def cudnn_dense_attend(q, k, v, causal: bool, scale: float,
+                       need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One dense cuDNN attention call (top-left causal when ``causal``; the backend asks only for square ones).
+
+    q [batch, heads, len_q, qk_dim], k [batch, heads, len_k, qk_dim], v [batch, heads, len_k, v_dim]: strided
+    views of packed tensors (bf16/fp16). Returns (out [batch, heads, len_q, v_dim] in q's dtype and in q's
+    memory layout, LSE [batch, heads, len_q] float32 or None).
+    """
+    result = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, need_lse, 0.0, causal, False,
+                                                                 scale=scale)
+    return result[0], (dense_lse(result[1], *q.shape[:3]) if need_lse else None)
 
 
 def _float32(x: float) -> float:
@@ -146,8 +181,59 @@ def _pieces(cu: torch.Tensor, split: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def run(call: specs.PrefillCall, config: dict, attend: Attend = cudnn_attend) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run one validated prefill call; ``attend`` is the cuDNN call (tests pass an emulation of it).
+def takes_dense_path(call: specs.PrefillCall, dense_available: bool) -> bool:
+    """Whether :func:`run` serves ``call`` through the dense op (metadata only: no value is read)."""
+    return (dense_available and call.k.shape[1] == call.q.shape[1] and call.cu_seqlens_q.shape[0] > 1
+            and specs.prefill_dense_batch(call.q, call.k, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q))
+
+
+def _bhsd(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """Packed [batch * length, heads, dim] as a [batch, heads, length, dim] view (no copy)."""
+    return x.view(batch, x.shape[0] // batch, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
+def _packed(out: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, length, dim] back to a contiguous [batch * length, heads, dim]: a view when ``out`` lies
+    in memory as [batch, length, heads, dim] (the dense op allocates its output in q's layout), else a copy."""
+    b, h, length, d = out.shape
+    return out.transpose(1, 2).reshape(b * length, h, d).contiguous()
+
+
+def _packed_lse(lse: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, length] to a contiguous [heads, batch * length] (a view for one sequence)."""
+    b, h, length = lse.shape
+    return lse.transpose(0, 1).reshape(h, b * length).contiguous()
+
+
+def _run_dense(call: specs.PrefillCall, q, k, v, scale: float, attend: DenseAttend) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense path (module docstring) on codes q/k/v [tokens, heads, dim], both totals > 0."""
+    batch = call.cu_seqlens_q.shape[0] - 1
+    total_q, heads, _ = q.shape
+    total_k, need_lse = k.shape[0], call.return_lse
+    if batch > 1 or total_q == total_k or not call.causal:
+        out, lse = attend(_bhsd(q, batch), _bhsd(k, batch), _bhsd(v, batch), call.causal, scale, need_lse)
+        return _packed(out), (None if lse is None else _packed_lse(lse))
+    if total_q > total_k:  # the first total_q - total_k queries see no key; the rest are a causal square
+        blind = total_q - total_k
+        part, part_lse = attend(_bhsd(q[blind:], 1), _bhsd(k, 1), _bhsd(v, 1), True, scale, need_lse)
+        out = torch.zeros((total_q, heads, v.shape[2]), dtype=v.dtype, device=v.device)
+        out[blind:] = _packed(part)
+        lse = None
+        if need_lse:
+            lse = torch.full((heads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+            lse[:, blind:] = _packed_lse(part_lse)
+        return out, lse
+    prefix = total_k - total_q  # cached keys every query sees, then the causal square of the last total_q keys
+    out_a, lse_a = attend(_bhsd(q, 1), _bhsd(k[:prefix], 1), _bhsd(v[:prefix], 1), False, scale, True)
+    out_b, lse_b = attend(_bhsd(q, 1), _bhsd(k[prefix:], 1), _bhsd(v[prefix:], 1), True, scale, True)
+    every_row = torch.ones(total_q, dtype=torch.int8, device=q.device)
+    return finish.merge(_packed(out_a), lse_a[0], every_row, _packed(out_b), lse_b[0], every_row, need_lse)
+
+
+def run(call: specs.PrefillCall, config: dict, attend: Attend = cudnn_attend,
+        dense_attend: DenseAttend | None = cudnn_dense_attend) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run one validated prefill call; ``attend`` / ``dense_attend`` are the ragged / dense cuDNN calls (tests
+    pass emulations; ``dense_attend`` None: the dense op is absent, every batch takes the ragged path).
 
     Returns (out [total_q, heads, v_dim] in v's dtype, LSE [heads, total_q] float32 or None).
     """
@@ -169,7 +255,9 @@ def run(call: specs.PrefillCall, config: dict, attend: Attend = cudnn_attend) ->
     cu_k = call.cu_seqlens_k.to(torch.int32)
     max_q = max(call.max_seqlen_q, 1)
 
-    if call.causal and _same_lengths(call):
+    if takes_dense_path(call, dense_attend is not None):
+        out, lse = _run_dense(call, q, k, v, scale, dense_attend)
+    elif call.causal and _same_lengths(call):
         # every row of a sequence with len_q == len_k >= 1 sees at least its own key: nothing to mask
         out, lse = attend(q, k, v, cu_q, cu_k, max_q, max_q, True, scale, call.return_lse)
         lse = None if lse is None else lse.contiguous()
