@@ -14,8 +14,9 @@ Rows: ``sdpa-cudnn`` is torch.nn.functional.scaled_dot_product_attention under
 sdpa_kernel(CUDNN_ATTENTION) on the same memory (dense BHSD views; for the ragged batch nested jagged
 tensors when torch takes them, else one call per sequence; for the chunk causal_lower_right); every
 mla_core backend that accepts the problem (the reference only with --reference: eager, slow) with its
-default config (--all-configs: every config); ``auto`` is mla_core's automatic dispatch (the backend it
-picked in brackets). Recipes fp8 / nvfp4 quantize Q/K/V/P (only backends that run P quantization).
+default config (--all-configs: every config; a cudnn row says which of torch's cuDNN ops served it: the
+dense one for one sequence or an equal-length batch, else the ragged one); ``auto`` is mla_core's automatic
+dispatch (the backend it picked in brackets). Recipes fp8 / nvfp4 quantize Q/K/V/P (only backends that run P quantization).
 Times are median µs of CUDA-graph replays with the L2 flushed before each ("timed" says graph), or of
 eager calls (Python and launches included: sdpa-cudnn and cudnn always get one such row, and anything a
 graph cannot capture is timed so); TFLOP/s counts
@@ -194,16 +195,18 @@ def main() -> None:
                 record(case, recipe, "sdpa-cudnn", label, fn, flops)
                 record(case, recipe, "sdpa-cudnn", label, fn, flops, graph=False)  # Python and launch costs included
                 cudnn = mla_core.get_backend("cudnn")
-                if not cudnn.why_not(problem) and cudnn.rebuild_reason() is None:  # else its row below is eager
-                    record(case, recipe, "cudnn", "-", lambda: mla_core.mla_prefill(*inputs, causal=True, backend="cudnn"),
-                           flops, graph=False)
+                if not cudnn.why_not(problem) and cudnn.capture_reason(problem) is None:  # else its row below is eager
+                    record(case, recipe, "cudnn", "dense op" if cudnn.serves_dense(problem) else "ragged op",
+                           lambda: mla_core.mla_prefill(*inputs, causal=True, backend="cudnn"), flops, graph=False)
             for name, backend in sorted(mla_core.backends().items()):
                 if backend.why_not(problem) or (name == "reference" and not args.reference):
                     continue
                 configs = backend.configs(problem) if args.all_configs else backend.configs(problem)[:1]
                 for config in configs:
                     label = ",".join(f"{k}={v}" for k, v in config.items()) or "-"
-                    capturable = name != "reference" and not (name == "cudnn" and backend.rebuild_reason())
+                    if name == "cudnn":  # which of torch's two cuDNN ops serves the problem
+                        label = "dense op" if backend.serves_dense(problem) else "ragged op"
+                    capturable = name != "reference" and not (name == "cudnn" and backend.capture_reason(problem))
                     record(case, recipe, name, label, lambda b=backend, c=config: b.run(problem, call, c), flops,
                            graph=capturable)
             picked = dispatch.choose(problem).backend.name
