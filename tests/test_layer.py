@@ -129,8 +129,9 @@ def make_case(lens, starts, *, dtype=torch.float32, fp8=False, sinks=False, seed
 
 
 def run(case, weights, **over):
-    """mla_forward on a copy of the case's cache, the attention on the reference backend unless ``over`` says."""
-    args = {"attention_backend": "reference", **case, **weights.kwargs(), **over}
+    """mla_forward on a copy of the case's cache, the layer and its attention on the reference backend unless
+    ``over`` says (``backend`` for the layer, ``attention_backend`` for the attention)."""
+    args = {"attention_backend": "reference", "backend": "reference", **case, **weights.kwargs(), **over}
     cache = args.pop("latent_cache").clone()
     pos = [args.pop(k) for k in ("q", "kv", "input_row_offsets", "freqs_cis", "kv_norm_gamma")]
     out = mla_core.mla_forward(*pos, cache, args.pop("block_table"), args.pop("cache_offsets"), **args)
@@ -568,7 +569,7 @@ def test_torch_compile(compiler):
         return mla_core.mla_forward(q, kv, offsets, freqs, gamma, cache, table, starts,
                                     max_seq_len=args["max_seq_len"], softmax_scale=args["softmax_scale"],
                                     epsilon=args["epsilon"], attn_sinks=args["attn_sinks"],
-                                    attention_backend="reference", **weights.kwargs()) * 2.0
+                                    attention_backend="reference", backend="reference", **weights.kwargs()) * 2.0
 
     compiled = torch.compile(layer_step, backend=compiler, fullgraph=True)
     out = compiled(case["q"], case["kv"], case["input_row_offsets"], case["freqs_cis"], case["kv_norm_gamma"], cache,

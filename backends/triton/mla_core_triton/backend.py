@@ -34,6 +34,11 @@ class TritonBackend(mla_core.Backend):
                     "v_quant": _FORMATS},
             features=frozenset({"lse", "nm_sparsity", "gqa"}), notes="causal and non-causal, varlen, GQA/MQA"),
         "merge": OpCapability(limits={"dtype": _FLOAT}),
+        "layer": OpCapability(
+            limits={"dtype": _FLOAT, "kv_lora_rank": range(1, 4097), "rope_dim": range(2, 257, 2)},
+            features=frozenset({"sinks", "fp8_weights"}),
+            notes="fused layer (layer.py): one Triton kernel for RMSNorm + RoPE + cache write, weights dequantized "
+                  "once into the cache dtype (cached per weight tensor), bf16/fp16/fp32 GEMMs; no sparse indices"),
     }
 
     version = "1"  # the kernels' own version; the Triton release is recorded beside it in cache entries
@@ -69,3 +74,6 @@ class TritonBackend(mla_core.Backend):
 
     def merge(self, call, config):
         return self._kernels("merge").run(call, config)
+
+    def layer(self, call, config):
+        return self._kernels("layer").run(call, config)

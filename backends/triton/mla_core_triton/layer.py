@@ -1,0 +1,313 @@
+"""Triton fast path of the fused MLA layer (:func:`mla_core.mla_forward`), the reference layer's numerics up to rounding.
+
+Per call (docs/layer.md, "The triton layer"):
+
+- one Triton kernel (:func:`_prep_kernel`, one program per token) finds the token's request and position, writes the
+  new cache row ``[rmsnorm(kv_latent) * gamma, rope(kv_rope)]`` (float32 math, one rounding to the cache dtype;
+  rows whose page lies outside the table or the cache are not written), rotates ``q_rope`` into the attention's
+  query buffer and, for decode with a request without a token, copies each token's block-table row;
+- the weights enter as cached tensors of the cache dtype (:class:`WeightCache`): dequantized once (FP8 code x block
+  scale in float32, then rounded to the cache dtype) and reshaped for the GEMMs below, rebuilt when a weight or
+  scale tensor is replaced or modified in place;
+- decode: ``q_lat = q_nope @ w_uk`` as one batched GEMM over heads written straight into the absorbed query
+  ``[tokens, heads, latent + rope]``, :func:`mla_core.mla_decode`, ``out = o_lat @ w_uv^T`` as one batched GEMM
+  written straight into ``[tokens, heads, v]``. No host synchronization (CUDA-graph capturable) and a fixed,
+  small number of launches;
+- prefill: every request's cached rows gathered once, ``K = rows @ W_K^T`` with ``W_K`` [heads * (nope + rope),
+  latent + rope] holding each head's ``w_k`` rows and an identity block for the rope columns, so one GEMM writes
+  K in the ``[keys, heads, nope + rope]`` layout :func:`mla_core.mla_prefill` takes (the rope columns copied
+  exactly), ``V = rows_latent @ w_uv^T`` straight into ``[keys, heads, v]``; the key count is read on the host.
+
+Differences from the reference: weights rounded to the cache dtype (bf16: relative 2^-9 per weight) instead of
+exact float32, and GEMMs in the cache dtype with float32 accumulation (the reference multiplies in float32).
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_core import layer as layer_api
+from mla_core import mla_decode, mla_prefill
+
+
+def configs(problem) -> list[dict]:
+    """Launch choice of the prep kernel: warps."""
+    return [{"num_warps": 4}]
+
+
+# --------------------------------------------------------------------------------------------------
+# weights, dequantized and reshaped once
+
+
+class WeightCache:
+    """Derived weight tensors keyed on the source tensors' identity and version counter.
+
+    An entry lives as long as its source weight (a weak reference drops it when the weight is freed) and is
+    rebuilt when the weight or its scale is replaced or written in place (``_version`` changes). Inside CUDA-graph
+    capture a miss is computed but not stored (it belongs to the graph's memory pool). Memory: one derived
+    tensor per (weight, kind): at DeepSeek-V3 sizes (bf16, 128 heads) ``uk`` 16 MB, ``uv`` 16 MB, ``k`` 28 MB.
+    """
+
+    def __init__(self):
+        self._entries: dict[tuple, tuple] = {}
+
+    @staticmethod
+    def _version(t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        try:
+            return t._version
+        except RuntimeError:            # an inference tensor has no version counter: identity only
+            return -1
+
+    def get(self, kind: str, w: torch.Tensor, scale: torch.Tensor | None, extra: tuple, build):
+        key = (kind, id(w), id(scale), extra)
+        versions = (self._version(w), self._version(scale))
+        hit = self._entries.get(key)
+        if hit is not None:
+            w_ref, s_ref, seen, value = hit
+            if w_ref() is w and (s_ref is None if scale is None else s_ref() is scale) and seen == versions:
+                return value
+        value = build()
+        if not (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+            entries = self._entries
+
+            def drop(_ref, key=key):
+                entries.pop(key, None)
+            self._entries[key] = (weakref.ref(w, drop), None if scale is None else weakref.ref(scale, drop),
+                                  versions, value)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+WEIGHTS = WeightCache()
+
+
+def _value(w, scale, block, name, dtype):
+    """The weight's value in ``dtype``: exact float32 dequantization, one rounding."""
+    return layer_api.dequantize_weight(w, scale, block, name).to(dtype)
+
+
+def _w_uk(call, dtype):
+    """[heads, nope, latent] (w_uk per head transposed: q_nope [H, T, nope] @ it = q_lat [H, T, latent])."""
+    return WEIGHTS.get("uk", call.w_uk, call.w_uk_scale, (call.weight_block_size, dtype), lambda: _value(
+        call.w_uk, call.w_uk_scale, call.weight_block_size, "w_uk", dtype).transpose(1, 2).contiguous())
+
+
+def _w_uv(call, dtype):
+    """[heads, v, latent] in ``dtype``."""
+    return WEIGHTS.get("uv", call.w_uv, call.w_uv_scale, (call.weight_block_size, dtype), lambda: _value(
+        call.w_uv, call.w_uv_scale, call.weight_block_size, "w_uv", dtype).contiguous())
+
+
+def _w_k(call, dtype):
+    """[heads * (nope + rope), latent + rope]: per head its w_k rows, then an identity over the rope columns."""
+    heads, nope, rope, latent = call.heads, call.nope_dim, call.rope_dim, call.kv_lora_rank
+
+    def build():
+        w = torch.zeros(heads, nope + rope, latent + rope, dtype=dtype, device=call.w_k.device)
+        w[:, :nope, :latent] = _value(call.w_k, call.w_k_scale, call.weight_block_size, "w_k", dtype).view(
+            heads, nope, latent)
+        w[:, nope:, latent:] = torch.eye(rope, dtype=dtype, device=w.device)
+        return w.view(heads * (nope + rope), latent + rope)
+    return WEIGHTS.get("k", call.w_k, call.w_k_scale, (call.weight_block_size, dtype, rope), build)
+
+
+# --------------------------------------------------------------------------------------------------
+# the prep kernel: positions, the cache write, q_rope
+
+
+@triton.jit
+def _rotate_store(x1, x2, cos, sin, dst, half_offs, INTERLEAVE: tl.constexpr, HALF: tl.constexpr, mask):
+    """Store ``rope([x1, x2])`` (float32 pairs) at ``dst`` + pair offsets (interleaved or split halves)."""
+    r1 = x1 * cos - x2 * sin
+    r2 = x2 * cos + x1 * sin
+    if INTERLEAVE:
+        tl.store(dst + 2 * half_offs, r1.to(dst.dtype.element_ty), mask=mask)
+        tl.store(dst + 2 * half_offs + 1, r2.to(dst.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dst + half_offs, r1.to(dst.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF + half_offs, r2.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, cache_ptr, table_ptr, qo_ptr,
+                 tok_table_ptr, tok_len_ptr,
+                 stride_qt, stride_qh, stride_kvt, stride_f, stride_tb, stride_ot, stride_oh,
+                 tokens, batch, heads, max_pos, num_pages, width, page_size, eps,
+                 NOPE: tl.constexpr, ROPE: tl.constexpr, LATENT: tl.constexpr, BLOCK_LAT: tl.constexpr,
+                 HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_NOPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, Q_ROPE_AT: tl.constexpr, COPY_NOPE: tl.constexpr,
+                 INTERLEAVE: tl.constexpr, TOKEN_TABLE: tl.constexpr):
+    t = tl.program_id(0)
+    # the token's request: the number of offsets[1:] entries <= t (clamped: memory-safe whatever the offsets)
+    b = 0
+    for start in range(0, batch, BLOCK_B):
+        idx = start + tl.arange(0, BLOCK_B)
+        ends = tl.load(offsets_ptr + 1 + idx, mask=idx < batch, other=tokens + 1).to(tl.int64)
+        b += tl.sum((ends <= t).to(tl.int32), axis=0)
+    b = tl.minimum(b, batch - 1)
+    first = tl.load(offsets_ptr + b).to(tl.int64)
+    pos = tl.load(starts_ptr + b).to(tl.int64) + t - first
+    row = tl.minimum(tl.maximum(pos, 0), max_pos - 1)
+
+    half = tl.arange(0, BLOCK_HALF)
+    hmask = half < HALF
+    cos = tl.load(freqs_ptr + row * stride_f + 2 * half, mask=hmask, other=0.0).to(tl.float32)
+    sin = tl.load(freqs_ptr + row * stride_f + 2 * half + 1, mask=hmask, other=0.0).to(tl.float32)
+    if INTERLEAVE:
+        p1 = 2 * half
+        p2 = 2 * half + 1
+    else:
+        p1 = half
+        p2 = half + HALF
+
+    # the new cache row
+    kv_row = kv_ptr + t.to(tl.int64) * stride_kvt
+    lat = tl.arange(0, BLOCK_LAT)
+    lmask = lat < LATENT
+    x = tl.load(kv_row + lat, mask=lmask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt_rn(tl.sum(x * x, axis=0) / LATENT + eps)
+    gamma = tl.load(gamma_ptr + lat, mask=lmask, other=0.0).to(tl.float32)
+    col = pos // page_size
+    page = tl.load(table_ptr + b * stride_tb + tl.minimum(tl.maximum(col, 0), width - 1)).to(tl.int64)
+    ok = ((pos >= 0) & (col < width) & (page >= 0) & (page < num_pages)).to(tl.int32)
+    dst = cache_ptr + (page * page_size + pos % page_size) * (LATENT + ROPE)
+    # (scalar masks broadcast by arithmetic: Triton's interpreter refuses a scalar bool in a vector mask)
+    tl.store(dst + lat, (x * inv * gamma).to(cache_ptr.dtype.element_ty), mask=lmask & (lat * 0 + ok != 0))
+    k1 = tl.load(kv_row + LATENT + p1, mask=hmask, other=0.0).to(tl.float32)
+    k2 = tl.load(kv_row + LATENT + p2, mask=hmask, other=0.0).to(tl.float32)
+    _rotate_store(k1, k2, cos, sin, dst + LATENT, half, INTERLEAVE, HALF, hmask & (half * 0 + ok != 0))
+
+    # the query's rope part (and its nope part for prefill), BLOCK_H heads at a time
+    hh = tl.arange(0, BLOCK_H)
+    nn = tl.arange(0, BLOCK_NOPE)
+    for h0 in range(0, heads, BLOCK_H):
+        h = h0 + hh
+        m2 = (h < heads)[:, None] & hmask[None, :]
+        q_row = q_ptr + t.to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
+        o_row = qo_ptr + t.to(tl.int64) * stride_ot + h[:, None].to(tl.int64) * stride_oh
+        x1 = tl.load(q_row + NOPE + p1[None, :], mask=m2, other=0.0).to(tl.float32)
+        x2 = tl.load(q_row + NOPE + p2[None, :], mask=m2, other=0.0).to(tl.float32)
+        _rotate_store(x1, x2, cos[None, :], sin[None, :], o_row + Q_ROPE_AT, half[None, :], INTERLEAVE, HALF, m2)
+        if COPY_NOPE:
+            mn = (h < heads)[:, None] & (nn < NOPE)[None, :]
+            tl.store(o_row + nn[None, :], tl.load(q_row + nn[None, :], mask=mn, other=0.0), mask=mn)
+
+    if TOKEN_TABLE:         # decode with fewer tokens than requests: each token's table row and key count
+        tl.store(tok_len_ptr + t, (pos + 1).to(tl.int32))
+        for w0 in range(0, width, BLOCK_W):
+            w = w0 + tl.arange(0, BLOCK_W)
+            entries = tl.load(table_ptr + b * stride_tb + w, mask=w < width, other=0)
+            tl.store(tok_table_ptr + t.to(tl.int64) * width + w, entries, mask=w < width)
+
+
+def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, config) -> None:
+    q, kv, cache, table = call.q, call.kv, call.latent_cache, call.block_table
+    tokens, heads = q.shape[0], q.shape[1]
+    batch = call.input_row_offsets.shape[0] - 1
+    nope, rope, latent = call.nope_dim, call.rope_dim, call.kv_lora_rank
+    width = table.shape[1]
+    with_table = token_table is not None
+    _prep_kernel[(tokens,)](
+        q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, call.kv_norm_gamma, cache, table, q_out,
+        token_table if with_table else table, token_len if with_table else call.cache_offsets,
+        q.stride(0), q.stride(1), kv.stride(0), call.freqs_cis.stride(0), table.stride(0), q_out.stride(0),
+        q_out.stride(1), tokens, batch, heads, call.freqs_cis.shape[0], cache.shape[0], width, cache.shape[1],
+        call.epsilon,
+        NOPE=nope, ROPE=rope, LATENT=latent, BLOCK_LAT=triton.next_power_of_2(latent), HALF=rope // 2,
+        BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_NOPE=triton.next_power_of_2(nope),
+        BLOCK_H=min(16, triton.next_power_of_2(heads)), BLOCK_B=min(1024, triton.next_power_of_2(max(batch, 1))),
+        BLOCK_W=min(1024, triton.next_power_of_2(max(width, 1))), Q_ROPE_AT=q_rope_at, COPY_NOPE=copy_nope,
+        INTERLEAVE=call.rope_interleave, TOKEN_TABLE=with_table, num_warps=config.get("num_warps", 4))
+
+
+# --------------------------------------------------------------------------------------------------
+# the two paths
+
+
+def _new_output(shape, dtype, device) -> torch.Tensor:
+    """Allocate a buffer this module fully writes (tests replace this to poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """``out`` [T, H, v] times ``1 / (1 + exp(sink - lse))`` (lse [T, H] float32), in float32, in place."""
+    if sinks is not None:
+        out.copy_(out.float() * torch.sigmoid(lse - sinks.float()[None, :])[..., None])
+    return out
+
+
+def _decode(call, config):
+    q, cache = call.q, call.latent_cache
+    tokens, heads = q.shape[0], q.shape[1]
+    batch = call.input_row_offsets.shape[0] - 1
+    latent, rope, nope, dtype = call.kv_lora_rank, call.rope_dim, call.nope_dim, cache.dtype
+    q_dec = _new_output((tokens, heads, latent + rope), dtype, q.device)
+    torch.bmm(q[..., :nope].transpose(0, 1), _w_uk(call, dtype), out=q_dec[..., :latent].transpose(0, 1))
+    if tokens == batch:     # one token per request (max_seq_len 1): token t is request t
+        key_table = call.block_table
+        key_len = call.cache_offsets + 1
+        tok_table = tok_len = None
+    else:
+        tok_table = key_table = _new_output((tokens, call.block_table.shape[1]), call.block_table.dtype, q.device)
+        tok_len = key_len = _new_output((tokens,), torch.int32, q.device)
+    _prep(call, q_dec, latent, False, tok_table, tok_len, config)
+    o_lat, lse = mla_decode(q_dec, cache, key_table, key_len, softmax_scale=call.softmax_scale, kv_lora_rank=latent,
+                            qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True,
+                            backend=call.attention_backend)
+    out = _new_output((tokens, heads, call.v_dim), q.dtype, q.device)
+    torch.bmm(o_lat.transpose(0, 1), _w_uv(call, dtype).transpose(1, 2), out=out.transpose(0, 1))
+    return _sinks(out, lse, call.attn_sinks)
+
+
+def _prefill(call, config):
+    q, cache = call.q, call.latent_cache
+    tokens, heads = q.shape[0], q.shape[1]
+    latent, rope, nope, v_dim, dtype = call.kv_lora_rank, call.rope_dim, call.nope_dim, call.v_dim, cache.dtype
+    q_pre = _new_output((tokens, heads, nope + rope), dtype, q.device)
+    _prep(call, q_pre, nope, True, None, None, config)
+    offsets = call.input_row_offsets.to(torch.int64)
+    kv_lens = call.cache_offsets.to(torch.int64) + (offsets[1:] - offsets[:-1])
+    rows, cu_k = _key_rows(cache, call.block_table, kv_lens)
+    k = (rows @ _w_k(call, dtype).T).view(-1, heads, nope + rope)
+    v = (rows[:, :latent] @ _w_uv(call, dtype).view(heads * v_dim, latent).T).view(-1, heads, v_dim)
+    out, lse = mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
+                           return_lse=True, backend=call.attention_backend)
+    out = out.to(q.dtype)
+    return _sinks(out if out.is_contiguous() else out.contiguous(), lse.T, call.attn_sinks)
+
+
+def _key_rows(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor):
+    """Every request's cached rows ``0..kv_lens[b] - 1`` packed in request order: (rows [keys, D], cu_k [batch + 1]).
+
+    A row whose page index lies outside the table or the cache reads as zeros. Reads the key count on the host.
+    """
+    device, (batch, width), page_size = cache.device, table.shape, cache.shape[1]
+    cu_k = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+    torch.cumsum(kv_lens, 0, out=cu_k[1:])
+    total = int(cu_k[-1])
+    request = torch.repeat_interleave(torch.arange(batch, device=device), kv_lens, output_size=total)
+    pos = torch.arange(total, device=device) - cu_k[request]
+    col = pos // page_size
+    page = table[request, col.clamp(0, width - 1)].to(torch.int64)
+    ok = (col < width) & (page >= 0) & (page < cache.shape[0])
+    flat = cache.view(-1, cache.shape[-1])
+    rows = flat[torch.where(ok, page, 0) * page_size + pos % page_size]
+    return torch.where(ok[:, None], rows, 0), cu_k
+
+
+def run(call, config: dict) -> torch.Tensor:
+    """One validated :class:`mla_core.layer.LayerCall` (no sparse indices): out [tokens, heads, v] in q's dtype."""
+    if call.q.shape[0] == 0:
+        return torch.zeros(0, call.heads, call.v_dim, dtype=call.q.dtype, device=call.q.device)
+    if call.q.stride(-1) != 1 or call.kv.stride(-1) != 1 or call.freqs_cis.stride(-1) != 1:   # the kernel's rows
+        call = dataclasses.replace(call, q=call.q.contiguous(), kv=call.kv.contiguous(),
+                                   freqs_cis=call.freqs_cis.contiguous())
+    return _decode(call, config) if call.decode else _prefill(call, config)

@@ -1,0 +1,190 @@
+"""The triton backend's fused layer (backends/triton/mla_core_triton/layer.py) against the reference layer and float64.
+
+CPU runs the kernel under TRITON_INTERPRET=1; ``-m gpu`` adds DeepSeek-V3 sizes and a captured decode step. Every
+buffer the triton layer allocates starts as NaN (poison). The triton layer rounds the dequantized weights to the
+cache dtype once (docs/layer.md, "The triton layer"), so bf16 results sit ~2x further from float64 than the
+reference's; the tolerances below say so.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mla_core
+from reference_math import rel_l2
+from test_layer import DECODE_STARTS, PREFILL_SHAPES, layer_math, make_case, run
+
+
+def tolerance(dtype):
+    return 1e-5 if dtype == torch.float32 else 2e-2
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    from mla_core_triton import layer
+    monkeypatch.setattr(layer, "_new_output", lambda shape, dtype, device: torch.full(
+        shape, float("nan") if dtype.is_floating_point else -7, dtype=dtype, device=device))
+
+
+def _check_same_cache(a, b, dtype):
+    assert torch.equal(a.isnan(), b.isnan())                     # the same slots written, nothing else
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -20
+    assert torch.allclose(a.nan_to_num(0), b.nan_to_num(0), rtol=ulp, atol=1e-6)
+
+
+def _compare(case, weights, dtype, against_math=True, **over):
+    ref, ref_cache = run(case, weights, **over)
+    out, cache = run(case, weights, backend="triton", **over)
+    assert out.dtype == dtype and out.shape == ref.shape and out.is_contiguous()
+    assert not out.isnan().any()
+    assert rel_l2(out, ref) < tolerance(dtype)
+    if against_math:
+        math, _ = layer_math(case, weights, over.get("rope_interleave", True))
+        assert rel_l2(out, math) < tolerance(dtype)
+    _check_same_cache(cache, ref_cache, dtype)
+
+
+@pytest.mark.parametrize("lens,starts", PREFILL_SHAPES)
+@pytest.mark.parametrize("dtype,fp8,sinks,interleave", [
+    (torch.float32, True, True, True), (torch.float32, False, False, False),
+    (torch.bfloat16, True, True, False), (torch.bfloat16, False, False, True)])
+def test_prefill_matches_reference(lens, starts, dtype, fp8, sinks, interleave):
+    case, weights = make_case(lens, starts, dtype=dtype, fp8=fp8, sinks=sinks)
+    _compare(case, weights, dtype, rope_interleave=interleave)
+
+
+@pytest.mark.parametrize("dtype,fp8,sinks", [(torch.float32, True, True), (torch.bfloat16, True, False),
+                                             (torch.bfloat16, False, True)])
+@pytest.mark.parametrize("skip_one", [False, True])
+def test_decode_matches_reference(dtype, fp8, sinks, skip_one):
+    """Page and tile edges of the cached length; ``skip_one``: a request without a token (per-token tables)."""
+    lens = [1] * len(DECODE_STARTS)
+    if skip_one:
+        lens[2] = 0
+    case, weights = make_case(lens, DECODE_STARTS, dtype=dtype, fp8=fp8, sinks=sinks, seed=1)
+    _compare(case, weights, dtype)
+
+
+def test_partial_blocks_and_odd_sizes():
+    """Weight blocks that do not divide the weights, heads not a power of two, a page of one row."""
+    case, weights = make_case([2, 1, 3], [5, 0, 2], fp8=True, sinks=True, seed=3, heads=3, nope=12, rope=6,
+                              latent=20, v_dim=10, block=(8, 16), page=1)
+    _compare(case, weights, torch.float32)
+
+
+def test_no_tokens():
+    case, weights = make_case([0, 0], [3, 0], seed=11)
+    out, _ = run(case, weights, backend="triton")
+    assert out.shape == (0, 4, 16)
+
+
+def test_out_of_table_writes_are_dropped(monkeypatch):
+    """Without content checks a page index outside the cache is neither written nor read (as the reference)."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    case, weights = make_case([3, 2], [2, 3], seed=5)
+    case["block_table"][1, 1] = case["latent_cache"].shape[0] + 3       # positions 4..7 of request 1: token 2
+    _compare(case, weights, torch.float32, against_math=False)
+
+
+def test_weight_cache_follows_in_place_updates():
+    from mla_core_triton import layer
+    case, weights = make_case([1, 1], [3, 8], fp8=True, seed=6)
+    first, _ = run(case, weights, backend="triton")
+    cached = [v[3] for v in layer.WEIGHTS._entries.values()]
+    again, _ = run(case, weights, backend="triton")
+    assert torch.equal(first, again)
+    assert all(any(v[3] is c for v in layer.WEIGHTS._entries.values()) for c in cached)     # reused, not rebuilt
+    weights.w_uv_scale.mul_(2.0)                                         # the next call must see it
+    doubled, _ = run(case, weights, backend="triton")
+    assert rel_l2(doubled, 2 * first) < 1e-6
+
+
+def test_dispatch_prefers_triton_and_leaves_sparse_to_the_reference():
+    from mla_core import dispatch, layer
+    case, weights = make_case([1, 1], [3, 8], seed=7)
+    args = dict(case, **weights.kwargs())
+    pos = [args.pop(k) for k in ("q", "kv", "input_row_offsets", "freqs_cis", "kv_norm_gamma", "latent_cache",
+                                 "block_table", "cache_offsets")]
+    problem, _ = layer.validate_layer(*pos, attention_backend=None, rope_interleave=True, **args)
+    assert dispatch.choose(problem).backend.name == "triton"
+    sparse, _ = layer.validate_layer(*pos, attention_backend=None, rope_interleave=True,
+                                     sparse_indices=torch.zeros(2, 1, dtype=torch.int32), **args)
+    assert dispatch.choose(sparse).backend.name == "reference"
+
+
+def test_torch_compile():
+    """The triton layer inside a compiled function (through the mla_forward custom op): the same output and cache."""
+    torch._dynamo.reset()
+    case, weights = make_case([3, 2], [1, 4], fp8=True, sinks=True, seed=14)
+    expected, expected_cache = run(case, weights, backend="triton")
+    cache = case["latent_cache"].clone()
+
+    def layer_step(q, kv, cache):
+        return mla_core.mla_forward(q, kv, case["input_row_offsets"], case["freqs_cis"], case["kv_norm_gamma"], cache,
+                                    case["block_table"], case["cache_offsets"], max_seq_len=case["max_seq_len"],
+                                    softmax_scale=case["softmax_scale"], epsilon=case["epsilon"],
+                                    attn_sinks=case["attn_sinks"], attention_backend="reference", backend="triton",
+                                    **weights.kwargs()) * 2.0
+
+    out = torch.compile(layer_step, backend="aot_eager", fullgraph=True)(case["q"], case["kv"], cache)
+    assert rel_l2(out, expected * 2.0) < 1e-6
+    assert torch.equal(cache.nan_to_num(3.0), expected_cache.nan_to_num(3.0))
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: DeepSeek-V3 sizes
+
+
+def _cuda(case, weights):
+    case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    w = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in weights.kwargs().items()}
+    return case, w
+
+
+def _forward(case, w, cache, backend):
+    return mla_core.mla_forward(case["q"], case["kv"], case["input_row_offsets"], case["freqs_cis"],
+                                case["kv_norm_gamma"], cache, case["block_table"], case["cache_offsets"],
+                                max_seq_len=case["max_seq_len"], softmax_scale=case["softmax_scale"],
+                                epsilon=case["epsilon"], attn_sinks=case["attn_sinks"], backend=backend, **w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("lens,starts", [([1] * 32, list(range(0, 8192, 256))), ([1, 0, 1], [63, 5, 4000]),
+                                         ([300, 1, 64], [0, 4000, 63]), ([1000, 7], [0, 129])])
+def test_gpu_deepseek_v3_sizes_match_reference(fp8, lens, starts):
+    case, weights = make_case(lens, starts, dtype=torch.bfloat16, fp8=fp8, sinks=True, heads=128, nope=128, rope=64,
+                              latent=512, v_dim=128, block=(128, 128), page=64)
+    case, w = _cuda(case, weights)
+    caches = [case["latent_cache"].clone() for _ in range(2)]
+    ref = _forward(case, w, caches[0], "reference")
+    out = _forward(case, w, caches[1], "triton")
+    assert not out.isnan().any()
+    assert rel_l2(out, ref) < 2e-2
+    _check_same_cache(caches[1], caches[0], torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_triton_decode_step_in_a_cuda_graph():
+    """The triton layer's decode step captured once (weights cached before), replayed on new inputs."""
+    case, weights = make_case([1, 1, 0, 1], [0, 63, 5, 700], dtype=torch.bfloat16, fp8=True, sinks=True, heads=128,
+                              nope=128, rope=64, latent=512, v_dim=128, block=(128, 128), page=64)
+    case, w = _cuda(case, weights)
+    q, kv = case["q"], case["kv"]
+    cache = case["latent_cache"].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _forward(case, w, cache, "triton")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _forward(case, w, cache, "triton")
+    q.copy_(torch.randn_like(q))
+    kv.copy_(torch.randn_like(kv))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed, replayed_cache = out.clone(), cache.clone()
+    expected = _forward(case, w, cache, "triton")
+    assert rel_l2(replayed, expected) < 1e-6
+    assert torch.equal(replayed_cache.nan_to_num(2.0), cache.nan_to_num(2.0))
