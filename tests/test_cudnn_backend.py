@@ -678,7 +678,7 @@ def test_gpu_cuda_graph_capture_replays_new_values(shared_cu, monkeypatch):
     graph = torch.cuda.CUDAGraph()
     reason = mla_core.get_backend("cudnn").rebuild_reason()
     if reason is not None:  # this torch cannot capture the call: the backend says so before anything launches
-        with pytest.raises(RuntimeError, match="cannot run inside a CUDA graph capture"):
+        with pytest.raises(RuntimeError, match="cannot run this ragged batch inside a CUDA graph capture"):
             with torch.cuda.graph(graph):
                 step()
         pytest.xfail(reason)
