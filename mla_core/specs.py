@@ -8,6 +8,8 @@ entries in range, ``pos_ids`` in range) read tensor values; they run in eager ca
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -127,9 +129,23 @@ def check_has_data(name: str, x: torch.Tensor) -> None:
                             "holds data (cpu, cuda); meta tensors are only for torch.compile tracing")
 
 
+_VALUES_CHECKED = contextvars.ContextVar("mla_core_values_checked", default=False)
+
+
+@contextlib.contextmanager
+def values_checked():
+    """Inside the block ops skip their value checks: for a caller that checked (or derived) every value it passes,
+    as the fused layer does for its inner mla_decode / mla_prefill (one host sync per call instead of two)."""
+    token = _VALUES_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.reset(token)
+
+
 def content_checks_enabled(*tensors: torch.Tensor) -> bool:
     """Whether value checks (which read device memory) run for this call."""
-    if env.checks_mode() == "metadata":  # raises MLAInputError naming MLA_CORE_CHECKS on a bad value
+    if env.checks_mode() == "metadata" or _VALUES_CHECKED.get():  # (raises MLAInputError on a bad MLA_CORE_CHECKS)
         return False
     if torch.compiler.is_compiling() or any(isinstance(t, FakeTensor) for t in tensors):
         return False  # tracing: no values to read (the compiled op checks them when it runs)
