@@ -68,48 +68,11 @@ def _qk(q_a, q_b, q_c, k, acc, Q_SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE
 
 
 @triton.jit
-def _e4m3_to_bf16_bits(x):
-    """uint8 E4M3 codes -> bf16, exact, four codes per 32-bit register in ~3 integer instructions per code.
-
-    The code's magnitude bits ``eeeemmm`` placed at bf16 bits 4..10 (sign at 15) read as ``2^(e-127) * 1.mmm``
-    (``e = 0``: the bf16 subnormal ``m * 2^-129``); one bf16x2 multiply by 2^120 gives ``2^(e-7) * 1.mmm`` and
-    ``m * 2^-9``, exact (sm_90 bf16 arithmetic keeps subnormals). A NaN code (0x7F) becomes 480: never read
-    here, since absent keys load code 0. Triton's own fp8 -> bf16 goes through fp16 with one quarter-rate F2F
-    per element, which cost more than the bytes it saves (benchmarks/NOTES.md, "FP8 KV cache").
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 mag, sgn, lo, hi, zero, big;
-        mov.b32 zero, 0;
-        mov.b32 big, 0x7B807B80;
-        and.b32 mag, $2, 0x7F7F7F7F;
-        and.b32 sgn, $2, 0x80808080;
-        prmt.b32 lo, zero, mag, 0x5040;
-        prmt.b32 hi, zero, sgn, 0x5040;
-        shr.b32 lo, lo, 4;
-        or.b32 lo, lo, hi;
-        mul.rn.bf16x2 $0, lo, big;
-        prmt.b32 lo, zero, mag, 0x7060;
-        prmt.b32 hi, zero, sgn, 0x7060;
-        shr.b32 lo, lo, 4;
-        or.b32 lo, lo, hi;
-        mul.rn.bf16x2 $1, lo, big;
-        }
-        """,
-        constraints="=r,=r,r", args=[x], dtype=tl.bfloat16, is_pure=True, pack=4)
-
-
-@triton.jit
 def _e4m3_to_dot(x, DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
-    """uint8 E4M3 codes -> their exact values in the dot dtype. ``HW_CVT`` (GPU): bf16 by bit placement
-    (:func:`_e4m3_to_bf16_bits`), fp16 by the hardware cvt (one instruction per two codes); else bit arithmetic
-    (the interpreter has no FP8 storage type): exponent bias 7, subnormals m * 2^-9, 0x7F NaN."""
+    """uint8 E4M3 codes -> their exact values in the dot dtype. ``HW_CVT``: the hardware cvt (GPU); else bit
+    arithmetic (the interpreter has no FP8 storage type): exponent bias 7, subnormals m * 2^-9, 0x7F NaN."""
     if HW_CVT:
-        if DOT_DTYPE == tl.bfloat16:
-            return _e4m3_to_bf16_bits(x)
-        else:
-            return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
     else:
         b = x.to(tl.int32)
         e = (b >> 3) & 15
@@ -285,10 +248,8 @@ def _decode_split_kernel(
                 kr = tl.load(row[:, None] + NOPE + offs_r[None, :], mask=valid[:, None] & (offs_r[None, :] < ROPE),
                              other=0.0)
                 if CACHE_FP8:  # codes (K_FMT 0: the backend runs no K / V QDQ over an FP8 cache)
-                    # the select keeps the conversion next to the load: Triton would otherwise move it past the
-                    # layout change into the dot operands and read the codes back from shared memory byte by byte
-                    kn = tl.where(valid[:, None], _e4m3_to_dot(kn, DOT_DTYPE, HW_CVT), 0.0).to(DOT_DTYPE)
-                    kr = tl.where(valid[:, None], _e4m3_to_dot(kr, DOT_DTYPE, HW_CVT), 0.0).to(DOT_DTYPE)
+                    kn = _e4m3_to_dot(kn, DOT_DTYPE, HW_CVT)
+                    kr = _e4m3_to_dot(kr, DOT_DTYPE, HW_CVT)
                 kn_d, kr_d = _k_codes(kn, kr, k_scale, k_inv_scale, TILE, D_NOPE, D_ROPE, K_FMT, K_HAS_SCALE,
                                       K_G_POW2, DOT_DTYPE, HW_CVT)
             s = tl.zeros([BLOCK_H, TILE], tl.float32)
@@ -332,7 +293,7 @@ def _decode_split_kernel(
                 else:  # the slice again from the rows just read (L1/L2 hits)
                     vn = tl.load(row[:, None] + offs_v[None, :], mask=valid[:, None] & mask_v[None, :], other=0.0)
                     if CACHE_FP8:
-                        vn = tl.where(valid[:, None], _e4m3_to_dot(vn, DOT_DTYPE, HW_CVT), 0.0).to(DOT_DTYPE)
+                        vn = _e4m3_to_dot(vn, DOT_DTYPE, HW_CVT)
                 v_d = _v_codes(vn, v_scale, v_inv_scale, TILE, D_V, V_FMT, V_HAS_SCALE, V_G_POW2, DOT_DTYPE,
                                HW_CVT)
             acc = _mma(p_d.to(DOT_DTYPE), v_d.to(DOT_DTYPE), acc * alpha[:, None], UPCAST, IEEE)
@@ -411,12 +372,7 @@ def configs(problem) -> list[dict]:
     # predicted first); NVFP4 still fills 255 registers (small spills) so it keeps one stage. bf16 at 16
     # heads: Triton single-buffers the K tile (56 KB smem for 3 or 4 stages), two 32-key sub-tiles per
     # step (94 KB, 249 registers at 8 warps) put two tiles in flight per CTA: predicted second.
-    # An FP8 cache (no K / V QDQ) at 16 heads: the codes' conversion needs its own registers and shared memory
-    # (sm_90 compile: 8 warps / 2 stages 220 registers, 106 KB, 2 CTAs per SM; 4 warps / 3 stages 121 KB, 1 CTA).
-    fp8_cache = problem.get("dtype") == "float8_e4m3fn"
-    if top == 16 and fp8_cache and "nvfp4" not in quant:
-        ranked = [(16, 1, 8, 2), (16, 1, 4, 2), (16, 1, 4, 1), (16, 1, 4, 3), (16, 1, 8, 3)]
-    elif top == 16:
+    if top == 16:
         if "nvfp4" in quant:
             ranked = [(16, 1, 8, 1), (16, 1, 8, 2), (16, 1, 4, 2), (16, 1, 4, 1)]
         elif quant:
