@@ -211,7 +211,8 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
     for i, problem in bar:
         if hasattr(bar, "set_postfix_str"):  # a tqdm bar names the shape it is on
             bar.set_postfix_str(describe(problem))
-        entry = cache.user_entries(cache.device_name(problem.device)).get(problem.key())
+        dev_name = cache.device_name(problem.device)
+        entry = cache.user_entries(dev_name).get(problem.key())
         if not force and _cached_usable(problem):
             results[i] = {"status": "cached", "entry": entry}
             continue
