@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +39,8 @@ static void check_cuda(cudaError_t e, const char* what, int line) {
 // row r sits at chunk position c ^ (r % 8) (the 128-byte swizzle, Swizzle<3,4,3> on the byte address), so each
 // slab must start at a 1024-byte-aligned shared address (the hardware swizzles on address bits 4-6 ^ 7-9).
 // A row-major V [keys x N] stored the same way (rows = keys) is the MN-major operand of P·V.
+constexpr int kD = 576, kRowBytes = kD * 2;  // MLA's K row: 512 latent + 64 rope
+
 __host__ __device__ inline uint32_t slab_off(uint32_t row, uint32_t byte, uint32_t rows) {
   return (byte >> 7) * rows * 128u + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
 }
@@ -193,14 +196,21 @@ __device__ void load_rows_plain(uint8_t* s, const uint8_t* g, int rows, int row_
     *reinterpret_cast<uint4*>(s + slab_off(r, c * 16, rows)) = v;
   }
 }
-__device__ void load_rows_cp_async(uint8_t* s, const uint8_t* g, int rows, int row_bytes, const int* idx) {
-  const int chunks = row_bytes / 16;
-  for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
-    const int r = i / chunks, c = i % chunks;
-    const uint8_t* src = g + static_cast<size_t>(idx[r]) * row_bytes + c * 16;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(s + slab_off(r, c * 16, rows))),
-                 "l"(src)
-                 : "memory");
+// A 64-row tile of 1152-byte rows by cp.async, 128 threads: warp w copies rows w, w+4, ..., lane l the 16-byte
+// chunks l, l+32, l+64 (< 72) of each (coalesced 512 B per instruction); the warp's 16 row indices are read once
+// (one lane each) and broadcast by shuffle, so no copy waits on a dependent index load.
+__device__ void load_tile_cp_async(uint8_t* s, const uint8_t* g, const int* idx) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int my_row = lane < 16 ? idx[warp + 4 * lane] : 0;
+#pragma unroll 4
+  for (int j = 0; j < 16; ++j) {
+    const int r = warp + 4 * j;
+    const uint8_t* src = g + static_cast<size_t>(__shfl_sync(0xffffffffu, my_row, j)) * kRowBytes;
+#pragma unroll
+    for (int c = lane; c < kRowBytes / 16; c += 32)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(s + slab_off(r, c * 16, 64))),
+                   "l"(src + c * 16)
+                   : "memory");
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -245,7 +255,6 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 // from smem. K's tile row r = cache row idx[r], loaded by: 0 plain 16-byte loads, 1 cp.async, 2 TMA boxes of
 // 64 rows (pages of 64), 3 TMA boxes of 16 rows (pages of 16). The accumulators start as NaN: the first
 // step's accumulate = 0 must ignore them.
-constexpr int kD = 576, kRowBytes = kD * 2;
 constexpr int kQKSmem = 2 * 64 * kRowBytes + 1024;
 
 __global__ void __launch_bounds__(128, 1)
@@ -260,7 +269,7 @@ __global__ void __launch_bounds__(128, 1)
   if (mode == 0) {
     load_rows_plain(sk, reinterpret_cast<const uint8_t*>(kc), 64, kRowBytes, idx);
   } else if (mode == 1) {
-    load_rows_cp_async(sk, reinterpret_cast<const uint8_t*>(kc), 64, kRowBytes, idx);
+    load_tile_cp_async(sk, reinterpret_cast<const uint8_t*>(kc), idx);
     cp_async_wait_all();
   } else {
     if (t == 0) mbar_init(&bar, 1);
@@ -413,7 +422,11 @@ __global__ void __launch_bounds__(128, 1)
 // Test 4: sustained rate. One CTA per SM, `nwg` consumer warpgroups, operands resident in smem (random values),
 // back-to-back wgmmas on one accumulator chain per warpgroup, one commit per iteration and wait_group 1
 // (one iteration in flight behind the one being issued). Smem: Q of warpgroup 0 and 1 (72 KB each) and K (72 KB).
-enum TputKind { kN256SS = 0, kN64SS = 1, kN256RS = 2, kMix = 3, kN256SS8 = 4, kN64SS8 = 5, kN64RS = 6, kNumKinds = 7 };
+// Every wgmma accumulates (scale-d 1): a chain that restarts with scale-d 0 each iteration leaves the previous
+// iteration's results dead, and ptxas then deletes those wgmmas (seen: the n64 RS loop unrolled by 2 kept 36 of
+// 72, leaving a placeholder HGMMA.64x8x16 RZ, and timed at 2x the peak). clock64 at the start and end of each
+// warpgroup; the CTA's window is the earliest start to the latest end.
+enum TputKind { kN256SS = 0, kN64SS = 1, kN256RS = 2, kMix = 3, kN256SS8 = 4, kN64SS8 = 5, kN64RS = 6 };
 constexpr int kTputSmem = 3 * 64 * kRowBytes + 1024;
 
 __host__ __device__ constexpr double tput_flop_per_iter(int kind) {
@@ -430,7 +443,7 @@ __device__ __forceinline__ uint32_t hash32(uint32_t x) {
 }
 
 template <int KIND>
-__global__ void __launch_bounds__(256, 1) k_tput(int iters, unsigned long long* cycles, float* sink) {
+__global__ void __launch_bounds__(256, 1) k_tput(int iters, unsigned long long* clocks, float* sink) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sm = align1024(smem_raw);
   // bf16: sign, exponent <= 127 (|x| < 2); e4m3: sign, exponent <= 6 (|x| < 1); never NaN or Inf.
@@ -468,12 +481,12 @@ __global__ void __launch_bounds__(256, 1) k_tput(int iters, unsigned long long* 
     } else if constexpr (KIND == kN64SS8) {
 #pragma unroll
       for (int ks = 0; ks < 18; ++ks)
-        wgmma_n64_ss_e4m3(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(sk, 64, ks * 32), ks > 0);
+        wgmma_n64_ss_e4m3(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(sk, 64, ks * 32), 1);
     } else {
 #pragma unroll
       for (int ks = 0; ks < 36; ++ks) {
-        if constexpr (KIND == kN64RS) wgmma_n64_rs_bf16(s, a[ks & 3], kmajor_desc(sk, 64, ks * 32), ks > 0);
-        else wgmma_n64_ss_bf16(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(sk, 64, ks * 32), ks > 0);
+        if constexpr (KIND == kN64RS) wgmma_n64_rs_bf16(s, a[ks & 3], kmajor_desc(sk, 64, ks * 32), 1);
+        else wgmma_n64_ss_bf16(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(sk, 64, ks * 32), 1);
       }
       if constexpr (KIND == kMix) {  // O half (256 of V's 512 columns) += P_own (regs) · V + P_other (smem) · V
         const uint8_t* sv = sk + wg * 4 * 64 * 128;
@@ -492,7 +505,8 @@ __global__ void __launch_bounds__(256, 1) k_tput(int iters, unsigned long long* 
   reg_fence(o);
   const unsigned long long c1 = clock64();
   if (threadIdx.x % 128 == 0) {
-    cycles[blockIdx.x * 2 + wg] = c1 - c0;
+    clocks[(blockIdx.x * 2 + wg) * 2] = c0;
+    clocks[(blockIdx.x * 2 + wg) * 2 + 1] = c1;
     sink[blockIdx.x * 2 + wg] = s[0] + o[0];
   }
 }
@@ -500,15 +514,16 @@ __global__ void __launch_bounds__(256, 1) k_tput(int iters, unsigned long long* 
 // ---------------------------------------------------------------------------------------------------------
 // Test 3d: gather bandwidth. One CTA per SM (128 threads) streams tiles of 64 gathered rows x 1152 B through
 // 3 shared-memory stages (216 KB in flight per SM); tile i's row r is cache row rows[64 i + r] (pages of
-// `box_rows` rows: contiguous inside a page). TMA: one thread issues 9 boxes of 64 columns x box_rows rows per
-// page, completing on the stage's mbarrier; cp.async: every thread issues 16-byte copies (36 per tile).
+// `box_rows` rows: contiguous inside a page). TMA: `issue_lanes` threads (1 or 32) of warp 0 issue the tile's
+// boxes of 64 columns x box_rows rows (9 per page), completing on the stage's mbarrier; cp.async: the warp-per-row
+// loader above.
 constexpr int kStages = 3;
 constexpr int kTileBytes = 64 * kRowBytes;
 constexpr int kLoaderSmem = kStages * kTileBytes + 1024;
 
 template <bool TMA>
 __global__ void __launch_bounds__(128, 1) k_loader(const uint8_t* cache, const int* rows, int tiles, int box_rows,
-                                                   const __grid_constant__ CUtensorMap map, uint32_t* checksum) {
+                                                   int issue_lanes,                                                    const __grid_constant__ CUtensorMap map, uint32_t* checksum) {
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[kStages];
   uint8_t* sm = align1024(smem_raw);
@@ -525,14 +540,17 @@ __global__ void __launch_bounds__(128, 1) k_loader(const uint8_t* cache, const i
     uint8_t* dst = sm + (k % kStages) * kTileBytes;
     const int* r = rows + static_cast<size_t>(blockIdx.x + k * gridDim.x) * 64;
     if constexpr (TMA) {
-      if (t == 0) {
+      if (t < issue_lanes) {
         uint64_t* bar = &bars[k % kStages];
-        mbar_expect_tx(bar, kTileBytes);
-        for (int p = 0; p < 64; p += box_rows)
-          for (int c = 0; c < kD / 64; ++c) tma_load_2d(dst + c * 64 * 128 + p * 128, &map, c * 64, r[p], bar);
+        if (t == 0) mbar_expect_tx(bar, kTileBytes);
+        __syncwarp(issue_lanes == 32 ? 0xffffffffu : 1u);
+        for (int b = t; b < (64 / box_rows) * (kD / 64); b += issue_lanes) {
+          const int p = (b / (kD / 64)) * box_rows, c = b % (kD / 64);
+          tma_load_2d(dst + c * 64 * 128 + p * 128, &map, c * 64, r[p], bar);
+        }
       }
     } else {
-      load_rows_cp_async(dst, cache, 64, kRowBytes, r);
+      load_tile_cp_async(dst, cache, r);
     }
   };
   uint32_t acc = 0;
@@ -608,9 +626,9 @@ static void run_tput(const char* name, int nwg, int num_sms, double peak_tflops,
   CK(cudaFuncSetAttribute(k_tput<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTputSmem));
   unsigned long long* cyc;
   float* sink;
-  CK(cudaMalloc(&cyc, num_sms * 2 * sizeof(unsigned long long)));
+  CK(cudaMalloc(&cyc, num_sms * 4 * sizeof(unsigned long long)));
   CK(cudaMalloc(&sink, num_sms * 2 * sizeof(float)));
-  CK(cudaMemset(cyc, 0, num_sms * 2 * sizeof(unsigned long long)));
+  CK(cudaMemset(cyc, 0, num_sms * 4 * sizeof(unsigned long long)));
   k_tput<KIND><<<num_sms, 128 * nwg, kTputSmem>>>(warm_iters, cyc, sink);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -629,16 +647,22 @@ static void run_tput(const char* name, int nwg, int num_sms, double peak_tflops,
     CK(cudaEventElapsedTime(&ms, e0, e1));
     if (ms < best_ms) {
       best_ms = ms;
-      const std::vector<unsigned long long> c = from_device(cyc, num_sms * 2);
+      const std::vector<unsigned long long> c = from_device(cyc, num_sms * 4);  // {start, end} per warpgroup
       double sum = 0.0;
-      for (int b = 0; b < num_sms; ++b)
-        for (int w = 0; w < nwg; ++w) sum += static_cast<double>(c[b * 2 + w]);
-      best_cyc = sum / (num_sms * nwg);
+      for (int b = 0; b < num_sms; ++b) {
+        unsigned long long start = c[b * 4], end = c[b * 4 + 1];
+        if (nwg == 2) {
+          start = std::min(start, c[b * 4 + 2]);
+          end = std::max(end, c[b * 4 + 3]);
+        }
+        sum += static_cast<double>(end - start);
+      }
+      best_cyc = sum / num_sms;  // the CTA's window: its SM's clocks
     }
   }
   const double flop = tput_flop_per_iter(KIND) * iters * nwg * num_sms;
   const double tflops = flop / (best_ms * 1e-3) / 1e12;
-  const double flop_clk_sm = tput_flop_per_iter(KIND) * iters * nwg / best_cyc;
+  const double flop_clk_sm = tput_flop_per_iter(KIND) * iters * nwg / best_cyc;  // per SM per clock of the window
   std::printf("%-44s wg %d  %7.1f TFLOP/s  %5.1f %% of %4.0f  %6.0f FLOP/clk/SM (%5.1f %% of %5.0f)  %4.0f MHz  %.2f ms\n",
               name, nwg, tflops, 100.0 * tflops / peak_tflops, peak_tflops, flop_clk_sm,
               100.0 * flop_clk_sm / peak_flop_clk, peak_flop_clk, best_cyc / (best_ms * 1e3), best_ms);
@@ -871,10 +895,11 @@ int main() {
     std::printf("\ngather bandwidth: %d tiles of 64 rows x %d B (%.2f GB) from a %.2f GB cache, random pages, "
                 "%d CTAs x %d stages\n", kTiles, kRowBytes, 1e-9 * kTiles * kTileBytes,
                 1e-9 * kBigRows * static_cast<double>(kRowBytes), prop.multiProcessorCount, kStages);
-    const int configs[5][2] = {{0, 1}, {0, 64}, {1, 64}, {1, 16}, {1, 1}};  // {TMA?, page rows}
+    // {issuing lanes for TMA (0: cp.async), page rows}
+    const int configs[7][2] = {{0, 1}, {0, 64}, {1, 64}, {1, 16}, {32, 16}, {1, 1}, {32, 1}};
     for (const auto& cfg : configs) {
-      const bool tma = cfg[0] != 0;
-      const int page = cfg[1];
+      const int lanes = cfg[0], page = cfg[1];
+      const bool tma = lanes > 0;
       std::vector<int> hrows(static_cast<size_t>(kTiles) * 64);
       std::uniform_int_distribution<int> pick(0, kBigRows / page - 1);
       for (int i = 0; i < kTiles; ++i)
@@ -888,9 +913,9 @@ int main() {
       for (int rep = 0; rep < 4; ++rep) {
         CK(cudaEventRecord(e0));
         if (tma)
-          k_loader<true><<<prop.multiProcessorCount, 128, kLoaderSmem>>>(big, drows, kTiles, page, map, dsum);
+          k_loader<true><<<prop.multiProcessorCount, 128, kLoaderSmem>>>(big, drows, kTiles, page, lanes, map, dsum);
         else
-          k_loader<false><<<prop.multiProcessorCount, 128, kLoaderSmem>>>(big, drows, kTiles, page, map, dsum);
+          k_loader<false><<<prop.multiProcessorCount, 128, kLoaderSmem>>>(big, drows, kTiles, page, 0, map, dsum);
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         CK(cudaGetLastError());
@@ -898,8 +923,10 @@ int main() {
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (rep > 0 && ms < best) best = ms;
       }
-      std::printf("%-44s page %2d  %7.0f GB/s  %.3f ms\n",
-                  tma ? "TMA boxes 64 cols x page rows, SW128" : "cp.async 16 B, every thread", page,
+      char what[64];
+      if (tma) std::snprintf(what, sizeof(what), "TMA boxes 64 cols x page rows, %d issuing lane%s", lanes, lanes > 1 ? "s" : "");
+      else std::snprintf(what, sizeof(what), "cp.async 16 B, warp per row");
+      std::printf("%-44s page %2d  %7.0f GB/s  %.3f ms\n", what, page,
                   1e-6 * kTiles * static_cast<double>(kTileBytes) / best, best);
     }
     CK(cudaFree(big));
