@@ -23,6 +23,7 @@ Writes ``$OUT/bench_layer.json`` when $OUT is set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -70,6 +71,31 @@ def layer_inputs(heads, batch, length, new_tokens, device, dtype=torch.bfloat16,
                 softmax_scale=(nope + rope) ** -0.5)
 
 
+@contextlib.contextmanager
+def _checks(mode):
+    """MLA_CORE_CHECKS for the block ("metadata": no value checks, no host sync on the decode path)."""
+    before = os.environ.get("MLA_CORE_CHECKS")
+    os.environ["MLA_CORE_CHECKS"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLA_CORE_CHECKS")
+        else:
+            os.environ["MLA_CORE_CHECKS"] = before
+
+
+def _layer_backend(a) -> str:
+    """The backend automatic dispatch runs the layer call ``a`` on."""
+    from mla_core import dispatch, layer
+    kw = dict(a)
+    pos = [kw.pop(k) for k in ("q", "kv", "input_row_offsets", "freqs_cis", "kv_norm_gamma", "latent_cache",
+                               "block_table", "cache_offsets")]
+    problem, _ = layer.validate_layer(*pos, epsilon=1e-6, weight_block_size=BLOCK, attn_sinks=None,
+                                      rope_interleave=True, attention_backend=None, **kw)
+    return dispatch.choose(problem).backend.name
+
+
 def _timer(device):
     if device == "cuda":
         return (lambda fn, iters=10: time_eager(fn, iters=iters, warmup=2),
@@ -83,6 +109,8 @@ def bench_decode(shapes, device, ceilings):
     for heads, batch, length in shapes:
         a = layer_inputs(heads, batch, length, 1, device)
         layer_us = eager(lambda: mla_core.mla_forward(**a))
+        with _checks("metadata"):
+            layer_meta_us = eager(lambda: mla_core.mla_forward(**a))
         try:
             layer_graph_us = graph(lambda: mla_core.mla_forward(**a))
         except RuntimeError as e:             # an attention backend that cannot be captured
@@ -101,15 +129,17 @@ def bench_decode(shapes, device, ceilings):
         out_us = graph(lambda: torch.bmm(o_lat, w_uv.transpose(1, 2)))
         parts = attn_us + absorb_us + out_us
         kv_bytes = batch * length * (LATENT + ROPE) * 2
-        best = min(t for t in (layer_us, layer_graph_us) if t is not None)
-        rows.append(dict(heads=heads, batch=batch, length=length, layer_us=layer_us, layer_graph_us=layer_graph_us,
+        best = min(t for t in (layer_us, layer_meta_us, layer_graph_us) if t is not None)
+        rows.append(dict(heads=heads, batch=batch, length=length, backend=_layer_backend(a), layer_us=layer_us,
+                         layer_metadata_us=layer_meta_us, layer_graph_us=layer_graph_us,
                          attention_us=attn_us, absorb_us=absorb_us, out_gemm_us=out_us, parts_us=parts,
                          layer_over_parts=best / parts, target_met=best <= 1.15 * parts,
                          kv_gbps=kv_bytes / best / 1e3,
                          pct_copy=(100 * kv_bytes / best / 1e3 / ceilings["copy_gbps"]) if ceilings else None))
     print("\n# decode step: layer vs its parts (target layer/parts <= 1.15)")
     print_table(rows, [("heads", "heads", "d"), ("batch", "batch", "d"), ("length", "len", "d"),
-                       ("layer_us", "layer µs", ".1f"), ("layer_graph_us", "graph µs", ".1f"),
+                       ("backend", "layer on", "s"), ("layer_us", "layer µs", ".1f"),
+                       ("layer_metadata_us", "metadata µs", ".1f"), ("layer_graph_us", "graph µs", ".1f"),
                        ("attention_us", "attn µs", ".1f"),
                        ("absorb_us", "w_uk µs", ".1f"), ("out_gemm_us", "w_uv µs", ".1f"),
                        ("layer_over_parts", "layer/parts", ".2f"), ("kv_gbps", "KV GB/s", ".0f"),
@@ -152,6 +182,8 @@ def bench_module(shapes, device, baseline_gb):
         offsets = torch.arange(batch + 1, device=device)
         with torch.no_grad():
             mine_us = eager(lambda: mine(hidden, offsets, table.block_table, table.lengths, max_seq_len=1))
+            with _checks("metadata"):
+                mine_meta_us = eager(lambda: mine(hidden, offsets, table.block_table, table.lengths, max_seq_len=1))
         expanded_gb = batch * length * heads * (NOPE + ROPE + V_DIM) * 2 / 1e9
         hf_us = None
         if expanded_gb <= baseline_gb:
@@ -169,8 +201,9 @@ def bench_module(shapes, device, baseline_gb):
                 cache.crop(-1)                          # the next call sees the same length
             hf_us = eager(hf_step, iters=3)
             del cache, latent, k_rot
-        rows.append(dict(heads=heads, batch=batch, length=length, module_us=mine_us, transformers_us=hf_us,
-                         speedup=None if hf_us is None else hf_us / mine_us,
+        rows.append(dict(heads=heads, batch=batch, length=length, module_us=mine_us, module_metadata_us=mine_meta_us,
+                         transformers_us=hf_us, speedup=None if hf_us is None else hf_us / mine_us,
+                         speedup_metadata=None if hf_us is None else hf_us / mine_meta_us,
                          target_met=None if hf_us is None else hf_us >= 3 * mine_us))
         del hf, mine
         if device == "cuda":
@@ -178,8 +211,9 @@ def bench_module(shapes, device, baseline_gb):
     print(f"\n# decode step of the whole attention module vs transformers' eager DeepseekV3Attention "
           f"(target speedup >= 3; '-' = skipped, expanded K/V over {baseline_gb} GB)")
     print_table(rows, [("heads", "heads", "d"), ("batch", "batch", "d"), ("length", "len", "d"),
-                       ("module_us", "MLAAttention µs", ".1f"), ("transformers_us", "transformers µs", ".1f"),
-                       ("speedup", "speedup", ".2f")])
+                       ("module_us", "MLAAttention µs", ".1f"), ("module_metadata_us", "metadata µs", ".1f"),
+                       ("transformers_us", "transformers µs", ".1f"), ("speedup", "speedup", ".2f"),
+                       ("speedup_metadata", "speedup (metadata)", ".2f")])
     return rows
 
 
@@ -189,6 +223,8 @@ def bench_prefill(shapes, device, ceilings):
     for heads, batch, length in shapes:
         a = layer_inputs(heads, batch, length, length, device)
         layer_us = eager(lambda: mla_core.mla_forward(**a), iters=5)
+        with _checks("metadata"):
+            layer_meta_us = eager(lambda: mla_core.mla_forward(**a), iters=5)
         tokens = batch * length
         q = torch.randn(tokens, heads, NOPE + ROPE, device=device).to(torch.bfloat16)
         k = torch.randn(tokens, heads, NOPE + ROPE, device=device).to(torch.bfloat16)
@@ -196,15 +232,19 @@ def bench_prefill(shapes, device, ceilings):
         cu = torch.arange(batch + 1, device=device, dtype=torch.int32) * length
         attn_us = eager(lambda: mla_core.mla_prefill(q, k, v, cu, cu, length, a["softmax_scale"], causal=True), iters=5)
         flops = batch * causal_pairs(length, length, True) * heads * 2 * (NOPE + ROPE + V_DIM)
-        rows.append(dict(heads=heads, batch=batch, length=length, layer_us=layer_us, attention_us=attn_us,
+        rows.append(dict(heads=heads, batch=batch, length=length, backend=_layer_backend(a), layer_us=layer_us,
+                         layer_metadata_us=layer_meta_us, attention_us=attn_us,
+                         pct_of_attention_metadata=100 * attn_us / layer_meta_us,
                          layer_tflops=flops / layer_us / 1e6, attention_tflops=flops / attn_us / 1e6,
                          pct_of_attention=100 * attn_us / layer_us, target_met=attn_us / layer_us >= 0.7,
                          pct_matmul=(100 * flops / layer_us / 1e6 / ceilings["bf16_tflops"]) if ceilings else None))
     print("\n# prefill through the layer vs the attention kernel alone (target >= 70 %)")
     print_table(rows, [("heads", "heads", "d"), ("batch", "batch", "d"), ("length", "len", "d"),
-                       ("layer_us", "layer µs", ".0f"), ("attention_us", "attn µs", ".0f"),
+                       ("backend", "layer on", "s"), ("layer_us", "layer µs", ".0f"),
+                       ("layer_metadata_us", "metadata µs", ".0f"), ("attention_us", "attn µs", ".0f"),
                        ("layer_tflops", "layer TFLOP/s", ".1f"), ("attention_tflops", "attn TFLOP/s", ".1f"),
-                       ("pct_of_attention", "% of attn", ".1f"), ("pct_matmul", "% bf16 mm", ".1f")])
+                       ("pct_of_attention", "% of attn", ".1f"), ("pct_of_attention_metadata", "% (metadata)", ".1f"),
+                       ("pct_matmul", "% bf16 mm", ".1f")])
     return rows
 
 

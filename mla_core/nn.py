@@ -123,6 +123,17 @@ def fp8_block_size(config: Any) -> tuple[int, int] | None:
 # building blocks
 
 
+def _identity(t: torch.Tensor | None) -> tuple:
+    """What says a tensor is unchanged: its object, storage address and version counter (None: empty)."""
+    if t is None:
+        return ()
+    try:
+        version = t._version
+    except RuntimeError:             # an inference tensor has no version counter
+        version = -1
+    return id(t), t.data_ptr(), version
+
+
 class RMSNorm(nn.Module):
     """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, multiply by ``weight``."""
 
@@ -132,8 +143,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        x32 = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)       # x * rsqrt(mean(x^2) + eps), one op
         return self.weight * x32.to(x.dtype)
 
 
@@ -307,7 +317,23 @@ class MLAAttention(nn.Module):
     # ---- the layer's weights as mla_forward takes them
 
     def layer_weights(self) -> dict[str, Any]:
-        """``w_k`` [H*nope, latent], ``w_uk`` [H, latent, nope], ``w_uv`` [H, v, latent] (+ FP8 scales) from kv_b_proj."""
+        """``w_k`` [H*nope, latent], ``w_uk`` [H, latent, nope], ``w_uv`` [H, v, latent] (+ FP8 scales) from kv_b_proj.
+
+        Built once and kept while ``kv_b_proj``'s weight (and scales) stay the same tensors with the same version
+        and storage (an in-place update, a reload or a move rebuilds them): the same tensor objects every step,
+        so a layer backend's per-weight caches hit. Costs one copy of w_uk (the transposed FP8 codes or bf16 values).
+        """
+        if torch.compiler.is_compiling():            # traced: views of the parameters, no Python-side cache
+            return self._build_layer_weights()
+        scale = getattr(self.kv_b_proj, "weight_scale_inv", None)
+        key = tuple(_identity(t) for t in (self.kv_b_proj.weight, scale))
+        cached = self.__dict__.get("_layer_weights")
+        if cached is None or cached[0] != key:
+            cached = (key, self._build_layer_weights())
+            self.__dict__["_layer_weights"] = cached
+        return cached[1]
+
+    def _build_layer_weights(self) -> dict[str, Any]:
         heads, nope, v, latent = self.local_heads, self.nope_dim, self.v_dim, self.kv_lora_rank
         w = self.kv_b_proj.weight.view(heads, nope + v, latent)
         out = dict(w_k=w[:, :nope].reshape(heads * nope, latent), w_uk=w[:, :nope].transpose(1, 2).contiguous(),

@@ -1,7 +1,8 @@
 """GPU: the fused layer and MLAAttention at DeepSeek-V3 sizes (one layer, 128 heads, kv_lora_rank 512, rope 64).
 
 Run on the device with ``python3 -m pytest -m gpu tests/test_layer*.py``. The inner attention runs on automatic
-dispatch (the fastest valid backend); the layer's own steps run on the reference backend (the only one).
+dispatch (the fastest valid backend); the layer itself on automatic dispatch too (the triton layer for non-sparse
+calls; tests/test_layer_triton.py compares it with the reference layer).
 """
 from __future__ import annotations
 

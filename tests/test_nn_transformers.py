@@ -212,3 +212,22 @@ def test_sparse_selection_of_every_position_equals_dense():
         sparse = mine(hidden, torch.tensor([0, 1, 2]), table.block_table, table.lengths, max_seq_len=1,
                       sparse_indices=indices)
     assert rel_l2(sparse, dense) < 1e-5
+
+
+def test_layer_weights_are_built_once_and_follow_updates():
+    """The same w_k / w_uk / w_uv tensors every step (layer backends cache on them), rebuilt after an in-place
+    update or a reload of kv_b_proj, and still equal to transformers afterwards."""
+    config = small_config()
+    attn = hf_attention(config)
+    mine = MLAAttention(config, dtype=torch.float32)
+    mine.load_state_dict(attn.state_dict())
+    first = mine.layer_weights()
+    assert all(first[k] is v for k, v in mine.layer_weights().items())
+    with torch.no_grad():
+        mine.kv_b_proj.weight.mul_(2.0)
+    doubled = mine.layer_weights()
+    assert torch.equal(doubled["w_uk"], 2 * first["w_uk"]) and torch.equal(doubled["w_uv"], 2 * first["w_uv"])
+    mine.load_state_dict(attn.state_dict())                      # back to the checkpoint: rebuilt again
+    assert torch.equal(mine.layer_weights()["w_uk"], first["w_uk"])
+    inputs, outputs = run_mine(mine, config, torch.Generator().manual_seed(3), torch.float32)
+    assert rel_l2(torch.cat(outputs), torch.cat(hf_outputs(attn, config, inputs))) < 1e-5

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from mla_core import layer as layer_api
 from mla_core import mla_decode, mla_prefill
+from mla_core.specs import values_checked
 
 
 def configs(problem) -> list[dict]:
@@ -56,13 +57,13 @@ class WeightCache:
         self._entries: dict[tuple, tuple] = {}
 
     @staticmethod
-    def _version(t: torch.Tensor | None) -> int:
+    def _version(t: torch.Tensor | None) -> tuple:
         if t is None:
-            return 0
+            return ()
         try:
-            return t._version
-        except RuntimeError:            # an inference tensor has no version counter: identity only
-            return -1
+            return t.data_ptr(), t._version
+        except RuntimeError:            # an inference tensor has no version counter: identity and storage only
+            return t.data_ptr(), -1
 
     def get(self, kind: str, w: torch.Tensor, scale: torch.Tensor | None, extra: tuple, build):
         key = (kind, id(w), id(scale), extra)
@@ -144,7 +145,7 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
                  NOPE: tl.constexpr, ROPE: tl.constexpr, LATENT: tl.constexpr, BLOCK_LAT: tl.constexpr,
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_NOPE: tl.constexpr, BLOCK_H: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, Q_ROPE_AT: tl.constexpr, COPY_NOPE: tl.constexpr,
-                 INTERLEAVE: tl.constexpr, TOKEN_TABLE: tl.constexpr):
+                 INTERLEAVE: tl.constexpr, TOKEN_LEN: tl.constexpr, TOKEN_TABLE: tl.constexpr):
     t = tl.program_id(0)
     # the token's request: the number of offsets[1:] entries <= t (clamped: memory-safe whatever the offsets)
     b = 0
@@ -200,8 +201,9 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
             mn = (h < heads)[:, None] & (nn < NOPE)[None, :]
             tl.store(o_row + nn[None, :], tl.load(q_row + nn[None, :], mask=mn, other=0.0), mask=mn)
 
-    if TOKEN_TABLE:         # decode with fewer tokens than requests: each token's table row and key count
+    if TOKEN_LEN:           # decode: each token's key count
         tl.store(tok_len_ptr + t, (pos + 1).to(tl.int32))
+    if TOKEN_TABLE:         # decode with fewer tokens than requests: each token's block-table row
         for w0 in range(0, width, BLOCK_W):
             w = w0 + tl.arange(0, BLOCK_W)
             entries = tl.load(table_ptr + b * stride_tb + w, mask=w < width, other=0)
@@ -214,10 +216,10 @@ def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, 
     batch = call.input_row_offsets.shape[0] - 1
     nope, rope, latent = call.nope_dim, call.rope_dim, call.kv_lora_rank
     width = table.shape[1]
-    with_table = token_table is not None
+    with_table, with_len = token_table is not None, token_len is not None
     _prep_kernel[(tokens,)](
         q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, call.kv_norm_gamma, cache, table, q_out,
-        token_table if with_table else table, token_len if with_table else call.cache_offsets,
+        token_table if with_table else table, token_len if with_len else call.cache_offsets,
         q.stride(0), q.stride(1), kv.stride(0), call.freqs_cis.stride(0), table.stride(0), q_out.stride(0),
         q_out.stride(1), tokens, batch, heads, call.freqs_cis.shape[0], cache.shape[0], width, cache.shape[1],
         call.epsilon,
@@ -225,7 +227,7 @@ def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, 
         BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_NOPE=triton.next_power_of_2(nope),
         BLOCK_H=min(16, triton.next_power_of_2(heads)), BLOCK_B=min(1024, triton.next_power_of_2(max(batch, 1))),
         BLOCK_W=min(1024, triton.next_power_of_2(max(width, 1))), Q_ROPE_AT=q_rope_at, COPY_NOPE=copy_nope,
-        INTERLEAVE=call.rope_interleave, TOKEN_TABLE=with_table, num_warps=config.get("num_warps", 4))
+        INTERLEAVE=call.rope_interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table, num_warps=config.get("num_warps", 4))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,17 +253,16 @@ def _decode(call, config):
     latent, rope, nope, dtype = call.kv_lora_rank, call.rope_dim, call.nope_dim, cache.dtype
     q_dec = _new_output((tokens, heads, latent + rope), dtype, q.device)
     torch.bmm(q[..., :nope].transpose(0, 1), _w_uk(call, dtype), out=q_dec[..., :latent].transpose(0, 1))
+    key_len = _new_output((tokens,), torch.int32, q.device)
     if tokens == batch:     # one token per request (max_seq_len 1): token t is request t
-        key_table = call.block_table
-        key_len = call.cache_offsets + 1
-        tok_table = tok_len = None
+        key_table, tok_table = call.block_table, None
     else:
         tok_table = key_table = _new_output((tokens, call.block_table.shape[1]), call.block_table.dtype, q.device)
-        tok_len = key_len = _new_output((tokens,), torch.int32, q.device)
-    _prep(call, q_dec, latent, False, tok_table, tok_len, config)
-    o_lat, lse = mla_decode(q_dec, cache, key_table, key_len, softmax_scale=call.softmax_scale, kv_lora_rank=latent,
-                            qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True,
-                            backend=call.attention_backend)
+    _prep(call, q_dec, latent, False, tok_table, key_len, config)
+    with values_checked():      # the layer checked offsets, lengths and pages; these are derived from them
+        o_lat, lse = mla_decode(q_dec, cache, key_table, key_len, softmax_scale=call.softmax_scale,
+                                kv_lora_rank=latent, qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True,
+                                backend=call.attention_backend)
     out = _new_output((tokens, heads, call.v_dim), q.dtype, q.device)
     torch.bmm(o_lat.transpose(0, 1), _w_uv(call, dtype).transpose(1, 2), out=out.transpose(0, 1))
     return _sinks(out, lse, call.attn_sinks)
@@ -278,8 +279,9 @@ def _prefill(call, config):
     rows, cu_k = _key_rows(cache, call.block_table, kv_lens)
     k = (rows @ _w_k(call, dtype).T).view(-1, heads, nope + rope)
     v = (rows[:, :latent] @ _w_uv(call, dtype).view(heads * v_dim, latent).T).view(-1, heads, v_dim)
-    out, lse = mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
-                           return_lse=True, backend=call.attention_backend)
+    with values_checked():
+        out, lse = mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
+                               return_lse=True, backend=call.attention_backend)
     out = out.to(q.dtype)
     return _sinks(out if out.is_contiguous() else out.contiguous(), lse.T, call.attn_sinks)
 
