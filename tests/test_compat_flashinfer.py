@@ -101,8 +101,9 @@ def test_swapping_the_import_serves_a_flashinfer_style_step():
     assert torch.equal(out[0, 0, 0].float(), cache[0, 0, :512].float().to(torch.bfloat16).float())  # one key: V
 
 
-def test_dense_top_k_zero_is_refused_with_a_pointer():
+def test_dense_top_k_zero_takes_the_dense_path():
+    """sparse_mla_top_k = 0 is FlashInfer's dense path (tests/test_kv_fp8.py): sparse-shaped arguments are refused there."""
     case = sparse_inputs(1, 1, 4, 64, [10])
-    with pytest.raises(mla_core.MLAInputError, match="sparse_mla_top_k.*mla_decode"):
+    with pytest.raises(mla_core.MLAInputError, match="query: got dtype float8_e4m3fn"):
         decode.trtllm_batch_decode_with_kv_cache_mla(case["query"], case["kv_cache"], None, 128, 512, 64,
                                                      case["indices"], case["seq_lens"], 64)

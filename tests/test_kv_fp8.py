@@ -313,6 +313,45 @@ def test_custom_op_opcheck():
                           test_utils="test_faketensor")
 
 
+# ---------------------------------------------------------------------------------------------- FlashInfer dense path
+
+
+def test_flashinfer_dense_path_over_an_fp8_cache():
+    """``trtllm_batch_decode_with_kv_cache_mla`` with ``sparse_mla_top_k = 0``: scores ``q·codes * bmm1_scale``,
+    output ``softmax · codes * bmm2_scale`` (the float64 oracle with kv_scale 1, scaled), LSE +inf when empty."""
+    from mla_core.compat.flashinfer import decode as fi
+    q, codes, table, lens = fp8_inputs([40, 0, 100], heads=4, rank=32, rope=16, page_size=16, seed=9)
+    bmm1, bmm2 = 0.1 * KV_SCALE, KV_SCALE
+    out_buf = torch.full((3, 1, 4, 32), float("nan"), dtype=torch.bfloat16)
+    lse_buf = torch.full((3, 4), float("nan"))
+    out, lse = fi.trtllm_batch_decode_with_kv_cache_mla(q[:, None], codes[:, None], None, 128, 32, 16, table, lens,
+                                                       100, 0, out=out_buf, bmm1_scale=bmm1, bmm2_scale=bmm2,
+                                                       lse=lse_buf, return_lse=True)
+    assert out is out_buf and lse is lse_buf
+    want, want_lse = fp8_decode_math(q, codes, 1.0, table, lens, softmax_scale=bmm1, kv_lora_rank=32, num_kv_splits=32)
+    assert rel_l2(out[:, 0], want * bmm2) < 1e-2
+    assert (out[1] == 0).all() and (lse[1] == math.inf).all()
+    assert torch.allclose(lse[[0, 2]].double(), want_lse[[0, 2]], atol=1e-4)
+
+
+def test_flashinfer_dense_path_over_a_bf16_cache_and_its_errors():
+    from mla_core.compat.flashinfer import decode as fi
+    q, codes, table, lens = fp8_inputs([40, 7], heads=4, rank=32, rope=16, page_size=16, seed=10)
+    cache = numerics.fp8_cache_values(codes, KV_SCALE).to(torch.bfloat16)
+    out = fi.trtllm_batch_decode_with_kv_cache_mla(q[:, None], cache, None, 128, 32, 16, table, lens, 40,
+                                                   bmm1_scale=0.1, bmm2_scale=0.5, backend="reference")
+    want, _ = mla_core.mla_decode(q, cache, table, lens, softmax_scale=0.1, kv_lora_rank=32, qk_rope_head_dim=16,
+                                  out_dtype=torch.float32, backend="reference")
+    assert out.shape == (2, 1, 4, 32) and out.dtype == torch.bfloat16
+    assert torch.equal(out[:, 0], (want * 0.5).to(torch.bfloat16))
+    with pytest.raises(MLAInputError, match="query: got q_len 2"):
+        fi.trtllm_batch_decode_with_kv_cache_mla(q[:, None].expand(2, 2, 4, 48), cache, None, 128, 32, 16, table,
+                                                 lens, 40)
+    with pytest.raises(MLAInputError, match="bmm2_scale: got 0.0"):
+        fi.trtllm_batch_decode_with_kv_cache_mla(q[:, None], codes, None, 128, 32, 16, table, lens, 40,
+                                                 bmm2_scale=0.0)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 

@@ -33,4 +33,9 @@ MUTANTS = [
          new="        if False:\n            raise MLAInputError(f\"kv_scale: got",
          tests=["tests/test_kv_fp8.py -k 'float_cache_and_q_dtype'"],
          why="a kv_scale with a bf16 cache would be silently ignored"),
+    dict(file="mla_core/compat/flashinfer/decode.py", old="softmax_scale=b1 / b2 if fp8 else b1,",
+         new="softmax_scale=b1,",
+         tests=["tests/test_kv_fp8.py -k 'flashinfer_dense_path_over_an_fp8'"],
+         why="FlashInfer's bmm1_scale multiplies q·codes: with kv_scale = bmm2_scale inside the values, the "
+             "softmax scale must divide it back out"),
 ]

@@ -8,7 +8,9 @@ An engine written against ``flashinfer.rope`` / ``flashinfer.decode`` (or ``flas
 ``sparse_mla_top_k > 0``) behave as MATE's FlashInfer wrapper does, in every ``MLA_CORE_CHECKS`` mode: an
 index past the cache among the valid slots is skipped (the key is absent), not an error, and a query row
 with no valid key gets LSE **+inf** (FlashMLA's / FlashInfer's convention, which vLLM's merge reads as
-"empty"); mla_core's native ``sparse_mla_fp8_decode`` keeps LSE -inf (docs/sparse.md).
+"empty"); mla_core's native ``sparse_mla_fp8_decode`` keeps LSE -inf (docs/sparse.md). With
+``sparse_mla_top_k = 0`` the same function is FlashInfer's dense decode over a bf16 or FP8 cache (one query
+token per request), run by ``mla_core.mla_decode``.
 """
 from . import decode, mla, rope
 
