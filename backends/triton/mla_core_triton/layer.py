@@ -148,7 +148,7 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
                  INTERLEAVE: tl.constexpr, TOKEN_LEN: tl.constexpr, TOKEN_TABLE: tl.constexpr):
     t = tl.program_id(0)
     # the token's request: the number of offsets[1:] entries <= t (clamped: memory-safe whatever the offsets)
-    b = 0
+    b = t * 0                   # an int32 tensor: a loop-carried value keeps its type
     for start in range(0, batch, BLOCK_B):
         idx = start + tl.arange(0, BLOCK_B)
         ends = tl.load(offsets_ptr + 1 + idx, mask=idx < batch, other=tokens + 1).to(tl.int64)
@@ -177,7 +177,7 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
     inv = 1.0 / tl.sqrt_rn(tl.sum(x * x, axis=0) / LATENT + eps)
     gamma = tl.load(gamma_ptr + lat, mask=lmask, other=0.0).to(tl.float32)
     col = pos // page_size
-    page = tl.load(table_ptr + b * stride_tb + tl.minimum(tl.maximum(col, 0), width - 1)).to(tl.int64)
+    page = tl.load(table_ptr + b.to(tl.int64) * stride_tb + tl.minimum(tl.maximum(col, 0), width - 1)).to(tl.int64)
     ok = ((pos >= 0) & (col < width) & (page >= 0) & (page < num_pages)).to(tl.int32)
     dst = cache_ptr + (page * page_size + pos % page_size) * (LATENT + ROPE)
     # (scalar masks broadcast by arithmetic: Triton's interpreter refuses a scalar bool in a vector mask)
@@ -206,7 +206,7 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
     if TOKEN_TABLE:         # decode with fewer tokens than requests: each token's block-table row
         for w0 in range(0, width, BLOCK_W):
             w = w0 + tl.arange(0, BLOCK_W)
-            entries = tl.load(table_ptr + b * stride_tb + w, mask=w < width, other=0)
+            entries = tl.load(table_ptr + b.to(tl.int64) * stride_tb + w, mask=w < width, other=0)
             tl.store(tok_table_ptr + t.to(tl.int64) * width + w, entries, mask=w < width)
 
 
