@@ -518,7 +518,7 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
         kcode, vcode, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
         call.block_table.stride(0), call.block_table.stride(1),
         heads, cache.shape[0], splits, capacity,
-        float(call.softmax_scale) * kv_scale * k_scale * _LOG2E, k_scale, v_scale, p_scale, kv_scale * v_scale * p_scale,
+        float(call.softmax_scale) * k_scale * _LOG2E * kv_scale, k_scale, v_scale, p_scale, kv_scale * v_scale * p_scale,
         1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale, **common,
         BLOCK_H=block_h, SUB_TILES=sub_tiles, P_FMT=p_fmt, P_G_POW2=_is_pow2(p_scale),
         V_DTYPE=_TL_DTYPE[value_dtype], CACHE_FP8=cache_fp8, Q_SPLIT=q_split,
