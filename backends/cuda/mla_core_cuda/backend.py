@@ -41,7 +41,8 @@ class CudaBackend(mla_core.Backend):
                     "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
             features=frozenset({"lse"}),
             notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128; any page size >= 1; "
-                  "q in the cache dtype (bf16/fp16)"),
+                  "q in the cache dtype (bf16/fp16); no FP8 KV cache (float8_e4m3fn + kv_scale: reference and "
+                  "triton)"),
     }
 
     def unavailable_reason(self) -> str | None:
