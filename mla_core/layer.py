@@ -45,6 +45,7 @@ class LayerCall:
     float32 ``*_scale`` (see :func:`weight_scale_shape`) or a float dtype with scale None; attn_sinks [heads]
     or None. ``decode`` is ``max_seq_len == 1``. sparse_indices [tokens, top_k] (cache rows ``page * page_size +
     slot``, -1 none) with topk_lengths [tokens] (None: every slot) select each token's keys (DeepSeek-V3.2).
+    ``key_total`` is set by the content checks (eager, full mode).
     """
 
     q: torch.Tensor
@@ -75,6 +76,8 @@ class LayerCall:
     v_dim: int
     sparse_indices: torch.Tensor | None = None
     topk_lengths: torch.Tensor | None = None
+    key_total: int | None = None
+    """``sum(cache_offsets + request lengths)`` when the content checks read it on the host (None: not read)."""
 
     @property
     def decode(self) -> bool:
@@ -133,43 +136,52 @@ def _check_block(block: Any) -> tuple[int, int]:
 
 
 def _content_checks(call: LayerCall) -> None:
-    """Value checks (eager calls, unless ``MLA_CORE_CHECKS=metadata``): offsets, lengths, pages, positions."""
-    offsets = call.input_row_offsets.to("cpu", torch.int64)
+    """Value checks (eager calls, unless ``MLA_CORE_CHECKS=metadata``): offsets, lengths, pages, positions.
+
+    One host read (offsets, cache_offsets and the block table in one int64 transfer), then Python arithmetic.
+    """
+    batch, width = call.block_table.shape
+    host = torch.cat((call.input_row_offsets.to(torch.int64), call.cache_offsets.to(torch.int64),
+                      call.block_table.reshape(-1).to(torch.int64))).to("cpu")
+    offsets = host[:batch + 1].tolist()
     tokens = call.q.shape[0]
-    if int(offsets[0]) != 0:
-        raise MLAInputError(f"input_row_offsets: got first entry {int(offsets[0])}, needs 0")
-    lens = offsets[1:] - offsets[:-1]
-    if lens.numel() and int(lens.min()) < 0:
-        raise MLAInputError(f"input_row_offsets: got decreasing entries {offsets.tolist()[:16]}, needs non-decreasing")
-    if int(offsets[-1]) != tokens:
-        raise MLAInputError(f"input_row_offsets: got last entry {int(offsets[-1])}, needs the token count {tokens}")
-    if lens.numel() == 0:
+    if offsets[0] != 0:
+        raise MLAInputError(f"input_row_offsets: got first entry {offsets[0]}, needs 0")
+    lens = [b - a for a, b in zip(offsets, offsets[1:])]
+    if lens and min(lens) < 0:
+        raise MLAInputError(f"input_row_offsets: got decreasing entries {offsets[:16]}, needs non-decreasing")
+    if offsets[-1] != tokens:
+        raise MLAInputError(f"input_row_offsets: got last entry {offsets[-1]}, needs the token count {tokens}")
+    if not lens:
         return
-    longest = int(lens.max())
+    longest = max(lens)
     if longest > call.max_seq_len:
         raise MLAInputError(f"max_seq_len: got {call.max_seq_len}, needs at least the longest request ({longest})")
-    starts = call.cache_offsets.to("cpu", torch.int64)
-    if int(starts.min()) < 0:
-        raise MLAInputError(f"cache_offsets: got {int(starts.min())}, needs >= 0")
-    ends = starts + lens
+    starts = host[batch + 1:2 * batch + 1].tolist()
+    if min(starts) < 0:
+        raise MLAInputError(f"cache_offsets: got {min(starts)}, needs >= 0")
+    ends = [s + n for s, n in zip(starts, lens)]
+    call.key_total = sum(ends)                # a prefill sizes its keys with it (no second host read)
     page_size = call.latent_cache.shape[1]
-    capacity = call.block_table.shape[1] * page_size
-    if int(ends.max()) > capacity:
-        raise MLAInputError(f"cache_offsets: got a request ending at token {int(ends.max())}, needs <= {capacity} "
-                            f"(block_table.shape[1] * page_size = {call.block_table.shape[1]} * {page_size})")
-    if tokens and int(ends[lens > 0].max()) > call.freqs_cis.shape[0]:
+    capacity = width * page_size
+    if max(ends) > capacity:
+        raise MLAInputError(f"cache_offsets: got a request ending at token {max(ends)}, needs <= {capacity} "
+                            f"(block_table.shape[1] * page_size = {width} * {page_size})")
+    if tokens and max(e for e, n in zip(ends, lens) if n > 0) > call.freqs_cis.shape[0]:
+        last = max(e for e, n in zip(ends, lens) if n > 0)
         raise MLAInputError(f"freqs_cis: got {call.freqs_cis.shape[0]} positions, needs one per position up to "
-                            f"{int(ends[lens > 0].max()) - 1} (cache_offsets + request lengths)")
+                            f"{last - 1} (cache_offsets + request lengths)")
     if call.sparse_indices is not None and tokens:
         _sparse_content_checks(call, page_size)
-    used = (ends + page_size - 1) // page_size
-    reached = torch.arange(call.block_table.shape[1], device="cpu")[None, :] < used[:, None]
-    entries = call.block_table.to("cpu", torch.int64)[reached]
+    used = [(e + page_size - 1) // page_size for e in ends]
     num_pages = call.latent_cache.shape[0]
-    if entries.numel() and (int(entries.min()) < 0 or int(entries.max()) >= num_pages):
-        bad = int(entries.min()) if int(entries.min()) < 0 else int(entries.max())
-        raise MLAInputError(f"block_table: got page index {bad} within a request's length, needs 0..{num_pages - 1} "
-                            "(the latent_cache page count)")
+    if max(used) > 0:       # (torch.where, not a boolean index: that is ~100x slower on a busy CPU)
+        reached = torch.arange(width)[None, :] < torch.tensor(used)[:, None]
+        low, high = torch.aminmax(torch.where(reached, host[2 * batch + 1:].view(batch, width), 0))
+        if int(low) < 0 or int(high) >= num_pages:
+            bad = int(low) if int(low) < 0 else int(high)
+            raise MLAInputError(f"block_table: got page index {bad} within a request's length, needs "
+                                f"0..{num_pages - 1} (the latent_cache page count)")
 
 
 def _sparse_content_checks(call: LayerCall, page_size: int) -> None:

@@ -86,6 +86,17 @@ def test_out_of_table_writes_are_dropped(monkeypatch):
     _compare(case, weights, torch.float32, against_math=False)
 
 
+@pytest.mark.parametrize("checks", ["full", "metadata"])
+def test_prefill_without_prefix_keys_from_the_kernel(monkeypatch, checks):
+    """No cached prefix: the keys are the kernel's new rows (key count from the content checks, or read here);
+    without checks a row on a page outside the cache is not written and its key reads as zeros."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", checks)
+    case, weights = make_case([5, 3, 0, 4], [0, 0, 0, 0], fp8=True, sinks=True, seed=9)
+    if checks == "metadata":
+        case["block_table"][1, 0] = case["latent_cache"].shape[0] + 2      # request 1's rows: nowhere to go
+    _compare(case, weights, torch.float32, against_math=checks == "full")
+
+
 def test_weight_cache_follows_in_place_updates():
     from mla_core_triton import layer
     case, weights = make_case([1, 1], [3, 8], fp8=True, seed=6)

@@ -5,7 +5,8 @@ Per call (docs/layer.md, "The triton layer"):
 - one Triton kernel (:func:`_prep_kernel`, one program per token) finds the token's request and position, writes the
   new cache row ``[rmsnorm(kv_latent) * gamma, rope(kv_rope)]`` (float32 math, one rounding to the cache dtype;
   rows whose page lies outside the table or the cache are not written), rotates ``q_rope`` into the attention's
-  query buffer and, for decode with a request without a token, copies each token's block-table row;
+  query buffer; for decode it writes each token's key count (and, when a request has no token, each token's
+  block-table row), for a prefill without a cached prefix the key rows (zeros where the row was not written);
 - the weights enter as cached tensors of the cache dtype (:class:`WeightCache`): dequantized once (FP8 code x block
   scale in float32, then rounded to the cache dtype) and reshaped for the GEMMs below, rebuilt when a weight or
   scale tensor is replaced or modified in place;
@@ -13,10 +14,12 @@ Per call (docs/layer.md, "The triton layer"):
   ``[tokens, heads, latent + rope]``, :func:`mla_core.mla_decode`, ``out = o_lat @ w_uv^T`` as one batched GEMM
   written straight into ``[tokens, heads, v]``. No host synchronization (CUDA-graph capturable) and a fixed,
   small number of launches;
-- prefill: every request's cached rows gathered once, ``K = rows @ W_K^T`` with ``W_K`` [heads * (nope + rope),
+- prefill: the key rows (the kernel's own new rows when no request has a cached prefix, else every request's
+  cached rows gathered once), ``K = rows @ W_K^T`` with ``W_K`` [heads * (nope + rope),
   latent + rope] holding each head's ``w_k`` rows and an identity block for the rope columns, so one GEMM writes
   K in the ``[keys, heads, nope + rope]`` layout :func:`mla_core.mla_prefill` takes (the rope columns copied
-  exactly), ``V = rows_latent @ w_uv^T`` straight into ``[keys, heads, v]``; the key count is read on the host.
+  exactly), ``V = rows_latent @ w_uv^T`` straight into ``[keys, heads, v]``; the key count is read on the host
+  (taken from the layer's content checks when they ran).
 
 Differences from the reference: weights rounded to the cache dtype (bf16: relative 2^-9 per weight) instead of
 exact float32, and GEMMs in the cache dtype with float32 accumulation (the reference multiplies in float32).
@@ -139,13 +142,14 @@ def _rotate_store(x1, x2, cos, sin, dst, half_offs, INTERLEAVE: tl.constexpr, HA
 
 @triton.jit
 def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, cache_ptr, table_ptr, qo_ptr,
-                 tok_table_ptr, tok_len_ptr,
+                 tok_table_ptr, tok_len_ptr, rows_ptr,
                  stride_qt, stride_qh, stride_kvt, stride_f, stride_tb, stride_ot, stride_oh,
                  tokens, batch, heads, max_pos, num_pages, width, page_size, eps,
                  NOPE: tl.constexpr, ROPE: tl.constexpr, LATENT: tl.constexpr, BLOCK_LAT: tl.constexpr,
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_NOPE: tl.constexpr, BLOCK_H: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, Q_ROPE_AT: tl.constexpr, COPY_NOPE: tl.constexpr,
-                 INTERLEAVE: tl.constexpr, TOKEN_LEN: tl.constexpr, TOKEN_TABLE: tl.constexpr):
+                 INTERLEAVE: tl.constexpr, TOKEN_LEN: tl.constexpr, TOKEN_TABLE: tl.constexpr,
+                 ROWS: tl.constexpr):
     t = tl.program_id(0)
     # the token's request: the number of offsets[1:] entries <= t (clamped: memory-safe whatever the offsets)
     b = t * 0                   # an int32 tensor: a loop-carried value keeps its type
@@ -185,6 +189,13 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
     k1 = tl.load(kv_row + LATENT + p1, mask=hmask, other=0.0).to(tl.float32)
     k2 = tl.load(kv_row + LATENT + p2, mask=hmask, other=0.0).to(tl.float32)
     _rotate_store(k1, k2, cos, sin, dst + LATENT, half, INTERLEAVE, HALF, hmask & (half * 0 + ok != 0))
+    if ROWS:                # prefill without a cached prefix: the token's key row (zeros where not written)
+        keep = lat * 0 + ok != 0
+        r_row = rows_ptr + t.to(tl.int64) * (LATENT + ROPE)
+        tl.store(r_row + lat, tl.where(keep, x * inv * gamma, 0.0).to(rows_ptr.dtype.element_ty), mask=lmask)
+        keep_h = half * 0 + ok != 0
+        _rotate_store(tl.where(keep_h, k1, 0.0), tl.where(keep_h, k2, 0.0), cos, sin, r_row + LATENT, half,
+                      INTERLEAVE, HALF, hmask)
 
     # the query's rope part (and its nope part for prefill), BLOCK_H heads at a time
     hh = tl.arange(0, BLOCK_H)
@@ -210,7 +221,7 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
             tl.store(tok_table_ptr + t.to(tl.int64) * width + w, entries, mask=w < width)
 
 
-def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, config) -> None:
+def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, config, rows=None) -> None:
     q, kv, cache, table = call.q, call.kv, call.latent_cache, call.block_table
     tokens, heads = q.shape[0], q.shape[1]
     batch = call.input_row_offsets.shape[0] - 1
@@ -220,6 +231,7 @@ def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, 
     _prep_kernel[(tokens,)](
         q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, call.kv_norm_gamma, cache, table, q_out,
         token_table if with_table else table, token_len if with_len else call.cache_offsets,
+        rows if rows is not None else cache,
         q.stride(0), q.stride(1), kv.stride(0), call.freqs_cis.stride(0), table.stride(0), q_out.stride(0),
         q_out.stride(1), tokens, batch, heads, call.freqs_cis.shape[0], cache.shape[0], width, cache.shape[1],
         call.epsilon,
@@ -227,7 +239,8 @@ def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, 
         BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_NOPE=triton.next_power_of_2(nope),
         BLOCK_H=min(16, triton.next_power_of_2(heads)), BLOCK_B=min(1024, triton.next_power_of_2(max(batch, 1))),
         BLOCK_W=min(1024, triton.next_power_of_2(max(width, 1))), Q_ROPE_AT=q_rope_at, COPY_NOPE=copy_nope,
-        INTERLEAVE=call.rope_interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table, num_warps=config.get("num_warps", 4))
+        INTERLEAVE=call.rope_interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table,
+        ROWS=rows is not None, num_warps=config.get("num_warps", 4))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,10 +286,21 @@ def _prefill(call, config):
     tokens, heads = q.shape[0], q.shape[1]
     latent, rope, nope, v_dim, dtype = call.kv_lora_rank, call.rope_dim, call.nope_dim, call.v_dim, cache.dtype
     q_pre = _new_output((tokens, heads, nope + rope), dtype, q.device)
-    _prep(call, q_pre, nope, True, None, None, config)
-    offsets = call.input_row_offsets.to(torch.int64)
-    kv_lens = call.cache_offsets.to(torch.int64) + (offsets[1:] - offsets[:-1])
-    rows, cu_k = _key_rows(cache, call.block_table, kv_lens)
+    offsets = call.input_row_offsets
+    kv_lens = cu_k = None
+    total = call.key_total                       # read by the layer's content checks, else read here
+    if total is None:
+        kv_lens, cu_k = _key_counts(call)
+        total = int(cu_k[-1])
+    if total == tokens:      # no cached prefix (cache_offsets all 0): the keys are the new rows, in token order
+        rows = _new_output((tokens, latent + rope), dtype, q.device)
+        _prep(call, q_pre, nope, True, None, None, config, rows=rows)
+        cu_k = offsets       # one cu_seqlens tensor for queries and keys (the attention may see a dense batch)
+    else:
+        _prep(call, q_pre, nope, True, None, None, config)
+        if cu_k is None:
+            kv_lens, cu_k = _key_counts(call)
+        rows = _key_rows(cache, call.block_table, kv_lens, cu_k, total)
     k = (rows @ _w_k(call, dtype).T).view(-1, heads, nope + rope)
     v = (rows[:, :latent] @ _w_uv(call, dtype).view(heads * v_dim, latent).T).view(-1, heads, v_dim)
     with values_checked():
@@ -286,15 +310,21 @@ def _prefill(call, config):
     return _sinks(out if out.is_contiguous() else out.contiguous(), lse.T, call.attn_sinks)
 
 
-def _key_rows(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor):
-    """Every request's cached rows ``0..kv_lens[b] - 1`` packed in request order: (rows [keys, D], cu_k [batch + 1]).
+def _key_counts(call):
+    """Keys per request ``cache_offsets + lengths`` [batch] and their cumulative counts ``cu_k`` [batch + 1], int64."""
+    offsets = call.input_row_offsets.to(torch.int64)
+    kv_lens = call.cache_offsets.to(torch.int64) + (offsets[1:] - offsets[:-1])
+    cu_k = torch.zeros(kv_lens.shape[0] + 1, dtype=torch.int64, device=kv_lens.device)
+    torch.cumsum(kv_lens, 0, out=cu_k[1:])
+    return kv_lens, cu_k
 
-    A row whose page index lies outside the table or the cache reads as zeros. Reads the key count on the host.
+
+def _key_rows(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor, cu_k: torch.Tensor, total: int):
+    """Every request's cached rows ``0..kv_lens[b] - 1`` packed in request order: rows [total, D].
+
+    A row whose page index lies outside the table or the cache reads as zeros.
     """
     device, (batch, width), page_size = cache.device, table.shape, cache.shape[1]
-    cu_k = torch.zeros(batch + 1, dtype=torch.int64, device=device)
-    torch.cumsum(kv_lens, 0, out=cu_k[1:])
-    total = int(cu_k[-1])
     request = torch.repeat_interleave(torch.arange(batch, device=device), kv_lens, output_size=total)
     pos = torch.arange(total, device=device) - cu_k[request]
     col = pos // page_size
@@ -302,7 +332,7 @@ def _key_rows(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor):
     ok = (col < width) & (page >= 0) & (page < cache.shape[0])
     flat = cache.view(-1, cache.shape[-1])
     rows = flat[torch.where(ok, page, 0) * page_size + pos % page_size]
-    return torch.where(ok[:, None], rows, 0), cu_k
+    return torch.where(ok[:, None], rows, 0)
 
 
 def run(call, config: dict) -> torch.Tensor:
