@@ -303,11 +303,14 @@ def _prefill(call, config):
         rows = _key_rows(cache, call.block_table, kv_lens, cu_k, total)
     k = (rows @ _w_k(call, dtype).T).view(-1, heads, nope + rope)
     v = (rows[:, :latent] @ _w_uv(call, dtype).view(heads * v_dim, latent).T).view(-1, heads, v_dim)
-    with values_checked():
-        out, lse = mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
-                               return_lse=True, backend=call.attention_backend)
+    sinks = call.attn_sinks is not None          # the LSE only when sinks need it (not every backend's fast path
+    with values_checked():                        # computes it for free)
+        res = mla_prefill(q_pre, k, v, offsets, cu_k, call.max_seq_len, call.softmax_scale, causal=True,
+                          return_lse=sinks, backend=call.attention_backend)
+    out, lse = res if sinks else (res, None)
     out = out.to(q.dtype)
-    return _sinks(out if out.is_contiguous() else out.contiguous(), lse.T, call.attn_sinks)
+    out = out if out.is_contiguous() else out.contiguous()
+    return _sinks(out, lse.T, call.attn_sinks) if sinks else out
 
 
 def _key_counts(call):
