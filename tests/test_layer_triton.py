@@ -72,6 +72,16 @@ def test_partial_blocks_and_odd_sizes():
     _compare(case, weights, torch.float32)
 
 
+@pytest.mark.slow
+def test_more_requests_than_one_search_block():
+    """1,100 requests (the kernel searches input_row_offsets 1,024 at a time), two without a token (~12 s here)."""
+    lens = [1] * 1100
+    lens[5] = lens[1050] = 0
+    case, weights = make_case(lens, [i % 7 for i in range(1100)], fp8=True, seed=4, heads=2, nope=8, rope=4,
+                              latent=16, v_dim=8, block=(8, 8), page=2, extra_pages=1)
+    _compare(case, weights, torch.float32, against_math=False)
+
+
 def test_no_tokens():
     case, weights = make_case([0, 0], [3, 0], seed=11)
     out, _ = run(case, weights, backend="triton")
