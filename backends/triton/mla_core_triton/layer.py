@@ -48,10 +48,10 @@ def configs(problem) -> list[dict]:
 
 
 class WeightCache:
-    """Derived weight tensors keyed on the source tensors' identity and version counter.
+    """Derived weight tensors keyed on the source tensors' identity, storage address and version counter.
 
     An entry lives as long as its source weight (a weak reference drops it when the weight is freed) and is
-    rebuilt when the weight or its scale is replaced or written in place (``_version`` changes). Inside CUDA-graph
+    rebuilt when the weight or its scale is replaced, moved (``data_ptr``) or written in place (``_version``). Inside CUDA-graph
     capture a miss is computed but not stored (it belongs to the graph's memory pool). Memory: one derived
     tensor per (weight, kind): at DeepSeek-V3 sizes (bf16, 128 heads) ``uk`` 16 MB, ``uv`` 16 MB, ``k`` 28 MB.
     """
