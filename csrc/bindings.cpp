@@ -1,6 +1,6 @@
-// pybind11 bindings of the CUDA decode (mla_decode.cu). The Python side (backends/cuda/mla_core_cuda)
-// validates the call and allocates every tensor; this layer only reads pointers and strides and
-// launches on the current stream (so CUDA-graph capture records the launches).
+// pybind11 bindings of the CUDA decode kernels (mla_decode.cu: mma.sync, mla_decode_wgmma.cu: WGMMA). The
+// Python side (backends/cuda/mla_core_cuda) validates the call and allocates every tensor; this layer only
+// reads pointers and strides and launches on the current stream (so CUDA-graph capture records the launches).
 #include <torch/extension.h>
 
 #include <c10/cuda/CUDAStream.h>
@@ -27,13 +27,14 @@ void check_index(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
 }
 
-// out [batch, heads, 512] and lse [batch, heads] (optional) are written; part_o / part_lse are the
-// float32 per-split buffers ([batch * heads * splits * 512], [batch * heads * splits]) when splits > 1.
-void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
-            const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
-            std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
-            double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale, int64_t k_fmt,
-            int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles, int64_t warps) {
+// The fields both kernels read: pointers, strides, sizes, the split count. out [batch, heads, 512] and lse
+// [batch, heads] (optional) are written; part_o / part_lse are the float32 per-split buffers ([batch * heads *
+// splits * 512], [batch * heads * splits]) when splits > 1.
+mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::Tensor& cache,
+                                          const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+                                          torch::Tensor& out, std::optional<torch::Tensor>& lse,
+                                          std::optional<torch::Tensor>& part_o, std::optional<torch::Tensor>& part_lse,
+                                          int64_t num_splits, double qk_scale_log2) {
   TORCH_CHECK(q.is_cuda() && cache.is_cuda() && out.is_cuda(), "mla_core cuda decode: tensors must be on CUDA");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "q must be [batch, heads, 576], last dim contiguous");
   TORCH_CHECK(cache.dim() == 3 && cache.size(2) == 576 && cache.stride(2) == 1,
@@ -41,11 +42,8 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   TORCH_CHECK(q.scalar_type() == cache.scalar_type(), "q and latent_cache must share a dtype");
   TORCH_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
   TORCH_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..32");
-  TORCH_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
-              "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
   check_index(block_table, "block_table");
   check_index(seq_lens, "seq_lens");
-  const c10::cuda::CUDAGuard guard(q.device());
 
   mla_core_cuda::DecodeParams p{};
   p.q = q.data_ptr();
@@ -56,6 +54,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   p.cache_stride_tok = cache.stride(1);
   p.num_pages = cache.size(0);
   p.page_size = cache.size(1);
+  p.page_size_inv = 1.0 / static_cast<double>(cache.size(1));
   p.block_table = block_table.data_ptr();
   p.table_stride_b = block_table.stride(0);
   p.table_stride_col = block_table.stride(1);
@@ -85,6 +84,22 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
     p.part_lse = part_lse->data_ptr<float>();
   }
   p.qk_scale_log2 = static_cast<float>(qk_scale_log2);
+  p.out_scale = 1.f;
+  p.k_scale = p.v_scale = p.p_scale = 1.f;
+  p.k_fmt = p.v_fmt = p.p_fmt = mla_core_cuda::kNoQuant;
+  return p;
+}
+
+// The mma.sync kernel (any head count, fused K/V/P fake quantization).
+void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
+            const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
+            std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
+            double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale, int64_t k_fmt,
+            int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles, int64_t warps) {
+  TORCH_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
+              "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
+  mla_core_cuda::DecodeParams p =
+      common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
   p.out_scale = static_cast<float>(out_scale);
   p.k_scale = static_cast<float>(k_scale);
   p.v_scale = static_cast<float>(v_scale);
@@ -96,8 +111,23 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   p.exact_div = exact_div;
   p.head_tiles = static_cast<int>(head_tiles);
   p.warps = static_cast<int>(warps);
+  const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode launch failed: ", cudaGetErrorString(err));
+}
+
+// The WGMMA kernel (mla_decode_wgmma.cu): heads a multiple of 64, no fake quantization.
+void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
+                  const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
+                  std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
+                  double qk_scale_log2) {
+  const mla_core_cuda::DecodeParams p =
+      common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
+  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs heads a multiple of 64 (got ",
+              p.heads, ")");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -111,4 +141,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"), pybind11::arg("v_fmt"),
         pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
         pybind11::arg("head_tiles"), pybind11::arg("warps"));
+  m.def("decode_wgmma", &decode_wgmma, "Paged MLA decode on WGMMA: heads a multiple of 64, no fake quantization",
+        pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"),
+        pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
+        pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"));
 }

@@ -655,6 +655,10 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (!decode_shape_supported(p.head_tiles, p.warps)) return cudaErrorInvalidValue;
   cudaError_t err = p.dtype == kFP16 ? launch_split_t<__half>(p, stream) : launch_split_t<__nv_bfloat16>(p, stream);
   if (err != cudaSuccess || p.num_splits == 1) return err;
+  return launch_combine(p, stream);
+}
+
+cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads), kCombineThreads, 0,
                           stream>>>(p);
   return cudaGetLastError();

@@ -21,6 +21,7 @@ struct DecodeParams {
   int64_t cache_stride_page, cache_stride_tok;
   int64_t num_pages;
   int64_t page_size;
+  double page_size_inv;  // 1 / page_size rounded to float64 (the WGMMA kernel's division-free row lookup)
   // block_table [batch, table_width] int32 or int64; seq_lens [batch] int32 or int64.
   const void* block_table;
   int64_t table_stride_b, table_stride_col, table_width;
@@ -56,5 +57,15 @@ cudaError_t launch_decode(const DecodeParams& params, cudaStream_t stream);
 
 // Whether a (head_tiles, warps) CTA shape is built.
 bool decode_shape_supported(int head_tiles, int warps);
+
+// The combine kernel alone (num_splits > 1): out and lse from part_o / part_lse, on `stream`.
+cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
+
+// The WGMMA decode (mla_decode_wgmma.cu: split kernel, then the combine when num_splits > 1) on `stream`.
+// It reads heads, dtype, the formats and the index fields; head_tiles, warps and the quantizer fields are unused.
+cudaError_t launch_decode_wgmma(const DecodeParams& params, cudaStream_t stream);
+
+// Whether the WGMMA decode covers `params`: heads a multiple of 64, bf16 or fp16, no K/V/P fake quantization.
+bool decode_wgmma_supported(const DecodeParams& params);
 
 }  // namespace mla_core_cuda

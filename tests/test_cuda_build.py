@@ -46,14 +46,48 @@ def test_why_not_on_cpu():
     assert backend.info()["available"] is False
 
 
+def _shapes(configs):
+    return [(c["head_tiles"], c["warps"]) for c in configs if c.get("kernel") != "wgmma"]
+
+
 def test_configs():
     assert cuda_decode.configs(_problem(heads=16)) == [{"head_tiles": 1, "warps": 4}]
-    assert cuda_decode.configs(_problem(heads=128))[0] == {"head_tiles": 4, "warps": 8}
+    assert cuda_decode.configs(_problem(heads=128, k_qdq="fp8"))[0] == {"head_tiles": 4, "warps": 8}
     assert cuda_decode.configs(_problem(heads=32))[0] == {"head_tiles": 2, "warps": 8}
-    for heads in (16, 32, 128):
-        assert all((c["head_tiles"], c["warps"]) in cuda_decode.SHAPES for c in cuda_decode.configs(_problem(heads=heads)))
+    for heads in (16, 32, 64, 128):
+        assert all(s in cuda_decode.SHAPES for s in _shapes(cuda_decode.configs(_problem(heads=heads))))
     auto = cuda_decode.configs(_problem(heads=16, num_kv_splits="auto"))
     assert {c.get("num_kv_splits") for c in auto} == {None, 1, 2, 4, 8, 16, 32}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("heads", [64, 128])
+def test_wgmma_config_first_where_it_covers(heads, dtype):
+    """The WGMMA kernel leads (the default, first timed) for unquantized bf16/fp16 at 64 and 128 heads, every
+    mma.sync shape still follows; with "auto" the split counts are tuned for it."""
+    problem = _problem(heads=heads, dtype=dtype, q_dtype=dtype, out_dtype="float32", page_size=1)
+    configs = cuda_decode.configs(problem)
+    assert configs[0] == {"kernel": "wgmma"} and cuda_decode.wgmma_covers(problem)
+    assert _shapes(configs) == [(4, 8), (2, 8), (2, 4), (1, 4)]
+    backend = mla_core.get_backend("cuda")
+    assert backend.validate_config(problem, {"kernel": "wgmma"}) == []
+    auto = _problem(heads=heads, dtype=dtype, q_dtype=dtype, num_kv_splits="auto")
+    assert [c for c in cuda_decode.configs(auto) if "num_kv_splits" in c] == [
+        {"kernel": "wgmma", "num_kv_splits": s} for s in (1, 2, 4, 8, 16, 32)]
+    assert backend.validate_config(auto, {"kernel": "wgmma", "num_kv_splits": 7}) == []
+
+
+@pytest.mark.parametrize("kw", [dict(heads=16), dict(heads=32), dict(heads=96), dict(heads=1), dict(heads=20),
+                                dict(heads=128, k_qdq="fp8"), dict(heads=128, v_qdq="nvfp4"),
+                                dict(heads=64, p_qdq="fp8"), dict(heads=128, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8"),
+                                dict(heads=128, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4")])
+def test_wgmma_config_only_where_it_covers(kw):
+    """Other head counts and every quantization recipe never get the WGMMA config (listed or accepted)."""
+    problem = _problem(**kw)
+    assert not cuda_decode.wgmma_covers(problem)
+    assert all(c.get("kernel") != "wgmma" for c in cuda_decode.configs(problem))
+    assert mla_core.get_backend("cuda").validate_config(problem, {"kernel": "wgmma"})
+    assert mla_core.get_backend("cuda").validate_config(problem, {"kernel": "wgmma", "head_tiles": 4, "warps": 8})
 
 
 def test_build_key():
@@ -83,6 +117,23 @@ def test_real_sources_found():
     src = build.source_dir()
     assert (src / "mla_decode.cu").is_file() and (src / "bindings.cpp").is_file()
     assert len(build.build_key(torch_version="x", cuda_version="y", nvcc_version="z")) == 16
+
+
+def test_wgmma_source_built_and_keyed(monkeypatch, tmp_path):
+    """The WGMMA kernel's source is compiled (SOURCES), for sm_90a, and any change to it changes the key."""
+    assert "mla_decode_wgmma.cu" in build.SOURCES and "-gencode=arch=compute_90a,code=sm_90a" in build.CUDA_FLAGS
+    src = tmp_path / "csrc"
+    src.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        (src / name).write_bytes((build.source_dir() / name).read_bytes())
+    monkeypatch.setenv("MLA_CORE_CUDA_SRC", str(src))
+    monkeypatch.setattr(build, "_DEFAULT_KEY", None)
+    key = build.build_key(torch_version="x", cuda_version="y", nvcc_version="z")
+    (src / "mla_decode_wgmma.cu").write_bytes((src / "mla_decode_wgmma.cu").read_bytes() + b"\n")
+    assert build.build_key(torch_version="x", cuda_version="y", nvcc_version="z") != key
+    (src / "mla_decode_wgmma.cu").unlink()
+    with pytest.raises(build.BuildError, match="not found"):
+        build.source_dir()
 
 
 def test_source_override(monkeypatch, tmp_path):

@@ -1,4 +1,8 @@
-"""Launcher of the CUDA decode kernels (csrc/mla_decode.cu): scales, buffers, split count, configs.
+"""Launcher of the CUDA decode kernels: scales, buffers, split count, configs.
+
+Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
+covers (:func:`wgmma_covers`: bf16 / fp16, heads a multiple of 64, no K/V/P fake quantization), listed first
+there; the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem.
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
@@ -53,9 +57,22 @@ def _default_shape(heads: int) -> tuple[int, int]:
     return (1, 4) if heads <= 16 else ((2, 8) if heads <= 32 else (4, 8))
 
 
+WGMMA = {"kernel": "wgmma"}
+"""The WGMMA kernel's config: 64 heads per CTA of two warpgroups, 64-key steps (two 32-key P tiles)."""
+_WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+def wgmma_covers(problem) -> bool:
+    """Whether the WGMMA kernel runs ``problem``: cache and q bf16 or fp16, heads a multiple of 64 (64, 128),
+    no K/V/P fake quantization (the recipes stay on the mma.sync kernel)."""
+    return (problem["heads"] % 64 == 0 and problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
+            and problem.get("k_qdq") is None and problem.get("v_qdq") is None and problem.get("p_qdq") is None)
+
+
 def configs(problem) -> list[dict]:
-    """Launch choices: CTA shape (16-head m-tiles ``head_tiles``, ``warps``), fewest padded heads first among
-    the wide ones; for "auto" also the split counts."""
+    """Launch choices: the WGMMA kernel first where it covers the problem, then the mma.sync kernel's CTA shapes
+    (16-head m-tiles ``head_tiles``, ``warps``), fewest padded heads first among the wide ones; for "auto" also
+    the split counts of the first."""
     heads = problem["heads"]
     if heads <= 16:
         shapes = [(1, 4)]
@@ -63,7 +80,8 @@ def configs(problem) -> list[dict]:
         shapes = [(2, 8), (2, 4), (1, 4)]
     else:
         shapes = [(4, 8), (2, 8), (2, 4), (1, 4)]
-    out = [{"head_tiles": ht, "warps": w} for ht, w in shapes]
+    out = [dict(WGMMA)] if wgmma_covers(problem) else []
+    out += [{"head_tiles": ht, "warps": w} for ht, w in shapes]
     if problem.get("num_kv_splits") == "auto":
         out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
     return out
@@ -82,6 +100,18 @@ def run(module, call: DecodeCall, config: dict):
     if batch == 0:
         return out, lse
     splits = decode_num_splits(call, config, _sm_count(device))
+    if splits > 1:
+        part_o = torch.empty(batch * heads * splits * KV_LORA_RANK, dtype=torch.float32, device=device)
+        part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
+    else:
+        part_o = part_lse = None
+    if config.get("kernel") == "wgmma":
+        if heads % 64 or any(f is not None for f in (call.k_qdq, call.v_qdq, call.p_qdq)):
+            raise ValueError(f"cuda decode config {WGMMA}: needs heads a multiple of 64 and no fake quantization "
+                             f"(got {heads} heads, k/v/p_qdq {call.k_qdq}/{call.v_qdq}/{call.p_qdq})")
+        module.decode_wgmma(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
+                            float(call.softmax_scale) * math.log2(math.e))
+        return out, lse
     default = _default_shape(heads)
     head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
     if (head_tiles, warps) not in SHAPES:
@@ -91,11 +121,6 @@ def run(module, call: DecodeCall, config: dict):
     v_from_k = call.k_qdq == call.v_qdq == "fp8" and _f32(k_scale) == _f32(v_scale)
     # division-free quotients are proven for per-tensor factors well inside float32's range (docs/decisions.md)
     exact_div = any(not EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in (k_scale, v_scale, p_scale))
-    if splits > 1:
-        part_o = torch.empty(batch * heads * splits * KV_LORA_RANK, dtype=torch.float32, device=device)
-        part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
-    else:
-        part_o = part_lse = None
     module.decode(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
                   float(call.softmax_scale) * _f32(k_scale) * math.log2(math.e), _f32(v_scale) * _f32(p_scale),
                   k_scale, v_scale, p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k,

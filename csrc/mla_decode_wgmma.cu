@@ -1,0 +1,442 @@
+// Paged MLA decode on Hopper WGMMA (sm_90a) for unquantized bf16 / fp16, 64 heads per CTA (heads a multiple
+// of 64), kv_lora_rank 512 + rope 64. The mma.sync kernel (mla_decode.cu) runs every other problem.
+//
+// One CTA of two warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
+// 32-key P tiles of the numerics contract: a split starts at a multiple of 32, so each half is a P tile at an
+// absolute position). Per step:
+//   1. the next step's 64 cache rows are gathered row by row through the block table by cp.async into the other
+//      stage (128-byte-swizzled slabs, double-buffered; a key past the split's end or whose page lies outside
+//      the cache is zero-filled, never read, and masked; an unaligned cache takes plain loads);
+//   2. warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16, Q and K from shared memory), scaled
+//      to the log2 domain and masked; the two exchange row maxima through shared memory, so both hold
+//      m1 = max(m, rowmax S0) and m2 = max(m1, rowmax S1);
+//   3. warpgroup w writes its half's P = exp2(S - m_{w+1}) rounded to the cache dtype into a shared 64 x 64 P
+//      slab, and keeps its half's row sum from the float32 P;
+//   4. each warpgroup owns 256 of the 512 output columns: O = O * 2^(m - m1) + P0 V0, then
+//      O = O * 2^(m1 - m2) + P1 V1 (wgmma m64n256k16, P from the slab, V = the first 512 columns of the same
+//      K rows read MN-major). When no row of the CTA has m2 != m1 the four k-steps run as one chain (the
+//      factor is exactly 1: the same numbers).
+// Row sums: l_0 = (l_0 * 2^(m - m1) + sum P0) * 2^(m1 - m2), l_1 = (l_1 * 2^(m - m1)) * 2^(m1 - m2) + sum P1,
+// added at the end (l = l_0 + l_1). Outputs, LSE, empty rows and splits as the mma.sync kernel (0 and -inf),
+// partials merged by its combine kernel. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper
+// building blocks, verified").
+
+#include "mla_decode.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "mla_decode_wgmma.cu is written for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
+#endif
+
+namespace mla_core_cuda {
+namespace {
+
+constexpr int kHeads = 64;                         // heads per CTA: the wgmma M
+constexpr int kKeys = 64;                          // keys per step: two 32-key P tiles
+constexpr int kPTile = 32;                         // the contract's P tile
+constexpr int kNope = 512;                         // V width (kv_lora_rank)
+constexpr int kRowBytes = 576 * 2;                 // a K row (512 latent + 64 rope), 16-bit elements
+constexpr int kChunks = kRowBytes / 16;            // 16-byte chunks per row
+constexpr int kThreads = 256;                      // two warpgroups
+constexpr int kTileBytes = kKeys * kRowBytes;      // 73,728 B: 9 slabs of [64 rows x 128 B] (Q alike)
+constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
+                           + kHeads * 128          // P slab [64 heads x 64 keys]
+                           + 2 * kHeads * 4        // [2 warpgroups][64 rows] maxima, at the end row sums
+                           + 2 * kKeys * 4         // [2 stages][64 keys] validity
+                           + 1024;                 // alignment slack: slabs start 1024-aligned
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kMaxDevices = 64;                    // devices whose shared-memory attribute is remembered
+
+// Byte offset of (row, byte) in the slab layout of a [64 rows x 1152 B] operand: 128-byte slabs of 64 rows,
+// slab after slab; chunk c of row r at chunk position c ^ (r % 8) (the 128-byte swizzle).
+__device__ __forceinline__ uint32_t slab_off(uint32_t row, uint32_t byte) {
+  return (byte >> 7) * (kKeys * 128u) + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Shared-memory matrix descriptor: start address >> 4, leading byte offset >> 4 at bit 16, stride byte offset
+// >> 4 at bit 32, base offset 0 (slabs 1024-aligned), layout 1 (128-byte swizzle) at bit 62.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+// K-major operand (64-row slabs), the k16 step `kbyte` bytes into each row: SBO 1024 (8 rows), LBO unused (16).
+__device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s, uint32_t kbyte) {
+  return make_desc(smem_u32(s) + (kbyte >> 7) * kKeys * 128u + (kbyte & 127u), 16u, 1024u);
+}
+// MN-major operand (V: rows = keys, the slab runs along the output columns), the k16 step at key `k0`:
+// LBO = bytes between 64-column slabs, SBO 1024 (8 keys).
+__device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) {
+  return make_desc(smem_u32(s) + k0 * 128u, kKeys * 128u, 1024u);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Ties registers to this point of the instruction stream: accumulators are neither read before the wait that
+// makes them valid nor initialized after the first wgmma.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// 16-byte cp.async; src_bytes 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool i64) {
+  return i64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
+}
+
+// The wgmma products in the element type T (D f32 += A T * B T): S half m64n32k16 (A = Q, B = K, both
+// K-major) and P V m64n256k16 (A = P K-major, B = V MN-major). `accumulate` 0: D = A B.
+template <typename T> struct Wgmma;
+#define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                                \
+  template <> struct Wgmma<T_> {                                                                               \
+    static __device__ __forceinline__ void s_half(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+                 : "l"(da), "l"(db), "r"(accumulate));                                                         \
+    }                                                                                                          \
+    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                             \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+                 : "l"(da), "l"(db), "r"(accumulate));                                                         \
+    }                                                                                                          \
+    /* two float32 rounded to T (nearest even), the lower column in the low half */                            \
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {                                      \
+      const PAIR v = CONVERT(lo, hi);                                                                          \
+      return *reinterpret_cast<const uint32_t*>(&v);                                                           \
+    }                                                                                                          \
+  };
+MLA_WGMMA_OPS(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn)
+MLA_WGMMA_OPS(__half, "f16", __half2, __floats2half2_rn)
+#undef MLA_WGMMA_OPS
+
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~static_cast<uintptr_t>(1023));
+}
+
+// tok = pg * page_size + in_page, 0 <= in_page < page_size, for 0 <= tok < 2^51, without a division instruction
+// (a 64-bit integer division is a subroutine with branches; in a divergent path it makes ptxas serialize every
+// wgmma of the kernel): the float64 product with inv = RN(1 / page_size) is within 1 of the quotient, one
+// correction each way makes it exact.
+__device__ __forceinline__ void page_of(int64_t tok, int64_t page_size, double inv, int64_t& pg, int64_t& in_page) {
+  int64_t q = __double2ll_rz(__dmul_rn(static_cast<double>(tok), inv));
+  int64_t r = tok - q * page_size;
+  q = r < 0 ? q - 1 : q;
+  r = r < 0 ? r + page_size : r;
+  q = r >= page_size ? q + 1 : q;
+  r = r >= page_size ? r - page_size : r;
+  pg = q;
+  in_page = r;
+}
+
+// The 64 cache rows of keys pos0 .. pos0 + 63 into the slab layout at `sk`, gathered through the block table
+// (token t at page block_table[b, t / page_size], row t % page_size: any page size). A key at or past `hi`, or
+// whose page lies outside the cache, is zero-filled (nothing read) and marked 0 in `valid`. Warp w copies rows
+// w, w + 8, ..; lane l the chunks l, l + 32, l + 64 (< 72) of each; lanes 0..7 read the warp's 8 table entries
+// (only entries a length reaches) and broadcast the row offsets. `aligned`: cp.async, else 2-byte loads.
+__device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t pos0, int64_t hi, uint8_t* sk,
+                                          int* valid, bool aligned) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t my_off = -1;  // element offset of row warp + 8 * lane in the cache; -1: an absent key
+  if (lane < 8) {
+    const int64_t tok = pos0 + warp + 8 * lane;
+    if (tok < hi) {
+      int64_t pg, in_page;
+      page_of(tok, p.page_size, p.page_size_inv, pg, in_page);
+      const int64_t page = load_index(p.block_table, b * p.table_stride_b + pg * p.table_stride_col, p.table_i64);
+      if (page >= 0 && page < p.num_pages) my_off = page * p.cache_stride_page + in_page * p.cache_stride_tok;
+    }
+    valid[warp + 8 * lane] = my_off >= 0;
+  }
+  const uint16_t* cache = static_cast<const uint16_t*>(p.cache);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t off = __shfl_sync(0xffffffffu, my_off, j);
+    const int r = warp + 8 * j;
+    const uint16_t* src = off >= 0 ? cache + off : cache;
+    if (aligned) {
+      for (int c = lane; c < kChunks; c += 32) cp_async16(sk + slab_off(r, c * 16), off >= 0 ? src + c * 8 : cache, off >= 0 ? 16u : 0u);
+    } else {
+      for (int c = lane; c < kChunks; c += 32) {
+        uint16_t* dst = reinterpret_cast<uint16_t*>(sk + slab_off(r, c * 16));
+        for (int e = 0; e < 8; ++e) dst[e] = off >= 0 ? src[c * 8 + e] : static_cast<uint16_t>(0);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
+__device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__half* dst, float a, float b) {
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+}
+// This thread's 2 x 64 accumulator values of rows lo and hi (= lo + 8) times inv_lo / inv_hi: o[j] sits at
+// column 8 (j / 4) + j % 2 from the thread's first column, row hi when j % 4 >= 2.
+template <typename OutT>
+__device__ __forceinline__ void store_rows(OutT* lo, OutT* hi, const float (&o)[128], float inv_lo, float inv_hi) {
+#pragma unroll
+  for (int j = 0; j < 128; j += 4) {
+    store_pair(lo + 8 * (j >> 2), o[j] * inv_lo, o[j + 1] * inv_lo);
+    store_pair(hi + 8 * (j >> 2), o[j + 2] * inv_hi, o[j + 3] * inv_hi);
+  }
+}
+
+__device__ __forceinline__ void scale_rows(float (&o)[128], float a_lo, float a_hi) {
+#pragma unroll
+  for (int j = 0; j < 128; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sq = align1024(smem_raw);
+  uint8_t* sk0 = sq + kTileBytes;
+  uint8_t* sp = sq + 3 * kTileBytes;                     // P [64 heads x 64 keys], one swizzled slab
+  float* sx = reinterpret_cast<float*>(sp + kHeads * 128);  // [2][64] row maxima, at the end row sums
+  int* s_valid = reinterpret_cast<int*>(sx + 2 * kHeads);   // [2 stages][64 keys]
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // accumulator rows of this thread: row_lo, row_lo + 8
+  const int head_groups = p.heads / kHeads;
+  const int hg = blockIdx.x % head_groups;
+  const int split = (blockIdx.x / head_groups) % p.num_splits;
+  const int b = blockIdx.x / (head_groups * p.num_splits);
+
+  // Split bounds (the reference's schedule, as the mma.sync kernel), the length clamped to the table's capacity.
+  int64_t len = load_index(p.seq_lens, b * p.lens_stride, p.lens_i64);
+  const int64_t capacity = p.table_width * p.page_size;
+  len = len < 0 ? 0 : (len > capacity ? capacity : len);
+  const int64_t tiles_total = (len + kPTile - 1) / kPTile;
+  const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
+  const int64_t lo = split * tiles_per_split * kPTile;
+  const int64_t hi = lo + tiles_per_split * kPTile < len ? lo + tiles_per_split * kPTile : len;
+  const int64_t steps = hi > lo ? (hi - lo + kKeys - 1) / kKeys : 0;
+
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
+                       (p.cache_stride_tok % 8 == 0);
+  if (steps > 0) {  // Q rows of the head group and step 0's keys, then visible to wgmma
+    const bool q_aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.q_stride_b % 8 == 0) &&
+                           (p.q_stride_h % 8 == 0);
+    const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + hg * kHeads * p.q_stride_h;
+    for (int i = tid; i < kHeads * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const uint16_t* src = q + r * p.q_stride_h + c * 8;
+      if (q_aligned) {
+        cp_async16(sq + slab_off(r, c * 16), src, 16u);
+      } else {
+        uint16_t* dst = reinterpret_cast<uint16_t*>(sq + slab_off(r, c * 16));
+        for (int e = 0; e < 8; ++e) dst[e] = src[e];
+      }
+    }
+    load_tile(p, b, lo, hi, sk0, s_valid, aligned);
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+  }
+
+  float o[128];
+#pragma unroll
+  for (int j = 0; j < 128; ++j) o[j] = 0.f;
+  // Running max (log2 domain, both warpgroups alike) and this warpgroup's row sum (this thread's 8 of 32 keys).
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  for (int64_t it = 0; it < steps; ++it) {
+    const int stage = static_cast<int>(it & 1);
+    const uint8_t* sk = sk0 + stage * kTileBytes;
+    const int64_t pos0 = lo + it * kKeys;
+    // The next step's rows into the other stage: its last readers finished before the barrier ending step it - 1.
+    if (it + 1 < steps) {
+      load_tile(p, b, pos0 + kKeys, hi, sk0 + (stage ^ 1) * kTileBytes, s_valid + (stage ^ 1) * kKeys, aligned);
+      cp_async_commit();
+    }
+
+    // 2. S for this warpgroup's 32 keys (rows 32 wg.. of every K slab: a multiple of 8, the same swizzle phase)
+    float s[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) s[j] = 0.f;
+    reg_fence(s);
+    wg_fence();
+    const uint8_t* skw = sk + wg * kPTile * 128;
+#pragma unroll
+    for (int ks = 0; ks < kRowBytes / 32; ++ks) Wgmma<T>::s_half(s, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
+    wg_commit();
+    wg_wait_all();
+    reg_fence(s);
+
+    const int* valid = s_valid + stage * kKeys + kPTile * wg;
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int key = 8 * (j >> 2) + 2 * (t & 3) + (j & 1);
+      const float x = valid[key] != 0 ? s[j] * p.qk_scale_log2 : -INFINITY;
+      s[j] = x;
+      if (j & 2) mx_hi = fmaxf(mx_hi, x); else mx_lo = fmaxf(mx_lo, x);
+    }
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {  // the 4 threads of a quad share rows
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
+    }
+    if ((t & 3) == 0) {
+      sx[wg * kHeads + row_lo] = mx_lo;
+      sx[wg * kHeads + row_lo + 8] = mx_hi;
+    }
+    __syncthreads();
+    const float m1_lo = fmaxf(m_lo, sx[row_lo]), m1_hi = fmaxf(m_hi, sx[row_lo + 8]);
+    const float m2_lo = fmaxf(m1_lo, sx[kHeads + row_lo]), m2_hi = fmaxf(m1_hi, sx[kHeads + row_lo + 8]);
+    // A row with no key yet (max -inf) takes its factors and P against 0: no -inf - -inf NaN.
+    const float z1_lo = m1_lo == -INFINITY ? 0.f : m1_lo, z1_hi = m1_hi == -INFINITY ? 0.f : m1_hi;
+    const float z2_lo = m2_lo == -INFINITY ? 0.f : m2_lo, z2_hi = m2_hi == -INFINITY ? 0.f : m2_hi;
+    const float a1_lo = exp2f(m_lo - z1_lo), a1_hi = exp2f(m_hi - z1_hi);
+    const float a2_lo = exp2f(m1_lo - z2_lo), a2_hi = exp2f(m1_hi - z2_hi);
+    const float mo_lo = wg == 0 ? z1_lo : z2_lo, mo_hi = wg == 0 ? z1_hi : z2_hi;  // this half's max
+
+    // 3. P of this half, its row sum from the float32 P (warpgroup 0 adds it before the factor 2^(m1 - m2))
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float e = exp2f(s[j] - ((j & 2) ? mo_hi : mo_lo));
+      s[j] = e;
+      if (j & 2) sum_hi += e; else sum_lo += e;
+    }
+    l_lo = wg == 0 ? (l_lo * a1_lo + sum_lo) * a2_lo : (l_lo * a1_lo) * a2_lo + sum_lo;
+    l_hi = wg == 0 ? (l_hi * a1_hi + sum_hi) * a2_hi : (l_hi * a1_hi) * a2_hi + sum_hi;
+    m_lo = m2_lo;
+    m_hi = m2_hi;
+#pragma unroll
+    for (int j = 0; j < 16; j += 4) {
+      const int key = kPTile * wg + 8 * (j >> 2) + 2 * (t & 3);
+      *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, key * 2)) = Wgmma<T>::pack(s[j], s[j + 1]);
+      *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, key * 2)) = Wgmma<T>::pack(s[j + 2], s[j + 3]);
+    }
+    fence_proxy_async();
+    const bool rescale2 = __syncthreads_or(a2_lo != 1.f || a2_hi != 1.f);  // CTA-uniform; publishes the P slab
+
+    // 4. O = O * a1 + P0 V0; O = O * a2 + P1 V1 over this warpgroup's 256 columns (slabs 4 wg .. 4 wg + 3).
+    // Each branch holds a complete wgmma sequence (a wgmma after a branch writing its accumulators makes
+    // ptxas serialize every wgmma of the kernel).
+    scale_rows(o, a1_lo, a1_hi);
+    const uint8_t* sv = sk + wg * 4 * kKeys * 128;
+    if (rescale2) {
+      wg_fence();
+      Wgmma<T>::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
+      Wgmma<T>::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+      wg_commit();
+      wg_wait_all();
+      reg_fence(o);
+      scale_rows(o, a2_lo, a2_hi);
+      wg_fence();
+      Wgmma<T>::pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
+      Wgmma<T>::pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
+      wg_commit();
+      wg_wait_all();
+      reg_fence(o);
+    } else {
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) Wgmma<T>::pv(o, kmajor_desc(sp, 32 * ks), mnmajor_desc(sv, 16 * ks), 1);
+      wg_commit();
+      wg_wait_all();
+      reg_fence(o);
+    }
+    // The next step's rows have landed; both warpgroups are done with this stage, the P slab and the maxima.
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+  }
+
+  // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).
+#pragma unroll
+  for (int d = 1; d <= 2; d <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
+  }
+  if ((t & 3) == 0) {
+    sx[wg * kHeads + row_lo] = l_lo;
+    sx[wg * kHeads + row_lo + 8] = l_hi;
+  }
+  __syncthreads();
+  const float lt_lo = sx[row_lo] + sx[kHeads + row_lo], lt_hi = sx[row_lo + 8] + sx[kHeads + row_lo + 8];
+  const float inv_lo = lt_lo == 0.f ? 0.f : 1.f / lt_lo, inv_hi = lt_hi == 0.f ? 0.f : 1.f / lt_hi;  // empty: 0
+  const int64_t g_lo = static_cast<int64_t>(b) * p.heads + hg * kHeads + row_lo, g_hi = g_lo + 8;
+  if (wg == 0 && (t & 3) == 0) {
+    // an empty row (l == 0) gives -inf; a NaN read within the length propagates, as in the reference
+    const float lse_lo = lt_lo == 0.f ? -INFINITY : (m_lo + log2f(lt_lo)) * kLn2;
+    const float lse_hi = lt_hi == 0.f ? -INFINITY : (m_hi + log2f(lt_hi)) * kLn2;
+    if (p.num_splits > 1) {
+      p.part_lse[g_lo * p.num_splits + split] = lse_lo;
+      p.part_lse[g_hi * p.num_splits + split] = lse_hi;
+    } else if (p.lse != nullptr) {
+      p.lse[g_lo] = lse_lo;
+      p.lse[g_hi] = lse_hi;
+    }
+  }
+  const int col0 = wg * 256 + 2 * (t & 3);
+  if (p.num_splits > 1) {
+    store_rows(p.part_o + (g_lo * p.num_splits + split) * kNope + col0,
+               p.part_o + (g_hi * p.num_splits + split) * kNope + col0, o, inv_lo, inv_hi);
+  } else if (p.out_dtype == kFP32) {
+    float* out = static_cast<float*>(p.out);
+    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi);
+  } else if (p.out_dtype == kBF16) {
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi);
+  } else {
+    __half* out = static_cast<__half*>(p.out);
+    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi);
+  }
+}
+
+template <typename T>
+cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
+  // Once per device and instantiation (not a stream operation: capture-safe).
+  static bool attribute_set[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !attribute_set[device]) {
+    err = cudaFuncSetAttribute(decode_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) attribute_set[device] = true;
+  }
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * (p.heads / kHeads);
+  decode_wgmma_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool decode_wgmma_supported(const DecodeParams& p) {
+  return p.heads > 0 && p.heads % kHeads == 0 && p.k_fmt == kNoQuant && p.v_fmt == kNoQuant && p.p_fmt == kNoQuant &&
+         (p.dtype == kBF16 || p.dtype == kFP16);
+}
+
+cudaError_t launch_decode_wgmma(const DecodeParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return cudaSuccess;
+  if (!decode_wgmma_supported(p)) return cudaErrorInvalidValue;
+  const cudaError_t err = p.dtype == kFP16 ? launch_split<__half>(p, stream) : launch_split<__nv_bfloat16>(p, stream);
+  if (err != cudaSuccess || p.num_splits == 1) return err;
+  return launch_combine(p, stream);
+}
+
+}  // namespace mla_core_cuda
