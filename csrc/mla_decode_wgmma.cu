@@ -105,7 +105,7 @@ __device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool i64
 // The wgmma products in the element type T (D f32 += A T * B T): S half m64n32k16 (A = Q, B = K, both
 // K-major) and P V m64n256k16 (A = P K-major, B = V MN-major). `accumulate` 0: D = A B.
 template <typename T> struct Wgmma;
-#define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                                \
+#define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                   \
   template <> struct Wgmma<T_> {                                                                               \
     static __device__ __forceinline__ void s_half(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                              \
@@ -163,7 +163,9 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t 
       int64_t pg, in_page;
       page_of(tok, p.page_size, p.page_size_inv, pg, in_page);
       const int64_t page = load_index(p.block_table, b * p.table_stride_b + pg * p.table_stride_col, p.table_i64);
-      if (page >= 0 && page < p.num_pages) my_off = page * p.cache_stride_page + in_page * p.cache_stride_tok;
+      if (page >= 0 && page < p.num_pages) {  // a page outside the cache is an absent key
+        my_off = page * p.cache_stride_page + in_page * p.cache_stride_tok;
+      }
     }
     valid[warp + 8 * lane] = my_off >= 0;
   }
@@ -174,7 +176,8 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t 
     const int r = warp + 8 * j;
     const uint16_t* src = off >= 0 ? cache + off : cache;
     if (aligned) {
-      for (int c = lane; c < kChunks; c += 32) cp_async16(sk + slab_off(r, c * 16), off >= 0 ? src + c * 8 : cache, off >= 0 ? 16u : 0u);
+      for (int c = lane; c < kChunks; c += 32)
+        cp_async16(sk + slab_off(r, c * 16), off >= 0 ? src + c * 8 : cache, off >= 0 ? 16u : 0u);
     } else {
       for (int c = lane; c < kChunks; c += 32) {
         uint16_t* dst = reinterpret_cast<uint16_t*>(sk + slab_off(r, c * 16));
@@ -184,7 +187,9 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t 
   }
 }
 
-__device__ __forceinline__ void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
+__device__ __forceinline__ void store_pair(float* dst, float a, float b) {
+  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+}
 __device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
 }
@@ -278,7 +283,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     wg_fence();
     const uint8_t* skw = sk + wg * kPTile * 128;
 #pragma unroll
-    for (int ks = 0; ks < kRowBytes / 32; ++ks) Wgmma<T>::s_half(s, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
+    for (int ks = 0; ks < kRowBytes / 32; ++ks)
+      Wgmma<T>::s_half(s, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
     wg_commit();
     wg_wait_all();
     reg_fence(s);

@@ -1,10 +1,13 @@
-"""CUDA decode (csrc/mla_decode.cu) against the reference backend, on the GPU (``pytest -m gpu``).
+"""CUDA decode (csrc/mla_decode.cu: mma.sync, csrc/mla_decode_wgmma.cu: WGMMA) against the reference backend,
+on the GPU (``pytest -m gpu``).
 
-DeepSeek sizes (kv_lora_rank 512, rope 64), heads 16 and 128, pages 1/16/64, lengths on every 32- and
+DeepSeek sizes (kv_lora_rank 512, rope 64), heads 16, 64 and 128, pages 1/16/64, lengths on every 32- and
 64-key tile edge plus 1000 and 32768, splits 1/32/auto, every recipe. Unreached cache rows hold NaN and
 block-table entries past each length hold out-of-range garbage (tests/paged_inputs.py), so a kernel that
 reads them fails; output buffers come from memory just filled with NaN, so an unwritten element fails.
-Quantized cases also show the result is far from the unquantized reference.
+Quantized cases also show the result is far from the unquantized reference. The ``kernels`` fixture records
+which kernel each cuda call ran: unquantized bf16/fp16 at 64 and 128 heads must run the WGMMA kernel, every
+other problem the mma.sync kernel.
 """
 from __future__ import annotations
 
@@ -73,6 +76,27 @@ def check(inputs, tol=1e-2, quantized=False, lens=None, **kw):
     return out, lse
 
 
+@pytest.fixture
+def kernels(monkeypatch):
+    """The kernel of every cuda decode call from here on ("wgmma" or "mma.sync"); no autotune cache read (the
+    default config runs)."""
+    from mla_core_cuda import decode as launcher
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
+    seen = []
+    real = launcher.run
+
+    def spy(module, call, config):
+        seen.append(config.get("kernel", "mma.sync"))
+        return real(module, call, config)
+
+    monkeypatch.setattr(launcher, "run", spy)
+    return seen
+
+
+def _expected_kernel(heads, recipe="bf16"):
+    return "wgmma" if heads % 64 == 0 and recipe == "bf16" else "mma.sync"
+
+
 def test_backend_available():
     backend = mla_core.get_backend("cuda")
     assert backend.unavailable_reason() is None
@@ -80,27 +104,88 @@ def test_backend_available():
 
 @pytest.mark.parametrize("splits", [1, 32, "auto"])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("heads", [16, 64, 128])
 @pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
-def test_deepseek(recipe, heads, page_size, splits):
+def test_deepseek(recipe, heads, page_size, splits, kernels):
     k, v, p = RECIPES[recipe]
     inputs = _inputs(tuple(LENGTHS), heads, page_size)
     check(inputs, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits=splits)
+    assert kernels == [_expected_kernel(heads, recipe)]  # heads 16 and the recipes never run the WGMMA kernel
 
 
-@pytest.mark.parametrize("heads", [1, 20, 64])
+@pytest.mark.parametrize("heads", [1, 20, 64, 128])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
-def test_heads_and_out_dtypes(heads, out_dtype):
+def test_heads_and_out_dtypes(heads, out_dtype, kernels):
     inputs = _inputs((1, 700, 0, 64), heads, 16)
     check(inputs, k_qdq="nvfp4", v_qdq="fp8", p_qdq="fp8", num_kv_splits=5, out_dtype=out_dtype, quantized=True)
     check(inputs, num_kv_splits=1, out_dtype=out_dtype)
+    check(inputs, num_kv_splits=3, out_dtype=out_dtype)
+    assert kernels == ["mma.sync", _expected_kernel(heads), _expected_kernel(heads)]
 
 
+@pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
-def test_fp16_cache(recipe):
+def test_fp16_cache(recipe, heads, kernels):
     k, v, p = RECIPES[recipe]
-    inputs = _inputs((2000, 1, 33), 16, 16, torch.float16)
+    inputs = _inputs((2000, 1, 33), heads, 16, torch.float16)
     check(inputs, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits=3)
+    check(inputs, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits=1, out_dtype=torch.float32)
+    assert kernels == [_expected_kernel(heads, recipe)] * 2
+
+
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_every_config_against_reference(heads, out_dtype):
+    """Every config of an unquantized problem (the WGMMA kernel and each mma.sync CTA shape) against the
+    reference, with split starts off the 64-key steps (2049 keys: 4 splits of 17 tiles start at 544, 1088, 1632)
+    and lengths around them; the two kernels also agree with each other to the output's rounding."""
+    from mla_core.specs import validate_decode
+    from mla_core_cuda import build, decode as launcher
+    inputs = _inputs((1000, 63, 64, 65, 129, 0, 2049), heads, 16)
+    problem, call = validate_decode(*inputs, softmax_scale=(RANK + ROPE) ** -0.5, kv_lora_rank=RANK,
+                                    qk_rope_head_dim=ROPE, page_size=None, num_kv_splits=4, k_qdq=None,
+                                    k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0,
+                                    return_lse=True, out_dtype=out_dtype)
+    configs = launcher.configs(problem)
+    assert configs[0] == {"kernel": "wgmma"} and len(configs) == 5
+    ref, ref_lse = decode("reference", inputs, num_kv_splits=4, out_dtype=out_dtype)
+    module = build.build()
+    lens = inputs[3]
+    outs = []
+    for config in configs:
+        _poison_allocator()
+        out, lse = launcher.run(module, call, config)
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), config
+        assert (out[lens == 0] == 0).all() and (lse[lens == 0] == float("-inf")).all(), config
+        assert rel_l2(out[lens > 0], ref[lens > 0]) < 1e-2, config
+        assert (lse[lens > 0] - ref_lse[lens > 0]).abs().max().item() < 1e-3, config
+        outs.append(out)
+    for out in outs[1:]:
+        assert rel_l2(out, outs[0]) < (1e-2 if out_dtype == torch.bfloat16 else 1e-3)
+
+
+def test_wgmma_caller_buffers_and_no_lse(kernels):
+    """The WGMMA kernel through the FlashInfer-compatible dense path: caller-given out / lse buffers (NaN
+    first) are filled, and return_lse=False returns the output alone."""
+    from mla_core.compat.flashinfer import trtllm_batch_decode_with_kv_cache_mla
+    q, cache, table, lens = _inputs((1000, 1, 0, 65), 128, 64)
+    out = torch.full((q.shape[0], 1, 128, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((q.shape[0], 1, 128), float("nan"), dtype=torch.float32, device="cuda")
+    args = (q[:, None], cache, torch.empty(1, device="cuda"), 128, RANK, ROPE, table, lens, 1000)
+    got, got_lse = trtllm_batch_decode_with_kv_cache_mla(*args, out=out, lse=lse, bmm1_scale=0.04,
+                                                         return_lse=True, backend="cuda")
+    assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+    ref, ref_lse = decode("reference", (q, cache, table, lens), softmax_scale=0.04, num_kv_splits=32)
+    assert rel_l2(out[:, 0][lens > 0], ref[lens > 0]) < 1e-2 and (out[:, 0][lens == 0] == 0).all()
+    finite = lens > 0
+    assert (lse[:, 0][finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    assert (lse[:, 0][~finite] == float("inf")).all()  # FlashInfer's empty-row LSE
+    alone = trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=0.04, backend="cuda")
+    assert torch.equal(alone, out)
+    plain, none = mla_core.mla_attention_decode(q, cache, table, lens, softmax_scale=0.04, return_lse=False,
+                                                backend="cuda")
+    assert none is None and torch.equal(plain, out[:, 0])
+    assert kernels == ["wgmma"] * 3
 
 
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
@@ -113,26 +198,33 @@ def test_calibrated_amax(recipe):
     check(inputs, quantized=True, k_qdq="fp8", k_qdq_amax=3.0, v_qdq="fp8", v_qdq_amax=3.0, p_qdq=p)  # V = K codes
 
 
-def test_index_dtypes_and_strides():
+@pytest.mark.parametrize("heads", [16, 64])
+def test_index_dtypes_and_strides(heads, kernels):
     """int64 table and lengths, a cache whose rows are not 16-byte aligned (a column slice of a wider
-    tensor), q a head slice of a larger tensor."""
-    q, cache, table, lens = _inputs((300, 17, 0), 16, 16)
+    tensor), q a head slice of a larger tensor (and one whose rows are not 16-byte aligned)."""
+    q, cache, table, lens = _inputs((300, 17, 0), heads, 16)
     wide = torch.full((cache.shape[0], cache.shape[1], 577), float("nan"), dtype=cache.dtype, device="cuda")
     wide[..., 1:] = cache
     sliced = wide[..., 1:]
-    q_big = torch.randn(q.shape[0], 32, q.shape[2], generator=torch.Generator().manual_seed(1)).to("cuda", q.dtype)
-    q_big[:, 8:24] = q
+    g = torch.Generator().manual_seed(1)
+    q_big = torch.randn(q.shape[0], 2 * heads, q.shape[2], generator=g).to("cuda", q.dtype)
+    q_big[:, heads // 2:heads // 2 + heads] = q
+    q_wide = torch.randn(q.shape[0], heads, 577, generator=g).to("cuda", q.dtype)
+    q_wide[..., 1:] = q
     out_ref, _ = check((q, cache, table, lens), num_kv_splits=2)
     out_a, _ = check((q, sliced, table.long(), lens.long()), num_kv_splits=2)
-    out_b, _ = check((q_big[:, 8:24], cache, table, lens), num_kv_splits=2)
-    assert torch.equal(out_a, out_ref) and torch.equal(out_b, out_ref)
+    out_b, _ = check((q_big[:, heads // 2:heads // 2 + heads], cache, table, lens), num_kv_splits=2)
+    out_c, _ = check((q_wide[..., 1:], sliced, table, lens.long()), num_kv_splits=2)
+    assert torch.equal(out_a, out_ref) and torch.equal(out_b, out_ref) and torch.equal(out_c, out_ref)
+    assert kernels == [_expected_kernel(heads)] * 4
 
 
-def test_unchecked_metadata_is_masked_and_clamped(monkeypatch):
+@pytest.mark.parametrize("heads", [16, 128])
+def test_unchecked_metadata_is_masked_and_clamped(monkeypatch, heads, kernels):
     """With content checks off, a length past the table's capacity is clamped to it, and table entries within
     a length that point outside the cache are absent keys (what the reference does)."""
     monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
-    q, cache, table, lens = _inputs((100, 64, 40), 16, 16)
+    q, cache, table, lens = _inputs((100, 64, 40), heads, 16)
     cache = cache.nan_to_num(0.0)  # the clamped request reaches the tail rows of its last page
     width = table.shape[1]
     table = table.clone()
@@ -147,6 +239,7 @@ def test_unchecked_metadata_is_masked_and_clamped(monkeypatch):
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert rel_l2(out, ref) < 1e-2
     assert (lse - ref_lse).abs().max().item() < 1e-3
+    assert kernels == [_expected_kernel(heads)]
 
 
 def test_head_tiles_agree():
@@ -166,10 +259,13 @@ def test_head_tiles_agree():
         assert rel_l2(out, outs[0][0]) < 1e-5 and rel_l2(lse, outs[0][1]) < 1e-6
 
 
-def test_cuda_graph_capture():
+@pytest.mark.parametrize("recipe", ["fp8", "bf16"])
+def test_cuda_graph_capture(recipe, kernels):
+    """Captured and replayed (the mma.sync kernel with a recipe, the WGMMA kernel without): the same numbers
+    as eager, and new inputs in the static buffers give the new result."""
     q, cache, table, lens = _inputs((100, 3000, 1, 0), 128, 64)
-    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=8, k_qdq="fp8",
-              v_qdq="fp8", p_qdq="nvfp4", backend="cuda")
+    quant = dict(k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4") if recipe == "fp8" else {}
+    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=8, backend="cuda", **quant)
     eager, eager_lse = mla_core.mla_attention_decode(q, cache, table, lens, **kw)
     static_q = q.clone()
     stream = torch.cuda.Stream()
@@ -187,10 +283,12 @@ def test_cuda_graph_capture():
     graph.replay()
     want, _ = mla_core.mla_attention_decode(q * 0.5, cache, table, lens, **kw)
     assert torch.equal(out, want)
+    assert set(kernels) == {"mma.sync" if recipe == "fp8" else "wgmma"}
 
 
-def test_torch_compile_fullgraph():
-    q, cache, table, lens = _inputs((100, 33), 16, 16)
+@pytest.mark.parametrize("heads", [16, 128])
+def test_torch_compile_fullgraph(heads):
+    q, cache, table, lens = _inputs((100, 33), heads, 16)
 
     def step(q, cache, table, lens):
         out, lse = mla_core.mla_attention_decode(q, cache, table, lens, softmax_scale=0.04, num_kv_splits=4,

@@ -11,6 +11,8 @@ from __future__ import annotations
 KILL_SELECTION = ("tests/test_cuda_decode.py", "-k",
                   "(deepseek and 16-16) or heads_and_out or calibrated or fp16_cache or index_dtypes")
 """What each mutant runs: fast cases that cover every recipe, split counts, CTA shapes and edges."""
+WGMMA_SELECTION = "tests/test_cuda_decode.py -k 'every_config or (deepseek and bf16-128-16)'"
+"""The WGMMA kernel's mutants (tests/mutation/run.py): every config at 64/128 heads, the DeepSeek edges at page 16."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
@@ -58,6 +60,21 @@ MUTANTS = [
          new="        for (int c = 0; c < kRowCols; ++c) x[c] = x[c];",
          tests=["tests/test_cuda_decode.py"],
          why="NVFP4 P not rounded to V's dtype first (the contract's order): block maxima and ties move"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    if (tok < hi) {",
+         new="    if (tok <= hi) {",
+         tests=[WGMMA_SELECTION], gpu=True,
+         why="WGMMA kernel, wrong mask at the length edge: the row at a split's end (NaN past a length) is a key"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      scale_rows(o, a2_lo, a2_hi);\n",
+         new="",
+         tests=[WGMMA_SELECTION], gpu=True,
+         why="WGMMA kernel, no rescale between the two 32-key halves: P0 V0 kept against the old running max"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    const float mo_lo = wg == 0 ? z1_lo : z2_lo, mo_hi = wg == 0 ? z1_hi : z2_hi;",
+         new="    const float mo_lo = z2_lo, mo_hi = z2_hi;",
+         tests=[WGMMA_SELECTION], gpu=True,
+         why="WGMMA kernel, half 0's P taken against the step's final max m2 instead of m1 (then rescaled twice)"),
 ]
 
 
