@@ -30,7 +30,7 @@ def device_reason() -> str | None:
 
 class CudaBackend(mla_core.Backend):
     name = "cuda"
-    version = "0.1 (sm_90a, mma.sync)"
+    version = "0.2 (sm_90a, mma.sync + wgmma)"
     priority = 180  # below triton (200) until it is faster at the shapes that matter (docs/cuda.md "Speed"); tuned caches pick per shape
     device_types = frozenset({"cuda"})
     description = "CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA decode"
@@ -40,7 +40,8 @@ class CudaBackend(mla_core.Backend):
                     "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS, "heads": range(1, 129),
                     "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
             features=frozenset({"lse"}),
-            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128; any page size >= 1; "
+            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128 (64 and 128 unquantized on "
+                  "WGMMA, the rest on mma.sync); any page size >= 1; "
                   "q in the cache dtype (bf16/fp16); no FP8 KV cache (float8_e4m3fn + kv_scale: reference and "
                   "triton)"),
     }
