@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize
 
-Runs every CTA shape and recipe on paged caches whose unreached rows hold NaN, with block-table entries past
+Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``) on paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself).
@@ -42,7 +42,8 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
     _, call = validate_decode(q, cache, table, lens, softmax_scale=0.04, kv_lora_rank=512, qk_rope_head_dim=64,
                               page_size=None, num_kv_splits=splits, k_qdq=fmt, k_qdq_amax=None, v_qdq=fmt,
                               v_qdq_amax=None, p_qdq=fmt, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
-    out, lse = decode.run(build.build(), call, {"head_tiles": shape[0], "warps": shape[1]})
+    config = decode.WGMMA if shape == "wgmma" else {"head_tiles": shape[0], "warps": shape[1]}
+    out, lse = decode.run(build.build(), call, config)
     torch.cuda.synchronize()
     ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
     print(f"heads={heads} page={page_size} lengths={lengths} splits={splits} {recipe} shape={shape} "
@@ -58,6 +59,9 @@ def main() -> int:
     ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
     ok &= _case(128, 64, [129, 64, 1, 300], 3, "fp8", (2, 4), unaligned=True)
     ok &= _case(1, 16, [17, 48], 32, "nvfp4", (1, 4), unaligned=True)
+    ok &= _case(128, 1, [0, 1, 33, 70], 3, "bf16", "wgmma")
+    ok &= _case(64, 16, [31, 32, 100, 65], 32, "bf16", "wgmma", unaligned=True)
+    ok &= _case(128, 64, [129, 64, 1, 300], 1, "bf16", "wgmma")
     return 0 if ok else 1
 
 
