@@ -167,7 +167,7 @@ def test_every_config_against_reference(heads, out_dtype):
 def test_wgmma_caller_buffers_and_no_lse(kernels):
     """The WGMMA kernel through the FlashInfer-compatible dense path: caller-given out / lse buffers (NaN
     first) are filled, and return_lse=False returns the output alone."""
-    from mla_core.compat.flashinfer import trtllm_batch_decode_with_kv_cache_mla
+    from mla_core.compat.flashinfer.decode import trtllm_batch_decode_with_kv_cache_mla
     q, cache, table, lens = _inputs((1000, 1, 0, 65), 128, 64)
     out = torch.full((q.shape[0], 1, 128, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((q.shape[0], 1, 128), float("nan"), dtype=torch.float32, device="cuda")
