@@ -35,11 +35,30 @@ def test_presets_cover_tp_sizes_recipes_and_grids():
     assert {p["num_kv_splits"] for p in decode} == {32} and all(p["kv_lora_rank"] == 512 for p in decode)
     prefill = [p for p in default if p.op == "prefill"]
     assert {(p["qk_dim"], p["v_dim"], p["q_quant"]) for p in prefill} == {(192, 128, None)}
+    # fresh prompts of 1k..16k tokens and chunks over a cached prefix of 12,288 tokens, with and without LSE
+    assert {(p["max_seqlen_q"], p["total_k"]) for p in prefill} == {
+        (1024, 1024), (4096, 4096), (16384, 16384), (1024, 16384), (4096, 16384), (16384, 32768)}
+    assert len(prefill) == 3 * 6 * 2 and all(p["batch"] == 1 and p["dense_batch"] == 1 for p in prefill)
+    assert warmup.describe(next(p for p in prefill if p["total_k"] > p["max_seqlen_q"])).startswith(
+        "prefill b=1 L=1024 kv=16384 h=16")
     every_tp = warmup.preset_problems(warmup.Grid(tp=(1, 2, 4, 8), recipes=("bf16",), ops=("decode",),
                                                   batches=(3,), lengths=(1000,), num_kv_splits=(32, "auto")))
     assert sorted({p["heads"] for p in every_tp}) == [16, 32, 64, 128]
     assert {(p["batch"], p["max_len"]) for p in every_tp} == {(4, 1024)}  # explicit lists are bucketed like keys
     assert {p["num_kv_splits"] for p in every_tp} == {32, "auto"} and len(every_tp) == 8
+
+
+def test_preset_prefill_keys_are_the_keys_real_calls_make():
+    """A warm-up key that no call produces would be tuned for nothing: build each (small) preset prefill problem's
+    inputs and validate them as the op does (make_call refuses a mismatch)."""
+    from mla_core import inputs
+    grid = warmup.Grid(ops=("prefill",), recipes=("bf16", "fp8"), prefill_lengths=(16, 33), prefill_cached=(0, 40),
+                       heads=(2,), device="cpu")
+    problems = warmup.preset_problems(grid)
+    assert len(problems) == 2 * 2 * 2 * 2
+    for problem in problems:
+        call = inputs.make_call(problem, "cpu")
+        assert call.k.shape[0] == call.cu_seqlens_k[-1] and call.q.shape[0] <= call.k.shape[0]
 
 
 def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):

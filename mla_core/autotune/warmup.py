@@ -37,13 +37,15 @@ class ModelShape:
     decode_batches: tuple[int, ...]
     decode_lengths: tuple[int, ...]
     prefill_lengths: tuple[int, ...]
+    prefill_cached: tuple[int, ...]
+    """Cached tokens before a prefill chunk (0: a fresh prompt; else chunked prefill over a cached prefix)."""
 
 
 MODELS = {
     "deepseek-v3": ModelShape(
         name="deepseek-v3", heads=128, kv_lora_rank=512, rope_dim=64, qk_nope_dim=128, v_head_dim=128, page_size=64,
         dtype="bfloat16", decode_batches=(1, 8, 32, 128), decode_lengths=(1024, 4096, 16384),
-        prefill_lengths=(1024, 4096)),
+        prefill_lengths=(1024, 4096, 16384), prefill_cached=(0, 12288)),
 }
 """Presets by ``--model`` name (DeepSeek-V2/V3/R1 share the MLA shape; V3.2 adds sparse decode)."""
 
@@ -62,6 +64,7 @@ class Grid:
     batches: tuple[int, ...] | None = None
     lengths: tuple[int, ...] | None = None
     prefill_lengths: tuple[int, ...] | None = None
+    prefill_cached: tuple[int, ...] | None = None
     num_kv_splits: tuple[Any, ...] = (32,)
     heads: tuple[int, ...] | None = None
     page_size: int | None = None
@@ -74,7 +77,9 @@ def preset_problems(grid: Grid) -> list[Problem]:
 
     The keys are built exactly as the ops' validation builds them for the model's calls: decode with
     the API defaults (LSE returned, ``num_kv_splits`` from the grid: 32 unless asked), prefill causal
-    with and without LSE (plain and chunked prefill), merge of [tokens, heads, v_head_dim] chunks.
+    with and without LSE, of one sequence of each length after each cached-prefix size (0: a fresh
+    prompt; else a chunk over a cached prefix, bottom-right causal), merge of [tokens, heads, v_head_dim]
+    chunks.
     """
     shape = MODELS[grid.model]
     dtype = grid.dtype or shape.dtype
@@ -95,13 +100,14 @@ def preset_problems(grid: Grid) -> list[Problem]:
                                 batch=batch, max_len=max(length, page)))
             if "prefill" in grid.ops:
                 for length in _buckets(grid.prefill_lengths or shape.prefill_lengths):
-                    for features in ((), ("lse",)):
-                        out.append(Problem.make(
-                            "prefill", grid.device, features, dtype=dtype, heads=heads, kv_heads=heads,
-                            qk_dim=shape.qk_nope_dim + shape.rope_dim, v_dim=shape.v_head_dim, causal=1,
-                            q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt,
-                            block_n=numerics.DEFAULT_PREFILL_BLOCK_N, sparsity_m=0, batch=1, dense_batch=1,
-                            max_seqlen_q=length, total_k=length))
+                    for cached in _cached(grid.prefill_cached or shape.prefill_cached):
+                        for features in ((), ("lse",)):
+                            out.append(Problem.make(
+                                "prefill", grid.device, features, dtype=dtype, heads=heads, kv_heads=heads,
+                                qk_dim=shape.qk_nope_dim + shape.rope_dim, v_dim=shape.v_head_dim, causal=1,
+                                q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt,
+                                block_n=numerics.DEFAULT_PREFILL_BLOCK_N, sparsity_m=0, batch=1, dense_batch=1,
+                                max_seqlen_q=length, total_k=numerics.bucket_pow2(length + cached)))
         if "merge" in grid.ops:
             for length in _buckets(grid.prefill_lengths or shape.prefill_lengths):
                 out.append(Problem.make("merge", grid.device, dtype=dtype, out_dtype=dtype, heads=heads,
@@ -111,6 +117,14 @@ def preset_problems(grid: Grid) -> list[Problem]:
 
 def _buckets(values: Iterable[int]) -> list[int]:
     return sorted({numerics.bucket_pow2(int(v)) for v in values})
+
+
+def _cached(values: Iterable[int]) -> list[int]:
+    """Cached-prefix sizes, sorted and without duplicates (each must be >= 0)."""
+    values = sorted({int(v) for v in values})
+    if values and values[0] < 0:
+        raise ValueError(f"prefill cached-prefix sizes must be >= 0, got {values[0]}")
+    return values
 
 
 def describe(problem: Problem) -> str:
@@ -125,7 +139,8 @@ def describe(problem: Problem) -> str:
         same = p["q_quant"] is None and p["k_quant"] == p["v_quant"] == p["p_quant"]
         quant = (p["k_quant"] or "bf16") if same else "mixed quant"
         lse = " lse" if "lse" in p.features else ""
-        return f"prefill b={p['batch']} L={p['max_seqlen_q']} h={p['heads']} {quant}{lse}"
+        keys = f" kv={p['total_k']}" if p["total_k"] > p["max_seqlen_q"] else ""
+        return f"prefill b={p['batch']} L={p['max_seqlen_q']}{keys} h={p['heads']} {quant}{lse}"
     if p.op == "merge":
         return f"merge t={p['tokens']} h={p['heads']} d={p['head_dim']}"
     return p.key()

@@ -43,7 +43,8 @@ def cmd_warmup(args) -> int:
         print(NO_GPU, file=sys.stderr)
         return 2
     grid = warmup.Grid(model=args.model, tp=args.tp, recipes=args.recipes, ops=args.ops, batches=args.batch,
-                       lengths=args.lengths, prefill_lengths=args.prefill_lengths, num_kv_splits=args.num_kv_splits,
+                       lengths=args.lengths, prefill_lengths=args.prefill_lengths,
+                       prefill_cached=args.prefill_cached, num_kv_splits=args.num_kv_splits,
                        heads=args.heads, page_size=args.page_size, device=device)
     problems = warmup.preset_problems(grid)
     rank = int(os.environ.get("RANK", "0"))
@@ -271,6 +272,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--batch", type=int_list, help="decode batch sizes (default: the preset's grid)")
     p.add_argument("--lengths", type=int_list, help="decode KV lengths (default: the preset's grid)")
     p.add_argument("--prefill-lengths", type=int_list, help="prefill / merge token counts (default: the preset's grid)")
+    p.add_argument("--prefill-cached", type=int_list,
+                   help="cached tokens before each prefill chunk, 0 = a fresh prompt (default: the preset's, 0,12288)")
     p.add_argument("--num-kv-splits", type=split_list, default=(32,),
                    help="decode split counts the model passes (default 32, the API default; 'auto' lets the tuner pick)")
     p.add_argument("--page-size", type=int, help="KV cache page size (default: the preset's, 64)")

@@ -137,4 +137,9 @@ MUTANTS = [
          new="    todo = units(problems)",
          tests=["tests/test_warmup.py -k precompile_runs"],
          why="--compile-jobs 1 still spawns a worker pool (0 or 1 must mean compile while timing)"),
+    dict(file="mla_core/autotune/warmup.py",
+         old="                                max_seqlen_q=length, total_k=numerics.bucket_pow2(length + cached)))",
+         new="                                max_seqlen_q=length, total_k=length))",
+         tests=["tests/test_warmup.py -k presets_cover"],
+         why="warm-up's chunked-prefill shapes lose their cached prefix: the keys a chunk over a prefix makes stay untuned"),
 ]
