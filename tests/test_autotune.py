@@ -159,8 +159,8 @@ def test_inputs_rebuild_exactly_their_problem():
                      kv_layout="fp8"),
     ]
     preset = warmup.preset_problems(warmup.Grid(tp=(8,), batches=(1,), lengths=(1024,), prefill_lengths=(64,),
-                                                device="cpu"))
-    assert len(preset) == 3 * 3 + 1  # per recipe: decode, prefill, prefill+lse; one merge
+                                                prefill_cached=(0, 64), device="cpu"))
+    assert len(preset) == 3 * 5 + 1  # per recipe: decode, prefill fresh / after a prefix, each +-lse; one merge
     for problem in small + preset:
         call = inputs.make_call(problem, "cpu", seed=1)
         assert inputs.call_nbytes(call) > 0
