@@ -7,6 +7,8 @@
 // split over top-k tiles with a combine kernel to fill the SMs. Two variants:
 //   B: Q and each K tile converted from E4M3 codes to bf16 in shared memory (exact), Q·K on bf16 wgmma with
 //      float32 accumulation: the numerics contract of docs/sparse.md up to float32 summation order;
+//   B2: B with the tile's conversion split in two: S's first 16 k-steps (latent columns 0-255) run while the
+//      rest (columns 256-575) converts (one barrier more per tile);
 //   E: Q·K on e4m3 wgmma (m64n32k32) straight on the gathered codes; only V (512 columns) converted to bf16.
 //      Hopper's FP8 wgmma accumulates at reduced precision: its error is reported, not assumed.
 // The host part checks both against a float64 evaluation of the contract (backends/reference sparse decode) and
@@ -221,7 +223,6 @@ struct Cfg {
   static constexpr int kStage = E ? 5 * kSlab : kTileKeys * kD;
   static constexpr int kOffK = kQ, kOffStage = kOffK + kK, kOffP = kOffStage + 2 * kStage, kOffX = kOffP + kSlab,
                        kOffValid = kOffX + 2 * 64 * 4, kSmem = kOffValid + 2 * 64 + 1024;
-  static constexpr int kConvChunks = E ? kDv / 16 : kChunks;  // 16-byte code chunks per row converted to bf16
 };
 static_assert(Cfg<false>::kSmem <= 232448 && Cfg<true>::kSmem <= 232448, "shared memory per CTA");
 
@@ -268,13 +269,13 @@ __device__ __forceinline__ void load_tile(uint8_t* stage, uint8_t* valid, const 
   cp_async_commit();
 }
 
-// The first kConvChunks x 16 codes of each staged row as bf16 into `dst` (slabs of [64 x 128 B]).
-template <bool E>
+// Code chunks kC0..kC1-1 (16 codes each) of every staged row as bf16 into `dst` (slabs of [64 x 128 B]).
+template <bool E, int kC0, int kC1>
 __device__ __forceinline__ void convert_tile(uint8_t* dst, const uint8_t* stage) {
-  constexpr int n = Cfg<E>::kConvChunks;
+  constexpr int n = kC1 - kC0;
 #pragma unroll 2
   for (int i = threadIdx.x; i < 64 * n; i += kThreads) {
-    const int r = i / n, c = i % n;
+    const int r = i / n, c = kC0 + i % n;
     const uint4 w = *reinterpret_cast<const uint4*>(stage + stage_off<E>(r, c * 16));
     uint4 lo, hi;
     e4m3x4_to_bf16(w.x, lo.x, lo.y);
@@ -377,8 +378,10 @@ __device__ __forceinline__ float rescale_factor(float from, float to) { return t
 //      shared P slab, its float32 row sum into l_w; O = O·2^(m - m1) + P_0·V_0, then O·2^(m1 - m2) + P_1·V_1
 //      (m64n256k16, P from the slab, V MN-major, 256 of the 512 columns per warpgroup), one chain when no row
 //      of the CTA has m2 != m1. A row with no valid key so far keeps m = -inf and takes its P against 0.
-template <bool E>
+enum Var { kVarB, kVarB2, kVarE };
+template <int V>
 __global__ void __launch_bounds__(kThreads, 1) k_sparse(const SparseParams p) {
+  constexpr bool E = V == kVarE;
   using C = Cfg<E>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
@@ -414,8 +417,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_sparse(const SparseParams p) {
     cp_async_wait<1>();
     if constexpr (E) fence_proxy_async();  // the staged codes are S's B operand
     __syncthreads();
-    if constexpr (!E) {  // B: S needs the whole converted tile
-      convert_tile<E>(sk, stage);
+    if constexpr (!E) {  // B: S needs the whole converted tile; B2: its first 256 columns
+      convert_tile<false, 0, V == kVarB ? kChunks : 16>(sk, stage);
       fence_proxy_async();
       __syncthreads();
     }
@@ -430,16 +433,31 @@ __global__ void __launch_bounds__(kThreads, 1) k_sparse(const SparseParams p) {
 #pragma unroll
       for (int ks = 0; ks < kD / 32; ++ks)
         wgmma_n32_ss_e4m3(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(skw, 64, ks * 32), ks > 0);
-    } else {
+      wg_commit();
+      // V into bf16 while S runs (S reads Q and the stage only; the previous P·V finished before the barrier);
+      // the proxy fence before the P barrier below publishes it to P·V.
+      convert_tile<true, 0, kDv / 16>(sk, stage);
+    } else if constexpr (V == kVarB) {
       const uint8_t* skw = sk + wg * 32 * 128;
 #pragma unroll
       for (int ks = 0; ks < kD / 16; ++ks)
         wgmma_n32_ss_bf16(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(skw, 64, ks * 32), ks > 0);
+      wg_commit();
+    } else {
+      const uint8_t* skw = sk + wg * 32 * 128;
+#pragma unroll
+      for (int ks = 0; ks < 16; ++ks)  // slabs 0-3, converted
+        wgmma_n32_ss_bf16(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(skw, 64, ks * 32), ks > 0);
+      wg_commit();
+      convert_tile<false, 16, kChunks>(sk, stage);  // slabs 4-8, which those k-steps do not read
+      fence_proxy_async();
+      __syncthreads();
+      wg_fence();
+#pragma unroll
+      for (int ks = 16; ks < kD / 16; ++ks)
+        wgmma_n32_ss_bf16(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(skw, 64, ks * 32), 1);
+      wg_commit();
     }
-    wg_commit();
-    // E: V into bf16 while S runs (S reads Q and the stage only; the previous P·V finished before the barrier);
-    // the proxy fence before the P barrier below publishes it to P·V.
-    if constexpr (E) convert_tile<E>(sk, stage);
     wg_wait<0>();
     reg_fence(s);
 
@@ -607,9 +625,10 @@ struct Variant {
   int smem;
   bool contract;  // B: held to the contract's tolerances; E: its error is reported
 };
-static const Variant kVariants[2] = {
-    {"B (codes -> bf16 in smem, Q.K on bf16 wgmma m64n32k16)", k_sparse<false>, Cfg<false>::kSmem, true},
-    {"E (Q.K on e4m3 wgmma m64n32k32 on the codes, V -> bf16)", k_sparse<true>, Cfg<true>::kSmem, false}};
+static const Variant kVariants[3] = {
+    {"B (codes -> bf16 in smem, Q.K on bf16 wgmma m64n32k16)", k_sparse<kVarB>, Cfg<false>::kSmem, true},
+    {"B2 (B, half the conversion under S's first k-steps)", k_sparse<kVarB2>, Cfg<false>::kSmem, true},
+    {"E (Q.K on e4m3 wgmma m64n32k32 on the codes, V -> bf16)", k_sparse<kVarE>, Cfg<true>::kSmem, false}};
 
 static float g_code_value[256];  // E4M3 code -> value (host conversion of cuda_fp8.h)
 static uint8_t encode_e4m3(float x) { return __nv_fp8_e4m3(x).__x; }  // round to nearest even, saturating
@@ -858,7 +877,7 @@ int main() {
   CK(cudaSetDevice(0));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, cc %d.%d, %d SMs, smem/block optin %zu B; smem per CTA: B %d B, E %d B\n", prop.name,
+  std::printf("device %s, cc %d.%d, %d SMs, smem/block optin %zu B; smem per CTA: B/B2 %d B, E %d B\n", prop.name,
               prop.major, prop.minor, prop.multiProcessorCount, prop.sharedMemPerBlockOptin, Cfg<false>::kSmem,
               Cfg<true>::kSmem);
   if (prop.major != 9 || prop.minor != 0) {
