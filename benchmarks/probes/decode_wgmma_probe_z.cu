@@ -38,22 +38,29 @@
 // other waiting; id 0 is __syncthreads and is not used after the prologue):
 //   1 MX0    WG0 -> WG1  WG0 wrote the row maxima of half 0 (smx0)             WG1 waits before reading them
 //   2 P0F    WG0 -> WG1  WG0 wrote P0 (slab columns 0-31) + proxy fence       WG1 waits before P0·V0_R
-//   3 H1F    WG1 -> WG0  WG1 wrote P1 (columns 32-63), smx1 + proxy fence     WG0 waits before reading smx1
-//   4 P0E    WG1 -> WG0  WG1's P0·V0_R of tile i completed (tile i < T-1)     WG0 waits before writing P0 of i+1
-//   5 P1E    WG0 -> WG1  WG0's P1·V1_L of tile i completed (tile i < T-1)     WG1 waits before writing P1/smx1 of i+1
-//   6 ALL    both warpgroups bar.sync (Q loaded; the final row sums exchanged)
+//   3 H1F    WG1 -> WG0  WG1 wrote P1 (columns 32-63), smx1 + proxy fence     WG0 waits before reading smx1, P1
+//   4 P0E    WG1 -> WG0  WG1's P0·V0_R of tile i completed (if tile i+1 exists) WG0 waits before writing P0(i+1)
+//   5 ALL    both warpgroups bar.sync (Q loaded; the final row sums exchanged)
+// Per tile i, in program order (|| = the other warpgroup's program):
+//   WG0: wait full(i); S0; write smx0; arrive MX0; P0 = ...; [i > 0: sync P0E]; write P0; arrive P0F; O·a1;
+//        P0·V0_L (RS) issued; sync H1F; read smx1; a2; wait; O·a2; P1·V1_L (SS); wait; arrive empty(i)
+//   WG1: wait full(i); S1; sync MX0; read smx0; P1 = ...; write P1, smx1; arrive H1F; O·a1; sync P0F;
+//        P0·V0_R (SS); wait; [i < T-1: arrive P0E]; O·a2; P1·V1_R (RS); wait; arrive empty(i)
+// Buffer reuse: P0 (written by WG0, read by WG1's P0·V0_R) needs P0E. P1 and smx1 (written by WG1, read by WG0
+// after H1F) need no barrier of their own: WG1 rewrites them in tile i+1 after MX0(i+1), which WG0 arrives at
+// only after finishing tile i (P1·V1_L(i) waited, smx1(i) read). smx0 (WG0 -> WG1): WG0 rewrites it in tile i+1
+// after H1F(i), which WG1 arrives at after reading smx0(i). The final row sums go to their own array (sl).
 // A hardware barrier only counts arrivals, so a warpgroup that arrived twice at one id before the other waited
-// once would complete it alone. It cannot here: between two arrivals at each id the arriving warpgroup waits on
-// a barrier the other side arrives at only after its wait at that id (MX0: WG0 waits H1F(i), which WG1 arrives
-// at after MX0(i); P0F: WG0 waits P0E(i), after WG1's P0F(i); H1F: WG1 waits P1E(i), after WG0's H1F(i);
-// P0E: WG1 waits P0F(i+1), after WG0's P0E(i); P1E: WG0 waits H1F(i+1), after WG1's P1E(i)). The empty
-// barriers are arrived at only when a tile follows and waited on only from tile 1 on, so every generation has
-// exactly 128 + 128 threads and none is left open at exit. No cycle: in tile i WG0 needs from WG1 only H1F(i)
-// and P0E(i-1), WG1 needs MX0(i), P0F(i), P1E(i-1); each is arrived at before the arriving side's first wait
-// that depends on the waiter's progress in tile i (see the order in k_decode_z). The single-buffered row maxima
-// are safe by the same chain: WG0 overwrites smx0 in tile i+1 after H1F(i), which WG1 arrives at after reading
-// smx0(i); WG1 writes smx1(i+1) after P1E(i), which WG0 arrives at after reading smx1(i). The final row sums
-// go to their own array (sl), never to smx0/smx1.
+// once would complete it alone. It cannot here: between two arrivals at one id the arriving warpgroup waits on
+// a barrier the other side arrives at only after its wait at that id (MX0: WG0 waits H1F(i), arrived by WG1
+// after its MX0(i); P0F: WG0 waits P0E(i), arrived after WG1's P0F(i); H1F: WG1 waits MX0(i+1), arrived by WG0
+// after its H1F(i); P0E: WG1 waits P0F(i+1), arrived after WG0's P0E(i)). Each generation needs all 4 warps of
+// both sides, so warps of one warpgroup cannot drift into different generations either. P0E is arrived at only
+// when a tile follows and waited on only from tile 1 on: every generation has exactly 128 + 128 threads, none is
+// left open at exit. No cycle: in tile i WG0 waits for H1F(i) and P0E(i-1), WG1 for MX0(i) and P0F(i); each is
+// arrived at before its arriving side's first wait on the waiter's progress in tile i. All of this is checked by
+// decode_wgmma_z_emulation.py over every interleaving of the three programs for 1-6 tiles (no deadlock, no
+// buffer hazard, no generation completed by arrivals alone; four broken variants of the protocol are caught).
 //
 // Numerics (the contract of docs/numerics.md, as variant Y): per 64-key tile, half h = keys 32h..32h+31,
 // m1 = max(m, rowmax S0), m2 = max(m1, rowmax S1), a1 = 2^(m - m1), a2 = 2^(m1 - m2), P0 = bf16(2^(S0 - m1)),
@@ -74,7 +81,7 @@
 
 constexpr int kThreadsZ = 384;  // 2 consumer warpgroups + 1 producer warpgroup
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the 384-thread share)
-constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarP1Empty = 5, kBarAll = 6;
+constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarAll = 5;
 constexpr int kPairThreads = 256;  // threads per named-barrier generation (both consumer warpgroups)
 // Q + 2 K stages + P slab + smx0, smx1, sl[2] (4 x 64 floats) + 4 mbarriers + alignment slack = 231,456 B
 constexpr int kSmemZ = 3 * kTileBytes + 64 * 128 + 4 * 64 * 4 + 4 * 8 + 1024;
@@ -282,7 +289,6 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_z(const DecodeParams p)
       wg_commit();
       wg_wait<0>();
       reg_fence(o);
-      if (it + 1 < ntiles) nb_arrive(kBarP1Empty);
     } else {
       nb_sync(kBarMx0);  // WG0's half-0 maxima
       const float m1_lo = fmaxf(m_lo, smx0[row_lo]), m1_hi = fmaxf(m_hi, smx0[row_lo + 8]);
@@ -305,7 +311,6 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_z(const DecodeParams p)
       for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[ks][i] = pack_bf16(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1]);
-      if (it > 0) nb_sync(kBarP1Empty);  // WG0's P1·V1_L of the previous tile has read the slab's half 1
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const int key = 32 + 16 * ks + 2 * (t & 3);

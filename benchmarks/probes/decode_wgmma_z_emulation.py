@@ -1,0 +1,353 @@
+"""CPU checks of the decode probe's variant Z (decode_wgmma_probe_z.cu) that need no GPU.
+
+1. Protocol: the producer and the two consumer warpgroups as three programs of barrier operations (mbarrier
+   arrive / parity wait, named-barrier bar.arrive / bar.sync with the hardware's counting: a generation completes
+   when two warpgroups' worth of threads arrived, whoever they are), every interleaving explored (depth-first,
+   states memoized) for 1..6 tiles. Checked: no deadlock (every interleaving ends with all three finished), no
+   hazard on the shared buffers (a K stage refilled before both warpgroups released its tile, a P half or a row-
+   maximum array overwritten before its reader finished, a read of the wrong tile's value), no named barrier
+   completed by one side alone. A warpgroup is one actor: each of its generations needs all its 4 warps (the
+   chain argument in the source's protocol comment), so per-warp drift cannot mix generations. Five broken
+   variants of the protocol must be caught (a check that a mistake would show).
+2. Numerics: Z's per-warpgroup program (WG0: m1 from its own maxima, a2 from WG1's; WG1: m1 from WG0's
+   maxima; own P half, row sums, O = (O·a1 + P0·V0)·a2 + P1·V1) emulated in float32 torch against variant Y's
+   order (both warpgroups compute m1, m2, a1, a2 from both maxima; a2 multiply skipped when every a2 is 1) on
+   random tiles with masked tails: the float32 results must be bit for bit equal.
+
+    python3 benchmarks/probes/decode_wgmma_z_emulation.py     # a few seconds
+"""
+import sys
+
+import torch
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. Protocol model. Ops: ("mwait", bar, parity), ("marrive", bar), ("arrive", id), ("sync", id), and buffer
+# effects ("fill", i), ("release", i), ("write", buf, i), ("read", buf, i), ("read_begin", buf, i),
+# ("read_end", buf, i), ("stage_use", i).
+
+
+def programs(T):
+    """The producer's, WG0's and WG1's operations for a split of T tiles, in k_decode_z's program order."""
+    prod, w0, w1 = [], [], []
+    for i in range(T):
+        s = i & 1
+        if i >= 2:
+            prod.append(("mwait", f"empty{s}", ((i - 2) >> 1) & 1))
+        prod += [("fill", i), ("marrive", f"full{s}")]
+    for w in (w0, w1):
+        w.append(("sync", "ALL"))  # Q loaded
+    for i in range(T):
+        s = i & 1
+        w0 += [("mwait", f"full{s}", (i >> 1) & 1), ("stage_use", i), ("write", "smx0", i), ("arrive", "MX0")]
+        if i > 0:
+            w0.append(("sync", "P0E"))
+        w0 += [("write", "P0", i), ("arrive", "P0F"), ("sync", "H1F"), ("read", "smx1", i),
+               ("read_begin", "P1", i), ("read_end", "P1", i), ("release", (0, i)), ("marrive", f"empty{s}")]
+        w1 += [("mwait", f"full{s}", (i >> 1) & 1), ("stage_use", i), ("sync", "MX0"), ("read", "smx0", i),
+               ("write", "P1", i), ("write", "smx1", i), ("arrive", "H1F"), ("sync", "P0F"),
+               ("read_begin", "P0", i), ("read_end", "P0", i)]
+        if i + 1 < T:
+            w1.append(("arrive", "P0E"))
+        w1 += [("release", (1, i)), ("marrive", f"empty{s}")]
+    w0 += [("write", "sl0", 0), ("sync", "ALL"), ("read", "sl1", 0)]
+    w1 += [("write", "sl1", 0), ("sync", "ALL"), ("read", "sl0", 0)]
+    return [prod, w0, w1]
+
+
+MB_COUNT = {"full0": 1, "full1": 1, "empty0": 2, "empty1": 2}  # in actors (128 producer threads; 2 x 4 warps)
+
+
+class Hazard(Exception):
+    """A shared buffer used out of order, or a named barrier completed by one side alone."""
+
+
+def check_protocol(T):
+    """Every interleaving for T tiles: (states, finished interleavings' end states, deadlocked states); raises
+    Hazard on a buffer hazard or a generation completed by arrivals alone."""
+    progs = programs(T)
+    # state: pcs, waiting (actor -> (id, gen)), named {id: (count, gen)}, mbar {name: (pending, phase)},
+    # bufs {name: (value, consumed)}, stage {s: (tile, released set)}
+    init = (
+        (0, 0, 0),
+        frozenset(),
+        frozenset(),
+        frozenset(),
+        frozenset(),
+        frozenset(),
+    )
+    seen = set()
+    deadlocks = []
+    stack = [init]
+    finals = 0
+
+    def unpack(st):
+        pcs, waiting, named, mbar, bufs, stage = st
+        return list(pcs), dict(waiting), dict(named), dict(mbar), dict(bufs), dict(stage)
+
+    def pack(pcs, waiting, named, mbar, bufs, stage):
+        return (tuple(pcs), frozenset(waiting.items()), frozenset(named.items()), frozenset(mbar.items()),
+                frozenset(bufs.items()), frozenset(stage.items()))
+
+    while stack:
+        st = stack.pop()
+        if st in seen:
+            continue
+        seen.add(st)
+        pcs, waiting, named, mbar, bufs, stage = unpack(st)
+        if all(pcs[a] == len(progs[a]) for a in range(3)) and not waiting:
+            finals += 1
+            assert all(c == 0 for c, _ in named.values()), f"barrier left open at exit: {named}"
+            continue
+        moved = False
+        for a in range(3):
+            if pcs[a] == len(progs[a]):
+                continue
+            pcs2, waiting2, named2, mbar2, bufs2, stage2 = unpack(st)
+            if a in waiting2:  # blocked in bar.sync until its generation completes
+                bid, gen = waiting2[a]
+                if named2.get(bid, (0, 0))[1] == gen:
+                    continue
+                del waiting2[a]
+                pcs2[a] += 1
+                stack.append(pack(pcs2, waiting2, named2, mbar2, bufs2, stage2))
+                moved = True
+                continue
+            op = progs[a][pcs[a]]
+            kind = op[0]
+            if kind == "mwait":  # try_wait.parity: passes once the phase of this parity has completed
+                pending, phase = mbar2.get(op[1], (0, 0))
+                if (phase & 1) == op[2]:
+                    continue
+            elif kind == "marrive":
+                pending, phase = mbar2.get(op[1], (0, 0))
+                pending += 1
+                if pending == MB_COUNT[op[1]]:
+                    pending, phase = 0, phase + 1
+                mbar2[op[1]] = (pending, phase)
+            elif kind in ("arrive", "sync"):  # one actor = one warpgroup = half of a generation
+                count, gen = named2.get(op[1], (0, 0))
+                if count + 1 == 2:
+                    if kind == "arrive" and not any(w[0] == op[1] for w in waiting2.values()):
+                        raise Hazard(f"T={T}: barrier {op[1]} completed by arrivals alone (actor {a} arrived twice)")
+                    named2[op[1]] = (0, gen + 1)  # waiters of generation `gen` released; a sync passes at once
+                else:
+                    named2[op[1]] = (count + 1, gen)
+                    if kind == "sync":
+                        waiting2[a] = (op[1], gen)
+                        stack.append(pack(pcs2, waiting2, named2, mbar2, bufs2, stage2))
+                        moved = True
+                        continue
+            elif kind == "fill":
+                i = op[1]
+                s = i & 1
+                tile, rel = stage2.get(s, (None, frozenset()))
+                if tile is not None and rel != frozenset({0, 1}):
+                    raise Hazard(f"T={T}: stage {s} refilled with tile {i} before tile {tile} was released")
+                stage2[s] = (i, frozenset())
+            elif kind == "stage_use":
+                tile, _ = stage2.get(op[1] & 1, (None, None))
+                if tile != op[1]:
+                    raise Hazard(f"T={T}: actor {a} used stage {op[1] & 1} holding tile {tile}, wanted {op[1]}")
+            elif kind == "release":
+                w, i = op[1]
+                tile, rel = stage2[i & 1]
+                assert tile == i
+                stage2[i & 1] = (tile, rel | {w})
+            elif kind == "write":
+                val, consumed = bufs2.get(op[1], (None, True))
+                if not consumed:
+                    raise Hazard(f"T={T}: {op[1]} overwritten with tile {op[2]} before tile {val} was read")
+                bufs2[op[1]] = (op[2], False)
+            elif kind in ("read", "read_begin"):
+                val, consumed = bufs2.get(op[1], (None, True))
+                if val != op[2]:
+                    raise Hazard(f"T={T}: {op[1]} read for tile {op[2]} holds {val}")
+                if kind == "read":
+                    bufs2[op[1]] = (val, True)
+            elif kind == "read_end":
+                val, _ = bufs2[op[1]]
+                bufs2[op[1]] = (val, True)
+            pcs2[a] += 1
+            stack.append(pack(pcs2, waiting2, named2, mbar2, bufs2, stage2))
+            moved = True
+        if not moved:
+            deadlocks.append((pcs, {a: progs[a][pcs[a]] for a in range(3) if pcs[a] < len(progs[a])}))
+    return len(seen), finals, deadlocks
+
+
+def check_protocol_mutants():
+    """The checker must catch the classic mistakes: no empty-barrier skip on tile 0, an arrive on the last tile,
+    smx1 written before the MX0 wait (the reason it sits after it), waiting for a stage with the wrong parity,
+    the P0 slab half rewritten without the P0E barrier."""
+    caught = 0
+    global programs
+    orig = programs
+
+    def mut(fn):
+        def wrapped(T):
+            return fn(orig(T), T)
+        return wrapped
+
+    def no_skip(p, T):  # WG0 waits P0E on tile 0 too
+        w0 = p[1]
+        k = next(j for j, op in enumerate(w0) if op == ("write", "P0", 0))
+        w0.insert(k, ("sync", "P0E"))
+        return p
+
+    def smx1_early(p, T):  # WG1 writes smx1 right after its S, before the P1E wait
+        w1 = p[2]
+        for i in range(T):
+            k = w1.index(("write", "smx1", i))
+            w1.pop(k)
+            k2 = w1.index(("stage_use", i))
+            w1.insert(k2 + 1, ("write", "smx1", i))
+        return p
+
+    def bad_parity(p, T):  # consumers wait full with parity i & 1 instead of (i >> 1) & 1
+        for w in (p[1], p[2]):
+            for j, op in enumerate(w):
+                if op[0] == "mwait":
+                    i = 2 * op[2] + (1 if op[1] == "full1" else 0)
+                    w[j] = ("mwait", op[1], 1 - op[2] if i >= 2 else op[2])
+        return p
+
+    def no_p0_empty(p, T):  # WG0 never waits for WG1's P0·V0_R before rewriting P0 (and WG1 never arrives)
+        p[1][:] = [op for op in p[1] if op != ("sync", "P0E")]
+        p[2][:] = [op for op in p[2] if op != ("arrive", "P0E")]
+        return p
+
+    def p0e_last(p, T):  # WG1 arrives at P0E on the last tile too: a generation left open at exit
+        w1 = p[2]
+        k = w1.index(("read_end", "P0", T - 1))
+        w1.insert(k + 1, ("arrive", "P0E"))
+        return p
+
+    for name, fn in [("P0E waited on tile 0", no_skip), ("smx1 written early", smx1_early),
+                     ("full waited with parity i & 1", bad_parity), ("no P0-empty barrier", no_p0_empty),
+                     ("P0E arrived at on the last tile", p0e_last)]:
+        programs = mut(fn)
+        found = None
+        for T in range(1, 6):
+            try:
+                _, _, dl = check_protocol(T)
+                if dl:
+                    found = f"deadlock at T={T}"
+            except (Hazard, AssertionError) as e:
+                found = str(e)
+            if found:
+                break
+        programs = orig
+        print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
+        caught += bool(found)
+    return caught
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. Numerics: Z's per-warpgroup order vs Y's, float32, bit for bit.
+
+
+def ex2(x):
+    return torch.exp2(x)
+
+
+def run_y(S, V, m, l0, l1, O, nvalid, scale_log2):
+    """Variant Y on one 64-key tile: S [64 rows, 64 keys] float32 scores, V [64 keys, 512]; returns new state."""
+    cols = torch.arange(32)
+    x = [torch.where(cols[None] < nvalid - 32 * w, S[:, 32 * w:32 * w + 32] * scale_log2, torch.tensor(-torch.inf))
+         for w in (0, 1)]
+    mx0, mx1 = x[0].max(1).values, x[1].max(1).values
+    m1 = torch.maximum(m, mx0)
+    m2 = torch.maximum(m1, mx1)
+    a1, a2 = ex2(m - m1), ex2(m1 - m2)
+    P0, P1 = ex2(x[0] - m1[:, None]), ex2(x[1] - m2[:, None])
+    l0 = (l0 * a1 + P0.sum(1)) * a2
+    l1 = (l1 * a1) * a2 + P1.sum(1)
+    O = O * a1[:, None]
+    O = O + P0.bfloat16().float() @ V[:32]
+    if bool((a2 != 1).any()):
+        O = O * a2[:, None]
+    O = O + P1.bfloat16().float() @ V[32:]
+    return m2, l0, l1, O
+
+
+def run_z(S, V, m, l0, l1, O, nvalid, scale_log2):
+    """Variant Z: the two warpgroups' programs, each with only what it gets through shared memory."""
+    cols = torch.arange(32)
+    x0 = torch.where(cols[None] < nvalid, S[:, :32] * scale_log2, torch.tensor(-torch.inf))
+    x1 = torch.where(cols[None] < nvalid - 32, S[:, 32:] * scale_log2, torch.tensor(-torch.inf))
+    smx0 = x0.max(1).values  # WG0 -> WG1 (MX0)
+    mx1_wg1 = x1.max(1).values
+    # WG1 (after MX0): its m1 from WG0's maxima, its own P1 and row sum
+    m1_w1 = torch.maximum(m, smx0)
+    m2_w1 = torch.maximum(m1_w1, mx1_wg1)
+    a1_w1, a2_w1 = ex2(m - m1_w1), ex2(m1_w1 - m2_w1)
+    P1 = ex2(x1 - m2_w1[:, None])
+    l1 = (l1 * a1_w1) * a2_w1 + P1.sum(1)
+    smx1 = mx1_wg1  # WG1 -> WG0 (H1F)
+    # WG0: m1 from its own maxima, a2 after H1F
+    m1_w0 = torch.maximum(m, smx0)
+    a1_w0 = ex2(m - m1_w0)
+    P0 = ex2(x0 - m1_w0[:, None])
+    m2_w0 = torch.maximum(m1_w0, smx1)
+    a2_w0 = ex2(m1_w0 - m2_w0)
+    l0 = (l0 * a1_w0 + P0.sum(1)) * a2_w0
+    # O columns: left half by WG0 with its factors, right half by WG1 with its own (P0 read from the slab)
+    OL, OR = O[:, :256], O[:, 256:]
+    OL = ((OL * a1_w0[:, None] + P0.bfloat16().float() @ V[:32, :256]) * a2_w0[:, None]
+          + P1.bfloat16().float() @ V[32:, :256])
+    OR = ((OR * a1_w1[:, None] + P0.bfloat16().float() @ V[:32, 256:]) * a2_w1[:, None]
+          + P1.bfloat16().float() @ V[32:, 256:])
+    assert torch.equal(m2_w0, m2_w1)
+    return m2_w0, l0, l1, torch.cat([OL, OR], 1)
+
+
+def check_numerics():
+    g = torch.Generator().manual_seed(9)
+    worst = 0
+    for trial in range(40):
+        L = int(torch.randint(1, 640, (1,), generator=g))
+        steps = (L + 63) // 64
+        m = torch.full((64,), -torch.inf)
+        l0y = l1y = l0z = l1z = torch.zeros(64)
+        Oy = Oz = torch.zeros(64, 512)
+        my = mz = m
+        spread = float(torch.rand(1, generator=g)) * 40  # scores from flat to peaked
+        for it in range(steps):
+            S = torch.randn(64, 64, generator=g) * spread + torch.randn(64, 1, generator=g) * 3 * it
+            V = torch.randn(64, 512, generator=g).bfloat16().float()
+            nvalid = L - 64 * it
+            V[max(0, nvalid):] = 0  # zero-filled rows past the end
+            my, l0y, l1y, Oy = run_y(S, V, my, l0y, l1y, Oy, nvalid, 1.4426950408889634 * 0.1)
+            mz, l0z, l1z, Oz = run_z(S, V, mz, l0z, l1z, Oz, nvalid, 1.4426950408889634 * 0.1)
+        same = (torch.equal(my, mz) and torch.equal(l0y, l0z) and torch.equal(l1y, l1z) and torch.equal(Oy, Oz))
+        if not same:
+            worst += 1
+            print(f"  trial {trial} L={L}: Z differs from Y: max |dO| {(Oy - Oz).abs().max().item():.3e}")
+    return worst
+
+
+def main() -> int:
+    bad = 0
+    print("protocol (every interleaving of producer / WG0 / WG1):")
+    for T in range(1, 7):
+        try:
+            n, finals, dl = check_protocol(T)
+        except (Hazard, AssertionError) as e:
+            print(f"  T={T}: HAZARD {e}")
+            bad += 1
+            continue
+        print(f"  T={T}: {n} states, {finals} final, {len(dl)} deadlocked")
+        bad += bool(dl) + (finals == 0)
+    print("protocol mutants (must all be caught):")
+    caught = check_protocol_mutants()
+    bad += caught != 5
+    print("numerics (Z's per-warpgroup order vs Y's, float32, 40 random requests):")
+    diff = check_numerics()
+    print(f"  {40 - diff} of 40 bit for bit equal")
+    bad += diff
+    print("ALL PASS" if bad == 0 else f"FAIL ({bad})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
