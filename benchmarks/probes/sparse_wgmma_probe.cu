@@ -623,7 +623,7 @@ struct Variant {
   const char* name;
   void (*kernel)(SparseParams);
   int smem;
-  bool contract;  // B: held to the contract's tolerances; E: its error is reported
+  bool contract;  // B, B2: held to the contract's tolerances; E: its error is reported
 };
 static const Variant kVariants[3] = {
     {"B (codes -> bf16 in smem, Q.K on bf16 wgmma m64n32k16)", k_sparse<kVarB>, Cfg<false>::kSmem, true},
@@ -790,17 +790,20 @@ static bool check_case(const Variant& v, const char* name, int heads, int q_len,
     }
   }
   const double rel = den > 0 ? std::sqrt(num / den) : 0.0, lse_rel = lden > 0 ? std::sqrt(lnum / lden) : 0.0;
-  const bool sane = nonfinite == 0 && bad_empty == 0 && rel < 1e-2;
-  const bool contract = sane && lse_rel < 1e-5;
+  // sound: nothing non-finite, empty rows exact, out within 5e-2 (a layout or masking bug gives O(1) errors);
+  // the contract: out rel-L2 < 1e-2 and LSE rel-L2 < 1e-5 on top.
+  const bool sound = nonfinite == 0 && bad_empty == 0 && rel < 5e-2;
+  const bool out_ok = sound && rel < 1e-2, contract = out_ok && lse_rel < 1e-5;
+  const char* verdict = contract ? "PASS" : (out_ok ? "OUT OK, LSE OVER 1e-5" : (sound ? "OVER TOLERANCE" : "FAIL"));
   std::printf("%-58s %s  out rel L2 %.2e (max abs %.2e)  LSE rel L2 %.2e (max abs %.2e)  non-finite %d  "
-              "empty rows %d (bad %d)\n", name, contract ? "PASS" : (sane ? "PASS out / LSE over 1e-5" : "FAIL"),
-              rel, max_abs, lse_rel, lse_max, nonfinite, empty_rows, bad_empty);
+              "empty rows %d (bad %d)\n", name, verdict, rel, max_abs, lse_rel, lse_max, nonfinite, empty_rows,
+              bad_empty);
   CK(cudaFree(const_cast<uint8_t*>(p.q)));
   CK(cudaFree(const_cast<uint8_t*>(p.cache)));
   CK(cudaFree(const_cast<int*>(p.indices)));
   CK(cudaFree(const_cast<int*>(p.seq_lens)));
   free_outputs(p);
-  return v.contract ? contract : sane;
+  return v.contract ? contract : sound;  // E's tolerance verdict is printed, its timing needs only soundness
 }
 
 // Timing: every query row selects top_k = 2048 random rows (duplicates possible) of its request's own 32,768-row
