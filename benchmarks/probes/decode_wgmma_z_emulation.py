@@ -270,6 +270,15 @@ def run_y(S, V, m, l0, l1, O, nvalid, scale_log2):
     return m2, l0, l1, O
 
 
+def scale_warps(O, a):
+    """O [64, 256] times a [64] per row, skipped for a warp's 16 rows when all their factors are 1."""
+    parts = []
+    for w in range(4):
+        rows = slice(16 * w, 16 * w + 16)
+        parts.append(O[rows] * a[rows, None] if bool((a[rows] != 1).any()) else O[rows])
+    return torch.cat(parts)
+
+
 def run_z(S, V, m, l0, l1, O, nvalid, scale_log2):
     """Variant Z: the two warpgroups' programs, each with only what it gets through shared memory."""
     cols = torch.arange(32)
@@ -291,12 +300,13 @@ def run_z(S, V, m, l0, l1, O, nvalid, scale_log2):
     m2_w0 = torch.maximum(m1_w0, smx1)
     a2_w0 = ex2(m1_w0 - m2_w0)
     l0 = (l0 * a1_w0 + P0.sum(1)) * a2_w0
-    # O columns: left half by WG0 with its factors, right half by WG1 with its own (P0 read from the slab)
+    # O columns: left half by WG0 with its factors, right half by WG1 with its own (P0 read from the slab); each
+    # warp (16 rows) skips a multiply when all its rows' factors are exactly 1
     OL, OR = O[:, :256], O[:, 256:]
-    OL = ((OL * a1_w0[:, None] + P0.bfloat16().float() @ V[:32, :256]) * a2_w0[:, None]
-          + P1.bfloat16().float() @ V[32:, :256])
-    OR = ((OR * a1_w1[:, None] + P0.bfloat16().float() @ V[:32, 256:]) * a2_w1[:, None]
-          + P1.bfloat16().float() @ V[32:, 256:])
+    OL = scale_warps(scale_warps(OL, a1_w0) + P0.bfloat16().float() @ V[:32, :256], a2_w0) + \
+        P1.bfloat16().float() @ V[32:, :256]
+    OR = scale_warps(scale_warps(OR, a1_w1) + P0.bfloat16().float() @ V[:32, 256:], a2_w1) + \
+        P1.bfloat16().float() @ V[32:, 256:]
     assert torch.equal(m2_w0, m2_w1)
     return m2_w0, l0, l1, torch.cat([OL, OR], 1)
 
