@@ -121,9 +121,10 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~static_cast<uintptr_t>(1023));
-}
+// The first 1024-byte-aligned shared address at or after p, as p plus an offset: the compiler still knows the
+// result is shared memory and emits LDS/STS for accesses through it (a round trip through an integer made them
+// generic LD/ST with 64-bit address math).
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) { return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u); }
 // 16-byte cp.async into shared memory; src_bytes 0 writes 16 zero bytes and reads nothing (a masked row).
 __device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
@@ -269,23 +270,28 @@ __device__ __forceinline__ void load_tile(uint8_t* stage, uint8_t* valid, const 
   cp_async_commit();
 }
 
-// Code chunks kC0..kC1-1 (16 codes each) of every staged row as bf16 into `dst` (slabs of [64 x 128 B]).
-template <bool E, int kC0, int kC1>
+// Code chunks 4j..4j+3 (16 codes each), kJ0 <= j < kJ1, of every staged row as bf16 into `dst` (slabs of
+// [64 x 128 B]): chunk 4j+q becomes bf16 bytes 128j + 32q .. +31 of the row, i.e. slab j, 16-byte positions 2q and
+// 2q+1 (swizzled by the row). Thread t takes row t/4 and q = t%4, so every address is a per-thread base plus a
+// constant (and a warp's 16-byte loads and stores are free of bank conflicts).
+template <bool E, int kJ0, int kJ1>
 __device__ __forceinline__ void convert_tile(uint8_t* dst, const uint8_t* stage) {
-  constexpr int n = kC1 - kC0;
-#pragma unroll 2
-  for (int i = threadIdx.x; i < 64 * n; i += kThreads) {
-    const int r = i / n, c = kC0 + i % n;
-    const uint4 w = *reinterpret_cast<const uint4*>(stage + stage_off<E>(r, c * 16));
+  const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
+  uint8_t* drow = dst + r * 128;
+  const int p0 = ((2 * q) ^ (r & 7)) << 4, p1 = ((2 * q + 1) ^ (r & 7)) << 4;
+#pragma unroll
+  for (int j = kJ0; j < kJ1; ++j) {
+    const uint4 w = *reinterpret_cast<const uint4*>(stage + stage_off<E>(r, 16 * (4 * j + q)));
     uint4 lo, hi;
     e4m3x4_to_bf16(w.x, lo.x, lo.y);
     e4m3x4_to_bf16(w.y, lo.z, lo.w);
     e4m3x4_to_bf16(w.z, hi.x, hi.y);
     e4m3x4_to_bf16(w.w, hi.z, hi.w);
-    *reinterpret_cast<uint4*>(dst + slab_off(r, c * 32, 64)) = lo;
-    *reinterpret_cast<uint4*>(dst + slab_off(r, c * 32 + 16, 64)) = hi;
+    *reinterpret_cast<uint4*>(drow + j * kSlab + p0) = lo;
+    *reinterpret_cast<uint4*>(drow + j * kSlab + p1) = hi;
   }
 }
+static_assert(kThreads == 4 * 64 && kChunks % 4 == 0, "convert_tile: 4 threads per row, chunks in groups of 4");
 
 // Q's 64 rows of this head group: bf16 slabs (B) or the codes in slabs (E), by plain 16-byte loads.
 template <bool E>
@@ -418,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_sparse(const SparseParams p) {
     if constexpr (E) fence_proxy_async();  // the staged codes are S's B operand
     __syncthreads();
     if constexpr (!E) {  // B: S needs the whole converted tile; B2: its first 256 columns
-      convert_tile<false, 0, V == kVarB ? kChunks : 16>(sk, stage);
+      convert_tile<false, 0, V == kVarB ? kChunks / 4 : 4>(sk, stage);
       fence_proxy_async();
       __syncthreads();
     }
@@ -436,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_sparse(const SparseParams p) {
       wg_commit();
       // V into bf16 while S runs (S reads Q and the stage only; the previous P·V finished before the barrier);
       // the proxy fence before the P barrier below publishes it to P·V.
-      convert_tile<true, 0, kDv / 16>(sk, stage);
+      convert_tile<true, 0, kDv / 64>(sk, stage);
     } else if constexpr (V == kVarB) {
       const uint8_t* skw = sk + wg * 32 * 128;
 #pragma unroll
@@ -449,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_sparse(const SparseParams p) {
       for (int ks = 0; ks < 16; ++ks)  // slabs 0-3, converted
         wgmma_n32_ss_bf16(s, kmajor_desc(sq, 64, ks * 32), kmajor_desc(skw, 64, ks * 32), ks > 0);
       wg_commit();
-      convert_tile<false, 16, kChunks>(sk, stage);  // slabs 4-8, which those k-steps do not read
+      convert_tile<false, 4, kChunks / 4>(sk, stage);  // slabs 4-8, which those k-steps do not read
       fence_proxy_async();
       __syncthreads();
       wg_fence();
