@@ -105,13 +105,7 @@ __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 
 // Accumulator fragment of m64nN (f32): thread t of the warpgroup holds d[j], j < N/2, at
 // row 16*(t/32) + (t%32)/4 + 8*((j/2)%2), column 8*(j/4) + 2*(t%4) + j%2.
-__device__ __forceinline__ int acc_row(int t, int j) { return 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((j >> 1) & 1); }
-__device__ __forceinline__ int acc_col(int t, int j) { return 8 * (j >> 2) + 2 * (t & 3) + (j & 1); }
-
-// A-register fragment of m64k16 bf16 (4 x b32 per thread): a[0] = (row r, cols c, c+1), a[1] = (r+8, c..),
-// a[2] = (r, c+8..), a[3] = (r+8, c+8..), r = 16*(t/32) + (t%32)/4, c = 16*ks + 2*(t%4); low half = lower column.
-// That is the accumulator layout of columns 16ks..16ks+15, so a score tile in accumulators converts in place:
-// a[i] = pack(d[8ks + 2i], d[8ks + 2i + 1]).
+// Two floats as a bf16 pair (low half = the first).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -131,7 +125,6 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src, uin
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
