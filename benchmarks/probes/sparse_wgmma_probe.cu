@@ -4,14 +4,14 @@
 // [batch, q_len, top_k] (-1 = none), 64 heads per CTA on two warpgroups (the decode probe's variant Y: S halves
 // on m64n32, row maxima and P exchanged through shared memory, P·V on m64n256k16 with V read MN-major from the
 // converted tile), each 64-key tile's rows gathered through the index list by cp.async two tiles ahead, and
-// split over top-k tiles with a combine kernel to fill the SMs. Two variants:
+// split over top-k tiles with a combine kernel to fill the SMs. Three variants:
 //   B: Q and each K tile converted from E4M3 codes to bf16 in shared memory (exact), Q·K on bf16 wgmma with
 //      float32 accumulation: the numerics contract of docs/sparse.md up to float32 summation order;
 //   B2: B with the tile's conversion split in two: S's first 16 k-steps (latent columns 0-255) run while the
 //      rest (columns 256-575) converts (one barrier more per tile);
 //   E: Q·K on e4m3 wgmma (m64n32k32) straight on the gathered codes; only V (512 columns) converted to bf16.
 //      Hopper's FP8 wgmma accumulates at reduced precision: its error is reported, not assumed.
-// The host part checks both against a float64 evaluation of the contract (backends/reference sparse decode) and
+// The host part checks each against a float64 evaluation of the contract (backends/reference sparse decode) and
 // times FlashMLA's four shapes. Experiment tool, not library code: inline PTX, no CUTLASS; the layout,
 // descriptor, fragment and wgmma helpers are decode_wgmma_probe.cu's (verified on the H200).
 // benchmarks/NOTES.md ("Sparse FP8 decode WGMMA probe") has the plan and the findings.
