@@ -26,24 +26,29 @@ import torch
 # ("read_end", buf, i), ("stage_use", i).
 
 
+GROUPS = [1]  # full barriers per stage: 1 (variant Z) or 3 (Z3: one per slab group)
+
+
 def programs(T):
-    """The producer's, WG0's and WG1's operations for a split of T tiles, in k_decode_z's program order."""
+    """The producer's, WG0's and WG1's operations for a split of T tiles, in k_decode_zt's program order."""
+    G = GROUPS[0]
     prod, w0, w1 = [], [], []
     for i in range(T):
         s = i & 1
         if i >= 2:
             prod.append(("mwait", f"empty{s}", ((i - 2) >> 1) & 1))
-        prod += [("fill", i), ("marrive", f"full{s}")]
+        prod += [("fill", i)] + [("marrive", f"full{s}_{g}") for g in range(G)]
     for w in (w0, w1):
         w.append(("sync", "ALL"))  # Q loaded
     for i in range(T):
         s = i & 1
-        w0 += [("mwait", f"full{s}", (i >> 1) & 1), ("stage_use", i), ("write", "smx0", i), ("arrive", "MX0")]
+        waits = [("mwait", f"full{s}_{g}", (i >> 1) & 1) for g in range(G)]
+        w0 += waits + [("stage_use", i), ("write", "smx0", i), ("arrive", "MX0")]
         if i > 0:
             w0.append(("sync", "P0E"))
         w0 += [("write", "P0", i), ("arrive", "P0F"), ("sync", "H1F"), ("read", "smx1", i),
                ("read_begin", "P1", i), ("read_end", "P1", i), ("release", (0, i)), ("marrive", f"empty{s}")]
-        w1 += [("mwait", f"full{s}", (i >> 1) & 1), ("stage_use", i), ("sync", "MX0"), ("read", "smx0", i),
+        w1 += waits + [("stage_use", i), ("sync", "MX0"), ("read", "smx0", i),
                ("write", "P1", i), ("write", "smx1", i), ("arrive", "H1F"), ("sync", "P0F"),
                ("read_begin", "P0", i), ("read_end", "P0", i)]
         if i + 1 < T:
@@ -54,7 +59,7 @@ def programs(T):
     return [prod, w0, w1]
 
 
-MB_COUNT = {"full0": 1, "full1": 1, "empty0": 2, "empty1": 2}  # in actors (128 producer threads; 2 x 4 warps)
+MB_COUNT = {"empty0": 2, "empty1": 2}  # in actors (2 x 4 warps); every full barrier: 1 (128 producer threads)
 
 
 class Hazard(Exception):
@@ -121,7 +126,7 @@ def check_protocol(T):
             elif kind == "marrive":
                 pending, phase = mbar2.get(op[1], (0, 0))
                 pending += 1
-                if pending == MB_COUNT[op[1]]:
+                if pending == MB_COUNT.get(op[1], 1):
                     pending, phase = 0, phase + 1
                 mbar2[op[1]] = (pending, phase)
             elif kind in ("arrive", "sync"):  # one actor = one warpgroup = half of a generation
@@ -207,7 +212,7 @@ def check_protocol_mutants():
         for w in (p[1], p[2]):
             for j, op in enumerate(w):
                 if op[0] == "mwait":
-                    i = 2 * op[2] + (1 if op[1] == "full1" else 0)
+                    i = 2 * op[2] + (1 if op[1].startswith("full1") else 0)
                     w[j] = ("mwait", op[1], 1 - op[2] if i >= 2 else op[2])
         return p
 
@@ -344,16 +349,19 @@ def check_numerics():
 
 def main() -> int:
     bad = 0
-    print("protocol (every interleaving of producer / WG0 / WG1):")
-    for T in range(1, 7):
-        try:
-            n, finals, dl = check_protocol(T)
-        except (Hazard, AssertionError) as e:
-            print(f"  T={T}: HAZARD {e}")
-            bad += 1
-            continue
-        print(f"  T={T}: {n} states, {finals} final, {len(dl)} deadlocked")
-        bad += bool(dl) + (finals == 0)
+    for G in (1, 3):
+        GROUPS[0] = G
+        print(f"protocol, {G} full barrier(s) per stage (every interleaving of producer / WG0 / WG1):")
+        for T in range(1, 7):
+            try:
+                n, finals, dl = check_protocol(T)
+            except (Hazard, AssertionError) as e:
+                print(f"  T={T}: HAZARD {e}")
+                bad += 1
+                continue
+            print(f"  T={T}: {n} states, {finals} final, {len(dl)} deadlocked")
+            bad += bool(dl) + (finals == 0)
+    GROUPS[0] = 1
     print("protocol mutants (must all be caught):")
     caught = check_protocol_mutants()
     bad += caught != 5
