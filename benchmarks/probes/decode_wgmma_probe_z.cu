@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
       mbar_wait(&full[kGroups * s + gi], (it >> 1) & 1);
-      wg_fence();
+      wg_fence();  // after each wait: without it ptxas injects warpgroup.arrive there itself (C7519)
 #pragma unroll
       for (int ks = gi * (kD / 16 / kGroups); ks < (gi + 1) * (kD / 16 / kGroups); ++ks)
         wgmma_n32_ss_bf16(sc, kmajor_desc(sq, 64, ks * 32), kmajor_desc(skw, 64, ks * 32), ks > 0);
