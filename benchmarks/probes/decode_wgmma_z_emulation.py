@@ -1,18 +1,19 @@
-"""CPU checks of the decode probe's variant Z (decode_wgmma_probe_z.cu) that need no GPU.
+"""CPU checks of the decode probe's variants Z and Z3 (decode_wgmma_probe_z.cu) that need no GPU.
 
 1. Protocol: the producer and the two consumer warpgroups as three programs of barrier operations (mbarrier
    arrive / parity wait, named-barrier bar.arrive / bar.sync with the hardware's counting: a generation completes
    when two warpgroups' worth of threads arrived, whoever they are), every interleaving explored (depth-first,
-   states memoized) for 1..6 tiles. Checked: no deadlock (every interleaving ends with all three finished), no
+   states memoized) for 1..6 tiles, with one full barrier per stage (Z) and three (Z3). Checked: no deadlock (every interleaving ends with all three finished), no
    hazard on the shared buffers (a K stage refilled before both warpgroups released its tile, a P half or a row-
    maximum array overwritten before its reader finished, a read of the wrong tile's value), no named barrier
    completed by one side alone. A warpgroup is one actor: each of its generations needs all its 4 warps (the
    chain argument in the source's protocol comment), so per-warp drift cannot mix generations. Five broken
    variants of the protocol must be caught (a check that a mistake would show).
 2. Numerics: Z's per-warpgroup program (WG0: m1 from its own maxima, a2 from WG1's; WG1: m1 from WG0's
-   maxima; own P half, row sums, O = (O·a1 + P0·V0)·a2 + P1·V1) emulated in float32 torch against variant Y's
-   order (both warpgroups compute m1, m2, a1, a2 from both maxima; a2 multiply skipped when every a2 is 1) on
-   random tiles with masked tails: the float32 results must be bit for bit equal.
+   maxima; own P half, row sums, O = (O·a1 + P0·V0)·a2 + P1·V1, each multiply skipped per 16-row warp when its
+   factors are all 1) emulated in float32 torch against variant Y's order (both warpgroups compute m1, m2, a1, a2
+   from both maxima; the a2 multiply skipped when every a2 of the CTA is 1) on random tiles with masked tails,
+   rising and settled maxima: the float32 results must be bit for bit equal. (Z3's math is Z's.)
 
     python3 benchmarks/probes/decode_wgmma_z_emulation.py     # a few seconds
 """
