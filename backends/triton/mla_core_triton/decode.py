@@ -80,7 +80,8 @@ def _e4m3_to_dot(x, DOT_DTYPE: tl.constexpr, HW_CVT: tl.constexpr):
         normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
         f = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
         f = tl.where((b & 0x7F) == 0x7F, float("nan"), f)
-        return tl.where((b & 0x80) != 0, -f, f).to(DOT_DTYPE)
+        # the sign as a bit: code 0x80 is -0.0 (triton 3.6's interpreter negates 0.0 to +0.0)
+        return (f.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True).to(DOT_DTYPE)
 
 
 @triton.jit
