@@ -21,6 +21,7 @@
 // partials merged by its combine kernel. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper
 // building blocks, verified").
 
+#include "hopper.cuh"
 #include "mla_decode.h"
 
 #include <cuda_bf16.h>
@@ -58,16 +59,6 @@ __device__ __forceinline__ uint32_t slab_off(uint32_t row, uint32_t byte) {
   return (byte >> 7) * (kKeys * 128u) + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Shared-memory matrix descriptor: start address >> 4, leading byte offset >> 4 at bit 16, stride byte offset
-// >> 4 at bit 32, base offset 0 (slabs 1024-aligned), layout 1 (128-byte swizzle) at bit 62.
-__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
 // K-major operand (64-row slabs), the k16 step `kbyte` bytes into each row: SBO 1024 (8 rows), LBO unused (16).
 __device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s, uint32_t kbyte) {
   return make_desc(smem_u32(s) + (kbyte >> 7) * kKeys * 128u + (kbyte & 127u), 16u, 1024u);
@@ -78,25 +69,7 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) 
   return make_desc(smem_u32(s) + k0 * 128u, kKeys * 128u, 1024u);
 }
 
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Ties registers to this point of the instruction stream: accumulators are neither read before the wait that
-// makes them valid nor initialized after the first wgmma.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// 16-byte cp.async; src_bytes 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool i64) {
   return i64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
@@ -128,10 +101,6 @@ template <typename T> struct Wgmma;
 MLA_WGMMA_OPS(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn)
 MLA_WGMMA_OPS(__half, "f16", __half2, __floats2half2_rn)
 #undef MLA_WGMMA_OPS
-
-__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~static_cast<uintptr_t>(1023));
-}
 
 // tok = pg * page_size + in_page, 0 <= in_page < page_size, for 0 <= tok < 2^51, without a division instruction
 // (a 64-bit integer division is a subroutine with branches; in a divergent path it makes ptxas serialize every
@@ -205,11 +174,6 @@ __device__ __forceinline__ void store_rows(OutT* lo, OutT* hi, const float (&o)[
     store_pair(lo + 8 * (j >> 2), o[j] * inv_lo, o[j + 1] * inv_lo);
     store_pair(hi + 8 * (j >> 2), o[j + 2] * inv_hi, o[j + 3] * inv_hi);
   }
-}
-
-__device__ __forceinline__ void scale_rows(float (&o)[128], float a_lo, float a_hi) {
-#pragma unroll
-  for (int j = 0; j < 128; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
 }
 
 template <typename T>

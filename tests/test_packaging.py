@@ -43,7 +43,7 @@ def test_a_built_wheel_holds_the_data_files_a_non_editable_install_needs(tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    csrc = sorted(p.name for p in (ROOT / "csrc").iterdir() if p.suffix in (".cu", ".h", ".cpp"))
+    csrc = sorted(p.name for p in (ROOT / "csrc").iterdir() if p.suffix in (".cu", ".cuh", ".h", ".cpp"))
     assert csrc, "csrc/ holds no sources"
     missing = [f"mla_core_cuda/csrc/{name}" for name in csrc if f"mla_core_cuda/csrc/{name}" not in names]
     shipped = sorted(p.name for p in (ROOT / "autotune_cache").glob("*.json"))

@@ -7,18 +7,10 @@ set -uo pipefail
 cd "$(dirname "$0")"
 NVCC=${NVCC:-nvcc}
 BIN=${BIN:-/tmp/decode_probe}
-echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; $("$NVCC" --version | tail -1)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv,noheader \
-  2>/dev/null || true
-if ! "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" decode_wgmma_probe.cu \
-    >"$BIN.ptxas.log" 2>&1; then
-  cat "$BIN.ptxas.log"
-  echo "BUILD FAILED"
-  exit 2
-fi
+source ./common.sh
+probe_build decode_wgmma_probe.cu
 # ptxas: registers / spills / smem per kernel; wgmma serialization (C7510, C7520) and inserted warpgroup.arrive (C7519)
-grep -A3 "Compiling entry" "$BIN.ptxas.log" | grep -E "entry|registers|spill" \
-  | sed -E "s/.*Compiling entry function '([^']+)'.*/kernel \1:/; s/ptxas info *: //; s/^ +//" | paste -d' ' - - -
+probe_kernels
 echo "ptxas: $(grep -cE 'C7510|C7520' "$BIN.ptxas.log") C7510/C7520 (wgmma serialized), $(grep -c C7519 "$BIN.ptxas.log") C7519 (warpgroup.arrive inserted)"
 if command -v cuobjdump >/dev/null; then
   echo "SASS: $(cuobjdump -sass "$BIN" | grep -c 'HGMMA') HGMMA, $(cuobjdump -sass "$BIN" | grep -c 'LDGSTS') LDGSTS," \
@@ -26,5 +18,5 @@ if command -v cuobjdump >/dev/null; then
 fi
 timeout 100 "$BIN"
 rc=$?
-nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null || true
+probe_clocks
 exit $rc

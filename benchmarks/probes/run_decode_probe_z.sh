@@ -9,19 +9,11 @@ set -uo pipefail
 cd "$(dirname "$0")"
 NVCC=${NVCC:-nvcc}
 BIN=${BIN:-/tmp/decode_probe_z}
-echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; $("$NVCC" --version | tail -1)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv,noheader \
-  2>/dev/null || true
-if ! "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" decode_wgmma_probe_z.cu \
-    >"$BIN.ptxas.log" 2>&1; then
-  cat "$BIN.ptxas.log"
-  echo "BUILD FAILED"
-  exit 2
-fi
+source ./common.sh
+probe_build decode_wgmma_probe_z.cu
 # ptxas: registers / spills per kernel (Z's and Z3's 168 are the 384-thread share; setmaxnreg gives the consumers
 # 224); wgmma serialization (C7510, C7512, C7520) and inserted warpgroup.arrive (C7519) in Z / Z3 alone
-grep -A3 "Compiling entry" "$BIN.ptxas.log" | grep -E "entry|registers|spill" \
-  | sed -E "s/.*Compiling entry function '([^']+)'.*/kernel \1:/; s/ptxas info *: //; s/^ +//" | paste -d' ' - - -
+probe_kernels
 echo "ptxas (k_decode_zt<1>, <3>): $(grep 'k_decode_zt' "$BIN.ptxas.log" | grep -cE 'C7510|C7512|C7520') C7510/C7512/C7520 (wgmma serialized), $(grep 'k_decode_zt' "$BIN.ptxas.log" | grep -c C7519) C7519 (warpgroup.arrive inserted)"
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass "$BIN" >"$BIN.sass" 2>/dev/null || true
@@ -35,5 +27,5 @@ fi
 timeout 120 "$BIN"
 rc=$?
 [ $rc -eq 124 ] && echo "TIMEOUT after 120 s: the program hung (the last line above shows where)"
-nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null || true
+probe_clocks
 exit $rc

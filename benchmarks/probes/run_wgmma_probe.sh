@@ -8,15 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")"
 NVCC=${NVCC:-nvcc}
 BIN=${BIN:-/tmp/wgmma_probe}
-echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; $("$NVCC" --version | tail -1)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv,noheader \
-  2>/dev/null || true
-if ! "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" wgmma_probe.cu \
-    >"$BIN.ptxas.log" 2>&1; then
-  cat "$BIN.ptxas.log"
-  echo "BUILD FAILED"
-  exit 2
-fi
+source ./common.sh
+probe_build wgmma_probe.cu
 # ptxas: registers / spills per kernel; wgmma serialization (C7510) and compiler-inserted warpgroup.arrive (C7519)
 grep -E "Compiling entry|Used [0-9]+ registers|spill stores" "$BIN.ptxas.log" \
   | grep -vE "0 bytes spill stores, 0 bytes spill loads" \
@@ -28,5 +21,5 @@ if command -v cuobjdump >/dev/null; then
 fi
 timeout 300 "$BIN"
 rc=$?
-nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null || true
+probe_clocks
 exit $rc

@@ -1,0 +1,67 @@
+// hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA decode kernel (mla_decode_wgmma.cu) and the
+// experiment probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses
+// and matrix descriptors, the wgmma fence / commit and register fence, cp.async, 1024-byte alignment, and the
+// scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
+// blocks, verified"). Inline PTX only; a wgmma instruction compiles only where the target is sm_90a.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_HOPPER_SM90A 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Shared-memory matrix descriptor (64 bits): start address >> 4 in [0,14), leading byte offset >> 4 in [16,30),
+// stride byte offset >> 4 in [32,46), base offset in [49,52) (0: slabs are 1024-aligned), layout type in
+// [62,64) with 1 = 128-byte swizzle.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+// wgmma ordering: fence before the first wgmma that reads registers or shared memory written since, commit the
+// issued wgmma as one group (outside sm_90a both are empty; the wgmma themselves trap there).
+__device__ __forceinline__ void wg_fence() {
+#ifdef MLA_HOPPER_SM90A
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#ifdef MLA_HOPPER_SM90A
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Ties registers to a point in the instruction stream, so the compiler neither reads accumulators before the
+// wait that makes them valid nor moves their initialization past the first wgmma.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Orders generic-proxy writes to shared memory before async-proxy reads (wgmma, TMA) of them.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// 16-byte cp.async into shared memory; src_bytes 0 writes 16 zero bytes and reads nothing (a masked row).
+__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// The first 1024-byte-aligned address at or after p (rounded as an integer: a generic pointer).
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~static_cast<uintptr_t>(1023));
+}
+
+// An m64n256 accumulator tile's rows scaled: the thread's row r by a_lo, its row r + 8 (j % 4 >= 2) by a_hi.
+__device__ __forceinline__ void scale_rows(float (&o)[128], float a_lo, float a_hi) {
+#pragma unroll
+  for (int j = 0; j < 128; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
+}
