@@ -114,6 +114,31 @@ def dequantize_weight(w: torch.Tensor, scale: torch.Tensor | None, block: tuple[
     return w.float() * full
 
 
+def cumulative_counts(counts: torch.Tensor) -> torch.Tensor:
+    """``[0, c0, c0 + c1, ...]``: cumulative int64 offsets [n + 1] of ``counts`` [n] (on their device)."""
+    cu = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(counts.to(torch.int64), 0, out=cu[1:])
+    return cu
+
+
+def key_coordinates(table: torch.Tensor, kv_lens: torch.Tensor, cu_k: torch.Tensor, total: int, page_size: int,
+                    num_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cache coordinates of every request's keys ``0..kv_lens[b] - 1``, packed in request order.
+
+    table [batch, width] page ids; kv_lens [batch] int64 and cu_k = :func:`cumulative_counts` of it; ``total`` =
+    ``cu_k[-1]`` (a host int: it sizes the result). Returns (page [total] int64, slot [total], ok [total] bool:
+    the page index lies inside the table and the cache). A key that is not ``ok`` points at page 0; the caller
+    zeroes it, so nothing outside the cache is ever read.
+    """
+    batch, width = table.shape
+    request = torch.repeat_interleave(torch.arange(batch, device=table.device), kv_lens, output_size=total)
+    pos = torch.arange(total, device=table.device) - cu_k[request]
+    col = pos // page_size
+    page = table[request, col.clamp(0, width - 1)].to(torch.int64)
+    ok = (col < width) & (page >= 0) & (page < num_pages)
+    return torch.where(ok, page, 0), pos % page_size, ok
+
+
 def _check_weight(name: str, w: Any, scale: Any, shape: tuple, block: tuple[int, int]) -> None:
     check_tensor(name, w, len(shape), (FP8, *FLOAT_DTYPES))
     check_shape(name, w, shape)

@@ -212,6 +212,15 @@ def empty_state_lse(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(lse == float("inf"), float("-inf"), lse)
 
 
+def sink_factor(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention-sink weight of a row: ``1 / (1 + exp(sink - lse)) = sigmoid(lse - sink)``, float32.
+
+    lse [tokens, heads] (natural log; -inf gives 0), sinks [heads]. The row's output is multiplied by it (a sink is
+    one more key with score ``sink`` and a zero value).
+    """
+    return torch.sigmoid(lse.float() - sinks.float()[None, :])
+
+
 def bucket_pow2(n: int) -> int:
     """Smallest power of two >= n (1 for n <= 1): how batch sizes and lengths are bucketed in keys."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

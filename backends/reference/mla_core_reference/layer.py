@@ -30,7 +30,7 @@ import contextlib
 import torch
 
 import mla_core
-from mla_core import layer
+from mla_core import layer, numerics
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
@@ -44,11 +44,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bo
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def _sink_factor(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """``1 / (1 + exp(sink - lse))`` per (token, head); lse [tokens, heads] float32, -inf gives 0."""
-    return torch.sigmoid(lse - sinks.float()[None, :])
 
 
 def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
@@ -103,7 +98,8 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
             qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True, backend=call.attention_backend)
         o = torch.einsum("thl,hvl->thv", o_lat.float(), w_uv)
     else:
-        k_pages, k_slots, k_ok, cu_k = _key_rows(table, kv_lens, page_size, cache.shape[0])
+        cu_k = layer.cumulative_counts(kv_lens)
+        k_pages, k_slots, k_ok = layer.key_coordinates(table, kv_lens, cu_k, int(cu_k[-1]), page_size, cache.shape[0])
         key_rows = torch.where(k_ok[:, None], cache[k_pages, k_slots].float(), 0.0)                  # [total_k, D]
         k_lat = key_rows[:, :latent]
         k_nope = _up_project(k_lat, call.w_k, call.w_k_scale, block, cdtype).view(-1, heads, nope)
@@ -115,7 +111,7 @@ def mla_forward_reference(call: layer.LayerCall) -> torch.Tensor:
                                       return_lse=True, backend=call.attention_backend)
         o, lse = o.float(), lse.T                                                                    # lse [tokens, H]
     if call.attn_sinks is not None:
-        o = o * _sink_factor(lse, call.attn_sinks)[..., None]
+        o = o * numerics.sink_factor(lse, call.attn_sinks)[..., None]
     return o.to(q.dtype).contiguous()           # einsum may return permuted strides; the op's output is contiguous
 
 
@@ -189,22 +185,3 @@ def _write_rows(cache: torch.Tensor, slot: torch.Tensor, ok: torch.Tensor, rows:
     target = torch.where(ok, slot, torch.where(any_ok, slot.index_select(0, first), 0))
     spare = torch.where(any_ok, rows.index_select(0, first)[0], flat[0])
     flat.index_put_((target,), torch.where(ok[:, None], rows, spare[None, :]))
-
-
-def _key_rows(table: torch.Tensor, kv_lens: torch.Tensor, page_size: int, num_pages: int):
-    """Cache coordinates of every request's keys ``0..kv_lens[b] - 1``, packed in request order.
-
-    Returns (page [total_k], slot [total_k], ok [total_k] bool: page index inside table and cache, cu_k [batch + 1]).
-    A key whose page is not ``ok`` is read from page 0 and zeroed by the caller (never outside the cache).
-    """
-    device = table.device
-    batch, width = table.shape
-    total = int(kv_lens.sum())
-    cu_k = torch.zeros(batch + 1, dtype=torch.int64, device=device)
-    cu_k[1:] = torch.cumsum(kv_lens, 0)
-    request = torch.repeat_interleave(torch.arange(batch, device=device), kv_lens, output_size=total)
-    pos = torch.arange(total, device=device) - cu_k[request]
-    col = pos // page_size
-    page = table[request, col.clamp(0, width - 1)]
-    ok = (col < width) & (page >= 0) & (page < num_pages)
-    return torch.where(ok, page, 0), pos % page_size, ok, cu_k

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from mla_core import layer as layer_api
-from mla_core import mla_decode, mla_prefill
+from mla_core import mla_decode, mla_prefill, numerics
 from mla_core.specs import values_checked
 
 
@@ -253,9 +253,9 @@ def _new_output(shape, dtype, device) -> torch.Tensor:
 
 
 def _sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """``out`` [T, H, v] times ``1 / (1 + exp(sink - lse))`` (lse [T, H] float32), in float32, in place."""
+    """``out`` [T, H, v] times the sink factor (:func:`mla_core.numerics.sink_factor`; lse [T, H]), in place."""
     if sinks is not None:
-        out.copy_(out.float() * torch.sigmoid(lse - sinks.float()[None, :])[..., None])
+        out.copy_(out.float() * numerics.sink_factor(lse, sinks)[..., None])
     return out
 
 
@@ -317,25 +317,14 @@ def _key_counts(call):
     """Keys per request ``cache_offsets + lengths`` [batch] and their cumulative counts ``cu_k`` [batch + 1], int64."""
     offsets = call.input_row_offsets.to(torch.int64)
     kv_lens = call.cache_offsets.to(torch.int64) + (offsets[1:] - offsets[:-1])
-    cu_k = torch.zeros(kv_lens.shape[0] + 1, dtype=torch.int64, device=kv_lens.device)
-    torch.cumsum(kv_lens, 0, out=cu_k[1:])
-    return kv_lens, cu_k
+    return kv_lens, layer_api.cumulative_counts(kv_lens)
 
 
 def _key_rows(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor, cu_k: torch.Tensor, total: int):
-    """Every request's cached rows ``0..kv_lens[b] - 1`` packed in request order: rows [total, D].
-
-    A row whose page index lies outside the table or the cache reads as zeros.
-    """
-    device, (batch, width), page_size = cache.device, table.shape, cache.shape[1]
-    request = torch.repeat_interleave(torch.arange(batch, device=device), kv_lens, output_size=total)
-    pos = torch.arange(total, device=device) - cu_k[request]
-    col = pos // page_size
-    page = table[request, col.clamp(0, width - 1)].to(torch.int64)
-    ok = (col < width) & (page >= 0) & (page < cache.shape[0])
-    flat = cache.view(-1, cache.shape[-1])
-    rows = flat[torch.where(ok, page, 0) * page_size + pos % page_size]
-    return torch.where(ok[:, None], rows, 0)
+    """Every request's cached rows ``0..kv_lens[b] - 1`` packed in request order: rows [total, D] (a row whose page
+    lies outside the table or the cache reads as zeros)."""
+    page, slot, ok = layer_api.key_coordinates(table, kv_lens, cu_k, total, cache.shape[1], cache.shape[0])
+    return torch.where(ok[:, None], cache[page, slot], 0)
 
 
 def run(call, config: dict) -> torch.Tensor:
