@@ -1,7 +1,7 @@
-// hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA decode kernel (mla_decode_wgmma.cu) and the
-// experiment probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses
-// and matrix descriptors, the wgmma fence / commit and register fence, cp.async, 1024-byte alignment, and the
-// scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
+// hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
+// probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
+// descriptors, the wgmma fence / commit and register fence, cp.async, mbarriers and named barriers, 1024-byte
+// alignment, 2^x, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
 // blocks, verified"). Inline PTX only; a wgmma instruction compiles only where the target is sm_90a.
 #pragma once
 
@@ -64,4 +64,41 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 __device__ __forceinline__ void scale_rows(float (&o)[128], float a_lo, float a_hi) {
 #pragma unroll
   for (int j = 0; j < 128; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
+}
+
+// 2^x by the SFU (ex2.approx.ftz: relative error ~2^-22, denormal results flushed); -inf -> +0.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// mbarrier in shared memory: init (thread count per phase), arrive (release at CTA scope), wait for the phase of
+// the given parity to complete (acquire).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over kCount threads: sync waits for the generation, arrive
+// counts this thread in without waiting.
+template <int kCount>
+__device__ __forceinline__ void nb_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
+}
+template <int kCount>
+__device__ __forceinline__ void nb_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
 }

@@ -93,29 +93,6 @@ constexpr int kPairThreads = 256;  // threads per named-barrier generation (both
 // Q + 2 K stages + P slab + smx0, smx1, sl[2] (4 x 64 floats) + 8 mbarriers + alignment slack = 231,488 B
 constexpr int kSmemZ = 3 * kTileBytes + 64 * 128 + 4 * 64 * 4 + 8 * 8 + 1024;
 
-__device__ __forceinline__ void nb_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kPairThreads) : "memory");
-}
-__device__ __forceinline__ void nb_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kPairThreads) : "memory");
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {  // release at CTA scope
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {  // acquire; returns once the phase
-  uint32_t done;                                                              // of this parity has completed
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
 // One producer warp's part of a 64-key tile (rows 16pw..16pw+15; keys from pos0, keys at or past `end`
 // zero-filled and never read) into the slab layout. Lanes 0-15 look up the warp's 16 rows (one block-table read
 // each); per group of 4 rows the warp issues 8 full copies (chunks l and l + 32 of each row: slabs 0-7) and one
@@ -236,7 +213,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
     cp_async_commit();
     cp_async_wait_all();
     fence_proxy_async();
-    nb_sync(kBarAll);
+    nb_sync<kPairThreads>(kBarAll);
   }
   const int wg = warp >> 2, t = tid & 127, lane = tid & 31;
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);
@@ -290,7 +267,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
         smx0[row_lo] = mx_lo;
         smx0[row_lo + 8] = mx_hi;
       }
-      nb_arrive(kBarMx0);
+      nb_arrive<kPairThreads>(kBarMx0);
       const float m1_lo = fmaxf(m_lo, mx_lo), m1_hi = fmaxf(m_hi, mx_hi);
       const float a1_lo = ex2(m_lo - m1_lo), a1_hi = ex2(m_hi - m1_hi);
       float sum_lo = 0.f, sum_hi = 0.f;
@@ -305,7 +282,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
       for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[ks][i] = pack_bf16(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1]);
-      if (it > 0) nb_sync(kBarP0Empty);  // WG1's P0·V0_R of the previous tile has read the slab's half 0
+      if (it > 0) nb_sync<kPairThreads>(kBarP0Empty);  // WG1's P0·V0_R of the previous tile has read the slab's half 0
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const int key = 16 * ks + 2 * (t & 3);
@@ -315,13 +292,13 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
         *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, (key + 8) * 2, 64)) = a[ks][3];
       }
       fence_proxy_async();
-      nb_arrive(kBarP0Full);
+      nb_arrive<kPairThreads>(kBarP0Full);
       if (__any_sync(0xffffffffu, a1_lo != 1.f || a1_hi != 1.f)) scale_rows(o, a1_lo, a1_hi);
       wg_fence();
       wgmma_n256_rs_bf16<1>(o, a[0], mnmajor_desc(sv, 0, 64 * 128, 1024), 1);
       wgmma_n256_rs_bf16<1>(o, a[1], mnmajor_desc(sv, 16, 64 * 128, 1024), 1);
       wg_commit();
-      nb_sync(kBarH1Full);  // WG1's P1 and half-1 maxima
+      nb_sync<kPairThreads>(kBarH1Full);  // WG1's P1 and half-1 maxima
       const float m2_lo = fmaxf(m1_lo, smx1[row_lo]), m2_hi = fmaxf(m1_hi, smx1[row_lo + 8]);
       const float a2_lo = ex2(m1_lo - m2_lo), a2_hi = ex2(m1_hi - m2_hi);
       l_lo = (l_lo * a1_lo + sum_lo) * a2_lo;
@@ -338,7 +315,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
       wg_wait<0>();
       reg_fence(o);
     } else {
-      nb_sync(kBarMx0);  // WG0's half-0 maxima
+      nb_sync<kPairThreads>(kBarMx0);  // WG0's half-0 maxima
       const float m1_lo = fmaxf(m_lo, smx0[row_lo]), m1_hi = fmaxf(m_hi, smx0[row_lo + 8]);
       const float m2_lo = fmaxf(m1_lo, mx_lo), m2_hi = fmaxf(m1_hi, mx_hi);
       const float a1_lo = ex2(m_lo - m1_lo), a1_hi = ex2(m_hi - m1_hi);
@@ -372,16 +349,16 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
         smx1[row_lo + 8] = mx_hi;
       }
       fence_proxy_async();
-      nb_arrive(kBarH1Full);
+      nb_arrive<kPairThreads>(kBarH1Full);
       if (__any_sync(0xffffffffu, a1_lo != 1.f || a1_hi != 1.f)) scale_rows(o, a1_lo, a1_hi);
-      nb_sync(kBarP0Full);  // WG0's P0
+      nb_sync<kPairThreads>(kBarP0Full);  // WG0's P0
       wg_fence();
       wgmma_n256_ss_bf16<1>(o, kmajor_desc(sp, 64, 0), mnmajor_desc(sv, 0, 64 * 128, 1024), 1);
       wgmma_n256_ss_bf16<1>(o, kmajor_desc(sp, 64, 32), mnmajor_desc(sv, 16, 64 * 128, 1024), 1);
       wg_commit();
       wg_wait<0>();
       reg_fence(o);
-      if (it + 1 < ntiles) nb_arrive(kBarP0Empty);
+      if (it + 1 < ntiles) nb_arrive<kPairThreads>(kBarP0Empty);
       if (__any_sync(0xffffffffu, a2_lo != 1.f || a2_hi != 1.f)) scale_rows(o, a2_lo, a2_hi);
       wg_fence();
       wgmma_n256_rs_bf16<1>(o, a[0], mnmajor_desc(sv, 32, 64 * 128, 1024), 1);
@@ -403,7 +380,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
     sl[wg * 64 + row_lo] = l_lo;
     sl[wg * 64 + row_lo + 8] = l_hi;
   }
-  nb_sync(kBarAll);
+  nb_sync<kPairThreads>(kBarAll);
   // The same order in both warpgroups, as Y: l = l_0 + l_1.
   store_rows(p, o, b, split, h0, m_lo, m_hi, sl[row_lo] + sl[64 + row_lo], sl[row_lo + 8] + sl[64 + row_lo + 8]);
 }

@@ -120,11 +120,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // A 32-bit hash (device-side initialization of large benchmark tensors).
 __device__ __forceinline__ uint32_t hash32(uint32_t x) {

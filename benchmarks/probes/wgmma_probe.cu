@@ -93,7 +93,7 @@ __device__ void load_tile_cp_async(uint8_t* s, const uint8_t* g, const int* idx)
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+__device__ __forceinline__ void tma_bar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
@@ -101,7 +101,7 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+__device__ __forceinline__ void tma_bar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   for (uint32_t tries = 0; !done; ++tries) {
     // A copy that never lands (bad map or byte count) traps instead of hanging. No printf here: a call in
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(128, 1)
     load_tile_cp_async(sk, reinterpret_cast<const uint8_t*>(kc), idx);
     cp_async_wait_all();
   } else {
-    if (t == 0) mbar_init(&bar, 1);
+    if (t == 0) tma_bar_init(&bar, 1);
     __syncthreads();
     if (t == 0) {
       const int box = mode == 2 ? 64 : 16;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(128, 1)
       for (int p = 0; p < 64 / box; ++p)
         for (int c = 0; c < kD / 64; ++c) tma_load_2d(sk + c * 64 * 128 + p * box * 128, map, c * 64, idx[p * box], &bar);
     }
-    mbar_wait(&bar, 0);
+    tma_bar_wait(&bar, 0);
   }
   fence_proxy_async();  // generic-proxy writes (st.shared, cp.async) -> visible to the async proxy (wgmma)
   __syncthreads();
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(128, 1) k_loader(const uint8_t* cache, const i
   uint8_t* sm = align1024(smem_raw);
   const int t = threadIdx.x;
   if (TMA && t == 0)
-    for (int s = 0; s < kStages; ++s) mbar_init(&bars[s], 1);
+    for (int s = 0; s < kStages; ++s) tma_bar_init(&bars[s], 1);
   __syncthreads();
   const int n = (tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;  // this CTA's tile count
   auto issue = [&](int k) {  // this CTA's k-th tile into stage k % kStages (an empty cp.async group past the end)
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(128, 1) k_loader(const uint8_t* cache, const i
   for (int k = 0; k < kStages - 1; ++k) issue(k);
   for (int k = 0; k < n; ++k) {
     issue(k + kStages - 1);  // into the stage consumed in iteration k - 1 (the barrier below ended its reads)
-    if constexpr (TMA) mbar_wait(&bars[k % kStages], (k / kStages) & 1);
+    if constexpr (TMA) tma_bar_wait(&bars[k % kStages], (k / kStages) & 1);
     else asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
     __syncthreads();
     acc ^= reinterpret_cast<const uint32_t*>(sm + (k % kStages) * kTileBytes)[(t * 97) % (kTileBytes / 4)];
