@@ -1,6 +1,7 @@
-// pybind11 bindings of the CUDA decode kernels (mla_decode.cu: mma.sync, mla_decode_wgmma.cu: WGMMA). The
-// Python side (backends/cuda/mla_core_cuda) validates the call and allocates every tensor; this layer only
-// reads pointers and strides and launches on the current stream (so CUDA-graph capture records the launches).
+// pybind11 bindings of the CUDA kernels (mla_decode.cu: mma.sync decode, mla_decode_wgmma.cu: WGMMA decode,
+// mla_sparse_wgmma.cu: FP8 top-k sparse decode). The Python side (backends/cuda/mla_core_cuda) validates the call and
+// allocates every tensor; this layer only reads pointers and strides and launches on the current stream (so
+// CUDA-graph capture records the launches).
 #include <torch/extension.h>
 
 #include <c10/cuda/CUDAStream.h>
@@ -9,6 +10,7 @@
 #include <optional>
 
 #include "mla_decode.h"
+#include "mla_sparse.h"
 
 namespace {
 
@@ -130,6 +132,66 @@ void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torc
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
 }
 
+// The FP8 top-k sparse decode on WGMMA (mla_sparse_wgmma.cu): query [batch, q_len, heads, 576] and cache [rows, 576]
+// float8_e4m3fn (contiguous, 16-byte aligned), indices [batch, q_len, top_k] int32, valid_lens [batch] int32,
+// out [batch, q_len, heads, 512] bf16 and lse (batch * q_len * heads float32), both contiguous.
+void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& indices,
+                         const torch::Tensor& valid_lens, torch::Tensor out, torch::Tensor lse,
+                         std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse,
+                         int64_t num_splits, double scale_log2, double bmm2_scale) {
+  const auto fp8 = torch::kFloat8_e4m3fn;
+  TORCH_CHECK(query.is_cuda() && cache.is_cuda() && indices.is_cuda() && valid_lens.is_cuda() && out.is_cuda() &&
+                  lse.is_cuda(), "mla_core cuda sparse decode: tensors must be on CUDA");
+  TORCH_CHECK(query.scalar_type() == fp8 && cache.scalar_type() == fp8, "query and cache must be float8_e4m3fn");
+  TORCH_CHECK(query.dim() == 4 && query.size(3) == 576 && query.is_contiguous(),
+              "query must be contiguous [batch, q_len, heads, 576]");
+  TORCH_CHECK(cache.dim() == 2 && cache.size(1) == 576 && cache.is_contiguous(),
+              "cache must be contiguous [rows, 576]");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(query.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0, "query and cache must be 16-byte aligned");
+  const int64_t batch = query.size(0), q_len = query.size(1), heads = query.size(2);
+  TORCH_CHECK(indices.scalar_type() == torch::kInt && indices.is_contiguous() && indices.dim() == 3 &&
+                  indices.size(0) == batch && indices.size(1) == q_len,
+              "indices must be contiguous int32 [batch, q_len, top_k]");
+  TORCH_CHECK(valid_lens.scalar_type() == torch::kInt && valid_lens.is_contiguous() && valid_lens.numel() == batch,
+              "valid_lens must be contiguous int32 [batch]");
+  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.is_contiguous() &&
+                  out.numel() == batch * q_len * heads * 512 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
+              "out must be contiguous, 4-byte aligned bf16 [batch, q_len, heads, 512]");
+  TORCH_CHECK(lse.scalar_type() == torch::kFloat && lse.is_contiguous() && lse.numel() == batch * q_len * heads,
+              "lse must be contiguous float32 with batch * q_len * heads elements");
+  mla_core_cuda::SparseDecodeParams p{};
+  p.query = static_cast<const uint8_t*>(query.data_ptr());
+  p.cache = static_cast<const uint8_t*>(cache.data_ptr());
+  p.rows = cache.size(0);
+  p.indices = indices.data_ptr<int32_t>();
+  p.valid_lens = valid_lens.data_ptr<int32_t>();
+  p.batch = static_cast<int>(batch);
+  p.q_len = static_cast<int>(q_len);
+  p.heads = static_cast<int>(heads);
+  p.top_k = static_cast<int>(indices.size(2));
+  p.num_splits = static_cast<int>(num_splits);
+  p.scale_log2 = static_cast<float>(scale_log2);
+  p.bmm2_scale = static_cast<float>(bmm2_scale);
+  p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  p.lse = lse.data_ptr<float>();
+  TORCH_CHECK(mla_core_cuda::sparse_decode_wgmma_supported(p),
+              "the WGMMA sparse decode needs heads a multiple of 64, top_k a multiple of 64 and 1..32 splits (got heads ",
+              heads, ", top_k ", p.top_k, ", splits ", num_splits, ")");
+  if (num_splits > 1) {
+    TORCH_CHECK(part_o.has_value() && part_lse.has_value() && part_o->scalar_type() == torch::kFloat &&
+                    part_lse->scalar_type() == torch::kFloat && part_o->is_contiguous() && part_lse->is_contiguous(),
+                "part_o and part_lse (contiguous float32) are needed with num_splits > 1");
+    TORCH_CHECK(part_o->numel() >= batch * q_len * heads * num_splits * 512 &&
+                    part_lse->numel() >= batch * q_len * heads * num_splits, "part_o / part_lse too small");
+    p.part_o = part_o->data_ptr<float>();
+    p.part_lse = part_lse->data_ptr<float>();
+  }
+  const c10::cuda::CUDAGuard guard(query.device());
+  const cudaError_t err = mla_core_cuda::launch_sparse_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda sparse decode launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -145,4 +207,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"),
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"));
+  m.def("sparse_decode_wgmma", &sparse_decode_wgmma,
+        "FP8 top-k sparse MLA decode on WGMMA, 576-byte rows (see backends/cuda/mla_core_cuda/sparse.py)",
+        pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("indices"), pybind11::arg("valid_lens"),
+        pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
+        pybind11::arg("num_splits"), pybind11::arg("scale_log2"), pybind11::arg("bmm2_scale"));
 }
