@@ -126,14 +126,16 @@ def main():
                         if batch * length <= args.ref_max_tokens:
                             ref_us = time_eager(lambda: mla_core.mla_attention_decode(
                                 q, cache, table, lens, backend="reference", **kw), iters=3, warmup=1)
-                        cuda_us = cuda_config = None
+                        cuda_us = cuda_config = cuda_splits = None
                         if cuda is not None and not cuda.why_not(problem):
-                            for config in cuda.configs(problem)[:args.sweep]:
-                                c_us = time_graph(lambda: cuda.run(problem, call, config), iters=args.iters)
+                            from mla_core_cuda.decode import num_splits as cuda_num_splits
+                            for c_config in cuda.configs(problem)[:args.sweep]:
+                                c_us = time_graph(lambda: cuda.run(problem, call, c_config), iters=args.iters)
                                 if args.sweep > 1:
-                                    print(f"  cuda config {config}: {c_us:.1f} us", flush=True)
+                                    print(f"  cuda config {c_config}: {c_us:.1f} us", flush=True)
                                 if cuda_us is None or c_us < cuda_us:
-                                    cuda_us, cuda_config = c_us, config
+                                    cuda_us, cuda_config = c_us, c_config
+                                    cuda_splits = cuda_num_splits(call, c_config)
                         if recipe == "bf16" and kv_dtype == "bf16":
                             bf16_us[splits] = us
                             bf16_us["cuda", splits] = cuda_us
@@ -148,7 +150,7 @@ def main():
                             vs_bf16_kv=us / bf16_us[splits] if splits in bf16_us and kv_dtype != "bf16" else None,
                             ref_us=ref_us, ref_over_triton=ref_us / us if ref_us else None,
                             config=",".join(f"{k}={v}" for k, v in config.items()),
-                            cuda_us=cuda_us,
+                            cuda_us=cuda_us, cuda_splits=cuda_splits,
                             cuda_pct_bw=100 * gbps * us / cuda_us / ceil["copy_gbps"] if cuda_us else None,
                             cuda_pct_tc=100 * tflops * us / cuda_us / ceil["bf16_tflops"] if cuda_us else None,
                             cuda_vs_bf16=cuda_us / bf16_us["cuda", splits]
@@ -173,7 +175,8 @@ def main():
                        ("vs_bf16_kv", "x bf16 kv", ".2f"),
                        ("ref_us", "ref us (eager)", ".0f"), ("ref_over_triton", "ref/triton", ".1f"),
                        ("config", "config", "s")]
-                + ([("cuda_us", "cuda us", ".1f"), ("cuda_pct_bw", "cuda %copy", ".0f"), ("cuda_pct_tc", "cuda %mm", ".0f"),
+                + ([("cuda_us", "cuda us", ".1f"), ("cuda_splits", "cuda used", "d"), ("cuda_pct_bw", "cuda %copy", ".0f"),
+                    ("cuda_pct_tc", "cuda %mm", ".0f"),
                     ("cuda_vs_bf16", "cuda x bf16", ".2f"), ("triton_over_cuda", "triton/cuda", ".2f"),
                     ("cuda_over_flashmla", "cuda/FlashMLA", ".2f"), ("cuda_config", "cuda config", "s")]
                    if cuda is not None else []))

@@ -118,15 +118,15 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode launch failed: ", cudaGetErrorString(err));
 }
 
-// The WGMMA kernel (mla_decode_wgmma.cu): heads a multiple of 64, no fake quantization.
+// The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16, no fake quantization.
 void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
                   const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
                   std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
                   double qk_scale_log2) {
   const mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
-  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs heads a multiple of 64 (got ",
-              p.heads, ")");
+  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache (got dtype ",
+              p.dtype, ")");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
@@ -203,7 +203,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"), pybind11::arg("v_fmt"),
         pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
         pybind11::arg("head_tiles"), pybind11::arg("warps"));
-  m.def("decode_wgmma", &decode_wgmma, "Paged MLA decode on WGMMA: heads a multiple of 64, no fake quantization",
+  m.def("decode_wgmma", &decode_wgmma, "Paged MLA decode on WGMMA: bf16 / fp16, no fake quantization",
         pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"),
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"));

@@ -65,7 +65,8 @@ cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
 // It reads heads, dtype, the formats and the index fields; head_tiles, warps and the quantizer fields are unused.
 cudaError_t launch_decode_wgmma(const DecodeParams& params, cudaStream_t stream);
 
-// Whether the WGMMA decode covers `params`: heads a multiple of 64, bf16 or fp16, no K/V/P fake quantization.
+// Whether the WGMMA decode covers `params`: bf16 or fp16, no K/V/P fake quantization (any head count: 64 heads
+// per CTA, the last group zero-padded).
 bool decode_wgmma_supported(const DecodeParams& params);
 
 }  // namespace mla_core_cuda

@@ -1,25 +1,45 @@
-// Paged MLA decode on Hopper WGMMA (sm_90a) for unquantized bf16 / fp16, 64 heads per CTA (heads a multiple
-// of 64), kv_lora_rank 512 + rope 64. The mma.sync kernel (mla_decode.cu) runs every other problem.
+// Paged MLA decode on Hopper WGMMA (sm_90a) for unquantized bf16 / fp16, kv_lora_rank 512 + rope 64, any head
+// count (64 heads per CTA; a last group of fewer heads is zero-padded and its pad rows are never stored). The
+// mma.sync kernel (mla_decode.cu) runs every quantized problem.
 //
-// One CTA of two warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
+// One CTA of three warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
 // 32-key P tiles of the numerics contract: a split starts at a multiple of 32, so each half is a P tile at an
-// absolute position). Per step:
-//   1. the next step's 64 cache rows are gathered row by row through the block table by cp.async into the other
-//      stage (128-byte-swizzled slabs, double-buffered; a key past the split's end or whose page lies outside
-//      the cache is zero-filled, never read, and masked; an unaligned cache takes plain loads);
-//   2. warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16, Q and K from shared memory), scaled
-//      to the log2 domain and masked; the two exchange row maxima through shared memory, so both hold
-//      m1 = max(m, rowmax S0) and m2 = max(m1, rowmax S1);
-//   3. warpgroup w writes its half's P = exp2(S - m_{w+1}) rounded to the cache dtype into a shared 64 x 64 P
-//      slab, and keeps its half's row sum from the float32 P;
-//   4. each warpgroup owns 256 of the 512 output columns: O = O * 2^(m - m1) + P0 V0, then
-//      O = O * 2^(m1 - m2) + P1 V1 (wgmma m64n256k16, P from the slab, V = the first 512 columns of the same
-//      K rows read MN-major). When no row of the CTA has m2 != m1 the four k-steps run as one chain (the
-//      factor is exactly 1: the same numbers).
-// Row sums: l_0 = (l_0 * 2^(m - m1) + sum P0) * 2^(m1 - m2), l_1 = (l_1 * 2^(m - m1)) * 2^(m1 - m2) + sum P1,
-// added at the end (l = l_0 + l_1). Outputs, LSE, empty rows and splits as the mma.sync kernel (0 and -inf),
-// partials merged by its combine kernel. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper
-// building blocks, verified").
+// absolute position). Warp specialization with a "seesaw" between the two consumer warpgroups:
+//   - the producer warpgroup (warps 8-11) gathers the 64 cache rows of each step through the block table with
+//     cp.async into a 2-stage ring of 128-byte-swizzled slabs (warp 8 + w copies rows 16w..16w+15; a key past
+//     the split's end or whose page lies outside the cache is zero-filled, never read, and masked in the
+//     stage's validity bits), then publishes the stage on an mbarrier; consumers release a stage on another.
+//     setmaxnreg gives the producer 56 registers and the consumers 224;
+//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory) and owns
+//     output columns 256w..256w+255. They never meet at a CTA barrier inside the loop: each waits, on named
+//     barriers, only for what it needs from the other (protocol below), so one's softmax runs under the
+//     other's wgmmas;
+//   - per step, with half h's row max mx_h: m1 = max(m, mx_0), m2 = max(m1, mx_1), a1 = 2^(m - m1),
+//     a2 = 2^(m1 - m2), P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype), row sums from the
+//     float32 P: l_0 = (l_0 a1 + sum P0) a2, l_1 = (l_1 a1) a2 + sum P1, l = l_0 + l_1 at the end;
+//     O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (wgmma m64n256k16, V = the first 512 columns of the same K rows read
+//     MN-major; each warpgroup's own P half from registers, the other's from the shared P slab). A multiply
+//     by a factor that is exactly 1 for all 16 rows of a warp is skipped (x * 1 = x: no bit changes).
+// Outputs, LSE, empty rows and splits as the mma.sync kernel (0 and -inf), partials merged by its combine kernel.
+//
+// Synchronization (T = the split's steps, step i in stage i % 2):
+//   full[s]  mbarrier, 128 arrivals: each producer thread after its copies of the step landed
+//            (cp.async.wait_group 0) and fence.proxy.async (generic writes -> wgmma reads); step i completes
+//            phase i / 2, consumers wait with parity (i / 2) & 1. The stage's validity bits are written before.
+//   empty[s] mbarrier, 8 arrivals: lane 0 of each consumer warp after its last wgmma reading the stage
+//            completed; the producer refills stage s with step j >= 2 after phase (j - 2) / 2.
+//   named barriers over the 256 consumer threads (one warpgroup arrives, the other waits):
+//     1 MX0  WG0 -> WG1: half 0's row maxima written          2 P0F  WG0 -> WG1: P0 in the slab (+ proxy fence)
+//     3 H1F  WG1 -> WG0: P1 in the slab + half 1's maxima      4 P0E  WG1 -> WG0: WG1's P0 V0 of step i done
+//     5 ALL  both (Q loaded; final row sums exchanged)
+//   Per step: WG0: S0; maxima; arrive MX0; P0; [i > 0: sync P0E]; write P0; arrive P0F; O a1; P0 V0 (RS);
+//             sync H1F; a2; O a2; P1 V1 (SS); release.   WG1: S1; sync MX0; P1; write P1 + maxima; arrive H1F;
+//             O a1; sync P0F; P0 V0 (SS); [i < T - 1: arrive P0E]; O a2; P1 V1 (RS); release.
+//   Between two arrivals of one warpgroup at one id it waits on a barrier the other arrives at only after its
+//   wait at that id, so no generation completes on arrivals alone; every generation is 128 + 128 threads.
+//   The protocol was checked over every interleaving for 1-6 steps (benchmarks/probes/decode_wgmma_z_emulation.py)
+//   and measured as variant Z of the decode probe (benchmarks/NOTES.md). Layout, descriptors and ordering
+//   rules: docs/cuda.md ("Hopper building blocks, verified").
 
 #include "hopper.cuh"
 #include "mla_decode.h"
@@ -43,13 +63,17 @@ constexpr int kPTile = 32;                         // the contract's P tile
 constexpr int kNope = 512;                         // V width (kv_lora_rank)
 constexpr int kRowBytes = 576 * 2;                 // a K row (512 latent + 64 rope), 16-bit elements
 constexpr int kChunks = kRowBytes / 16;            // 16-byte chunks per row
-constexpr int kThreads = 256;                      // two warpgroups
+constexpr int kConsumerThreads = 256;              // two consumer warpgroups (warps 0-7)
+constexpr int kThreads = 384;                      // + the producer warpgroup (warps 8-11)
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the launch share)
 constexpr int kTileBytes = kKeys * kRowBytes;      // 73,728 B: 9 slabs of [64 rows x 128 B] (Q alike)
 constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
                            + kHeads * 128          // P slab [64 heads x 64 keys]
-                           + 2 * kHeads * 4        // [2 warpgroups][64 rows] maxima, at the end row sums
-                           + 2 * kKeys * 4         // [2 stages][64 keys] validity
+                           + 4 * kHeads * 4        // maxima of half 0, of half 1, [2 warpgroups] final row sums
+                           + 2 * 4 * 4             // [2 stages][4 producer warps] validity bits of 16 keys
+                           + 4 * 8                 // mbarriers full[2], empty[2]
                            + 1024;                 // alignment slack: slabs start 1024-aligned
+constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarAll = 5;  // named barriers
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxDevices = 64;                    // devices whose shared-memory attribute is remembered
 
@@ -76,7 +100,10 @@ __device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool i64
 }
 
 // The wgmma products in the element type T (D f32 += A T * B T): S half m64n32k16 (A = Q, B = K, both
-// K-major) and P V m64n256k16 (A = P K-major, B = V MN-major). `accumulate` 0: D = A B.
+// K-major), P V m64n256k16 with P from shared memory (pv: A K-major, B = V MN-major; `accumulate` 0: D = A B)
+// or from registers (pv_rs: A = the m64k16 fragment, a[0] = (row r, keys c, c + 1), a[1] = (r + 8, c..),
+// a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = 16 (t / 32) + (t % 32) / 4, c = 16 ks + 2 (t % 4): the
+// accumulator layout of S, so P converts in place; always accumulates).
 template <typename T> struct Wgmma;
 #define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                   \
   template <> struct Wgmma<T_> {                                                                               \
@@ -91,6 +118,12 @@ template <typename T> struct Wgmma;
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                  : "l"(da), "l"(db), "r"(accumulate));                                                         \
+    }                                                                                                          \
+    static __device__ __forceinline__ void pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {       \
+    asm volatile("{\n"                                                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                      \
     }                                                                                                          \
     /* two float32 rounded to T (nearest even), the lower column in the low half */                            \
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {                                      \
@@ -117,17 +150,17 @@ __device__ __forceinline__ void page_of(int64_t tok, int64_t page_size, double i
   in_page = r;
 }
 
-// The 64 cache rows of keys pos0 .. pos0 + 63 into the slab layout at `sk`, gathered through the block table
-// (token t at page block_table[b, t / page_size], row t % page_size: any page size). A key at or past `hi`, or
-// whose page lies outside the cache, is zero-filled (nothing read) and marked 0 in `valid`. Warp w copies rows
-// w, w + 8, ..; lane l the chunks l, l + 32, l + 64 (< 72) of each; lanes 0..7 read the warp's 8 table entries
-// (only entries a length reaches) and broadcast the row offsets. `aligned`: cp.async, else 2-byte loads.
-__device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t pos0, int64_t hi, uint8_t* sk,
-                                          int* valid, bool aligned) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t my_off = -1;  // element offset of row warp + 8 * lane in the cache; -1: an absent key
-  if (lane < 8) {
-    const int64_t tok = pos0 + warp + 8 * lane;
+// Producer warp w's share of the step at keys pos0 .. pos0 + 63: rows 16w .. 16w + 15 into the slab layout at
+// `sk`, gathered through the block table (token t at page block_table[b, t / page_size], row t % page_size: any
+// page size). A key at or past `hi`, or whose page lies outside the cache, is zero-filled (nothing read); its
+// bit in the warp's 16-bit validity word `valid` is 0. Lanes 0-15 look up one row each and broadcast the
+// offsets. `aligned`: 16-byte cp.async (per group of 4 rows, chunks l and l + 32 of each row, then the rope
+// chunks 64-71 of the 4 rows: 36 copies per lane), else 2-byte loads and stores.
+__device__ __forceinline__ void produce_rows(const DecodeParams& p, int b, int64_t pos0, int64_t hi, uint8_t* sk,
+                                             uint32_t* valid, int w, int lane, bool aligned) {
+  int64_t my_off = -1;  // element offset of row 16w + lane in the cache; -1: an absent key
+  if (lane < 16) {
+    const int64_t tok = pos0 + 16 * w + lane;
     if (tok < hi) {
       int64_t pg, in_page;
       page_of(tok, p.page_size, p.page_size_inv, pg, in_page);
@@ -136,22 +169,33 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int64_t 
         my_off = page * p.cache_stride_page + in_page * p.cache_stride_tok;
       }
     }
-    valid[warp + 8 * lane] = my_off >= 0;
   }
+  const uint32_t bits = __ballot_sync(0xffffffffu, my_off >= 0);
+  if (lane == 0) *valid = bits & 0xffffu;
   const uint16_t* cache = static_cast<const uint16_t*>(p.cache);
+  const int r0 = 16 * w;
+  if (aligned) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int64_t off = __shfl_sync(0xffffffffu, my_off, j);
-    const int r = warp + 8 * j;
-    const uint16_t* src = off >= 0 ? cache + off : cache;
-    if (aligned) {
-      for (int c = lane; c < kChunks; c += 32)
-        cp_async16(sk + slab_off(r, c * 16), off >= 0 ? src + c * 8 : cache, off >= 0 ? 16u : 0u);
-    } else {
-      for (int c = lane; c < kChunks; c += 32) {
-        uint16_t* dst = reinterpret_cast<uint16_t*>(sk + slab_off(r, c * 16));
-        for (int e = 0; e < 8; ++e) dst[e] = off >= 0 ? src[c * 8 + e] : static_cast<uint16_t>(0);
+    for (int g = 0; g < 4; ++g) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int r = 4 * g + k;
+        const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
+        const uint32_t n = off >= 0 ? 16u : 0u;
+        cp_async16(sk + slab_off(r0 + r, lane * 16), off >= 0 ? cache + off + lane * 8 : cache, n);
+        cp_async16(sk + slab_off(r0 + r, (lane + 32) * 16), off >= 0 ? cache + off + (lane + 32) * 8 : cache, n);
       }
+      const int r = 4 * g + (lane >> 3), c = 64 + (lane & 7);
+      const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
+      cp_async16(sk + slab_off(r0 + r, c * 16), off >= 0 ? cache + off + c * 8 : cache, off >= 0 ? 16u : 0u);
+    }
+  } else {
+#pragma unroll 1
+    for (int i = lane; i < 16 * kChunks; i += 32) {  // 36 rounds: every lane takes part in each shuffle
+      const int r = i / kChunks, c = i % kChunks;
+      const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
+      uint16_t* dst = reinterpret_cast<uint16_t*>(sk + slab_off(r0 + r, c * 16));
+      for (int e = 0; e < 8; ++e) dst[e] = off >= 0 ? cache[off + c * 8 + e] : static_cast<uint16_t>(0);
     }
   }
 }
@@ -165,28 +209,60 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float a, float b)
 __device__ __forceinline__ void store_pair(__half* dst, float a, float b) {
   *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
 }
-// This thread's 2 x 64 accumulator values of rows lo and hi (= lo + 8) times inv_lo / inv_hi: o[j] sits at
-// column 8 (j / 4) + j % 2 from the thread's first column, row hi when j % 4 >= 2.
+// This thread's 2 x 64 accumulator values of rows lo and hi (= lo + 8; stored when `store_hi`) times inv_lo /
+// inv_hi: o[j] sits at column 8 (j / 4) + j % 2 from the thread's first column, row hi when j % 4 >= 2.
 template <typename OutT>
-__device__ __forceinline__ void store_rows(OutT* lo, OutT* hi, const float (&o)[128], float inv_lo, float inv_hi) {
+__device__ __forceinline__ void store_rows(OutT* lo, OutT* hi, const float (&o)[128], float inv_lo, float inv_hi,
+                                           bool store_hi) {
 #pragma unroll
   for (int j = 0; j < 128; j += 4) {
     store_pair(lo + 8 * (j >> 2), o[j] * inv_lo, o[j + 1] * inv_lo);
-    store_pair(hi + 8 * (j >> 2), o[j + 2] * inv_hi, o[j + 3] * inv_hi);
+    if (store_hi) store_pair(hi + 8 * (j >> 2), o[j + 2] * inv_hi, o[j + 3] * inv_hi);
   }
 }
+
+// This thread's P half (16 float32 of the S accumulator layout) as the two m64k16 A fragments of its keys.
+template <typename T>
+__device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[ks][i] = Wgmma<T>::pack(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
+}
+// The fragments into the P slab at keys key0 .. key0 + 31 (rows row_lo, row_lo + 8 of this thread).
+__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], int row_lo, int key0, int t) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int key = key0 + 16 * ks + 2 * (t & 3);
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, key * 2)) = a[ks][0];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, key * 2)) = a[ks][1];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, (key + 8) * 2)) = a[ks][2];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, (key + 8) * 2)) = a[ks][3];
+  }
+}
+// O rows scaled by a_lo / a_hi unless both are exactly 1 in every row of the warp (x * 1 = x: skipping changes
+// no bit). A factor is 1 once a row's running max has settled, so most steps skip it.
+__device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi) {
+  if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows(o, a_lo, a_hi);
+}
+// A row without a valid key so far has max -inf: its factors and P are taken against 0 (no -inf - -inf NaN).
+__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
   uint8_t* sk0 = sq + kTileBytes;
-  uint8_t* sp = sq + 3 * kTileBytes;                     // P [64 heads x 64 keys], one swizzled slab
-  float* sx = reinterpret_cast<float*>(sp + kHeads * 128);  // [2][64] row maxima, at the end row sums
-  int* s_valid = reinterpret_cast<int*>(sx + 2 * kHeads);   // [2 stages][64 keys]
-  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // accumulator rows of this thread: row_lo, row_lo + 8
-  const int head_groups = p.heads / kHeads;
+  uint8_t* sp = sq + 3 * kTileBytes;                      // P [64 heads x 64 keys], one swizzled slab
+  float* smx0 = reinterpret_cast<float*>(sp + kHeads * 128);  // [64] half 0's row maxima (WG0 -> WG1)
+  float* smx1 = smx0 + kHeads;                            // [64] half 1's row maxima (WG1 -> WG0)
+  float* sl = smx1 + kHeads;                              // [2][64] final row sums
+  uint32_t* s_valid = reinterpret_cast<uint32_t*>(sl + 2 * kHeads);  // [2 stages][4 producer warps]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_valid + 8);          // [2 stages]
+  uint64_t* empty = full + 2;                                         // [2 stages]
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform for the compiler
+  const int head_groups = (p.heads + kHeads - 1) / kHeads;
   const int hg = blockIdx.x % head_groups;
   const int split = (blockIdx.x / head_groups) % p.num_splits;
   const int b = blockIdx.x / (head_groups * p.num_splits);
@@ -199,29 +275,56 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
   const int64_t lo = split * tiles_per_split * kPTile;
   const int64_t hi = lo + tiles_per_split * kPTile < len ? lo + tiles_per_split * kPTile : len;
-  const int64_t steps = hi > lo ? (hi - lo + kKeys - 1) / kKeys : 0;
+  const int steps = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
 
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
-                       (p.cache_stride_tok % 8 == 0);
-  if (steps > 0) {  // Q rows of the head group and step 0's keys, then visible to wgmma
+  if (tid == 0) {
+    mbar_init(&full[0], 128);
+    mbar_init(&full[1], 128);
+    mbar_init(&empty[0], 8);
+    mbar_init(&empty[1], 8);
+  }
+  __syncthreads();
+
+  if (warp >= 8) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
+                         (p.cache_stride_tok % 8 == 0);
+    for (int i = 0; i < steps; ++i) {
+      const int s = i & 1;
+      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+      produce_rows(p, b, lo + static_cast<int64_t>(i) * kKeys, hi, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8),
+                   warp - 8, lane, aligned);
+      cp_async_commit();
+      cp_async_wait_all();
+      fence_proxy_async();
+      mbar_arrive(&full[s]);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int wg = warp >> 2, t = tid & 127;
+  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // accumulator rows of this thread: row_lo, row_lo + 8
+  const int h0 = hg * kHeads;                           // rows h0 + r >= heads are zero (padding)
+
+  if (steps > 0) {  // Q rows of the head group, visible to wgmma
     const bool q_aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.q_stride_b % 8 == 0) &&
                            (p.q_stride_h % 8 == 0);
-    const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + hg * kHeads * p.q_stride_h;
-    for (int i = tid; i < kHeads * kChunks; i += kThreads) {
+    const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h;
+    for (int i = tid; i < kHeads * kChunks; i += kConsumerThreads) {
       const int r = i / kChunks, c = i % kChunks;
-      const uint16_t* src = q + r * p.q_stride_h + c * 8;
+      const bool ok = h0 + r < p.heads;
+      const uint16_t* src = ok ? q + r * p.q_stride_h + c * 8 : q;
       if (q_aligned) {
-        cp_async16(sq + slab_off(r, c * 16), src, 16u);
+        cp_async16(sq + slab_off(r, c * 16), src, ok ? 16u : 0u);
       } else {
         uint16_t* dst = reinterpret_cast<uint16_t*>(sq + slab_off(r, c * 16));
-        for (int e = 0; e < 8; ++e) dst[e] = src[e];
+        for (int e = 0; e < 8; ++e) dst[e] = ok ? src[e] : static_cast<uint16_t>(0);
       }
     }
-    load_tile(p, b, lo, hi, sk0, s_valid, aligned);
     cp_async_commit();
     cp_async_wait_all();
     fence_proxy_async();
-    __syncthreads();
+    nb_sync<kConsumerThreads>(kBarAll);
   }
 
   float o[128];
@@ -229,37 +332,33 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   for (int j = 0; j < 128; ++j) o[j] = 0.f;
   // Running max (log2 domain, both warpgroups alike) and this warpgroup's row sum (this thread's 8 of 32 keys).
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-  for (int64_t it = 0; it < steps; ++it) {
-    const int stage = static_cast<int>(it & 1);
-    const uint8_t* sk = sk0 + stage * kTileBytes;
-    const int64_t pos0 = lo + it * kKeys;
-    // The next step's rows into the other stage: its last readers finished before the barrier ending step it - 1.
-    if (it + 1 < steps) {
-      load_tile(p, b, pos0 + kKeys, hi, sk0 + (stage ^ 1) * kTileBytes, s_valid + (stage ^ 1) * kKeys, aligned);
-      cp_async_commit();
-    }
+  for (int it = 0; it < steps; ++it) {
+    const int s = it & 1;
+    const uint8_t* sk = sk0 + s * kTileBytes;
+    const uint8_t* sv = sk + wg * 4 * kKeys * 128;  // this warpgroup's V columns: slabs 4 wg .. 4 wg + 3
 
-    // 2. S for this warpgroup's 32 keys (rows 32 wg.. of every K slab: a multiple of 8, the same swizzle phase)
-    float s[16];
+    // S of this warpgroup's half (rows 32 wg.. of every K slab: a multiple of 8, the same swizzle phase).
+    float sc[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) s[j] = 0.f;
-    reg_fence(s);
+    for (int j = 0; j < 16; ++j) sc[j] = 0.f;
+    reg_fence(sc);
+    mbar_wait(&full[s], (it >> 1) & 1);
     wg_fence();
     const uint8_t* skw = sk + wg * kPTile * 128;
 #pragma unroll
     for (int ks = 0; ks < kRowBytes / 32; ++ks)
-      Wgmma<T>::s_half(s, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
+      Wgmma<T>::s_half(sc, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
     wg_commit();
     wg_wait_all();
-    reg_fence(s);
+    reg_fence(sc);
 
-    const int* valid = s_valid + stage * kKeys + kPTile * wg;
+    const uint32_t valid = s_valid[4 * s + 2 * wg] | (s_valid[4 * s + 2 * wg + 1] << 16);  // this half's keys
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int key = 8 * (j >> 2) + 2 * (t & 3) + (j & 1);
-      const float x = valid[key] != 0 ? s[j] * p.qk_scale_log2 : -INFINITY;
-      s[j] = x;
+      const float x = (valid >> key) & 1u ? sc[j] * p.qk_scale_log2 : -INFINITY;
+      sc[j] = x;
       if (j & 2) mx_hi = fmaxf(mx_hi, x); else mx_lo = fmaxf(mx_lo, x);
     }
 #pragma unroll
@@ -267,54 +366,44 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
     }
-    if ((t & 3) == 0) {
-      sx[wg * kHeads + row_lo] = mx_lo;
-      sx[wg * kHeads + row_lo + 8] = mx_hi;
-    }
-    __syncthreads();
-    const float m1_lo = fmaxf(m_lo, sx[row_lo]), m1_hi = fmaxf(m_hi, sx[row_lo + 8]);
-    const float m2_lo = fmaxf(m1_lo, sx[kHeads + row_lo]), m2_hi = fmaxf(m1_hi, sx[kHeads + row_lo + 8]);
-    // A row with no key yet (max -inf) takes its factors and P against 0: no -inf - -inf NaN.
-    const float z1_lo = m1_lo == -INFINITY ? 0.f : m1_lo, z1_hi = m1_hi == -INFINITY ? 0.f : m1_hi;
-    const float z2_lo = m2_lo == -INFINITY ? 0.f : m2_lo, z2_hi = m2_hi == -INFINITY ? 0.f : m2_hi;
-    const float a1_lo = exp2f(m_lo - z1_lo), a1_hi = exp2f(m_hi - z1_hi);
-    const float a2_lo = exp2f(m1_lo - z2_lo), a2_hi = exp2f(m1_hi - z2_hi);
-    const float mo_lo = wg == 0 ? z1_lo : z2_lo, mo_hi = wg == 0 ? z1_hi : z2_hi;  // this half's max
 
-    // 3. P of this half, its row sum from the float32 P (warpgroup 0 adds it before the factor 2^(m1 - m2))
-    float sum_lo = 0.f, sum_hi = 0.f;
+    uint32_t a[2][4];  // this half's P as the RS A operand
+    if (wg == 0) {
+      if ((t & 3) == 0) {
+        smx0[row_lo] = mx_lo;
+        smx0[row_lo + 8] = mx_hi;
+      }
+      nb_arrive<kConsumerThreads>(kBarMx0);
+      const float m1_lo = fmaxf(m_lo, mx_lo), m1_hi = fmaxf(m_hi, mx_hi);
+      const float z1_lo = finite_or_zero(m1_lo), z1_hi = finite_or_zero(m1_hi);
+      const float a1_lo = ex2(m_lo - z1_lo), a1_hi = ex2(m_hi - z1_hi);
+      float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float e = exp2f(s[j] - ((j & 2) ? mo_hi : mo_lo));
-      s[j] = e;
-      if (j & 2) sum_hi += e; else sum_lo += e;
-    }
-    l_lo = wg == 0 ? (l_lo * a1_lo + sum_lo) * a2_lo : (l_lo * a1_lo) * a2_lo + sum_lo;
-    l_hi = wg == 0 ? (l_hi * a1_hi + sum_hi) * a2_hi : (l_hi * a1_hi) * a2_hi + sum_hi;
-    m_lo = m2_lo;
-    m_hi = m2_hi;
-#pragma unroll
-    for (int j = 0; j < 16; j += 4) {
-      const int key = kPTile * wg + 8 * (j >> 2) + 2 * (t & 3);
-      *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, key * 2)) = Wgmma<T>::pack(s[j], s[j + 1]);
-      *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, key * 2)) = Wgmma<T>::pack(s[j + 2], s[j + 3]);
-    }
-    fence_proxy_async();
-    const bool rescale2 = __syncthreads_or(a2_lo != 1.f || a2_hi != 1.f);  // CTA-uniform; publishes the P slab
-
-    // 4. O = O * a1 + P0 V0; O = O * a2 + P1 V1 over this warpgroup's 256 columns (slabs 4 wg .. 4 wg + 3).
-    // Each branch holds a complete wgmma sequence (a wgmma after a branch writing its accumulators makes
-    // ptxas serialize every wgmma of the kernel).
-    scale_rows(o, a1_lo, a1_hi);
-    const uint8_t* sv = sk + wg * 4 * kKeys * 128;
-    if (rescale2) {
+      for (int j = 0; j < 16; ++j) {
+        const float e = ex2(sc[j] - ((j & 2) ? z1_hi : z1_lo));
+        sc[j] = e;
+        if (j & 2) sum_hi += e; else sum_lo += e;
+      }
+      p_fragments<T>(sc, a);
+      if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous step read the slab
+      store_p(sp, a, row_lo, 0, t);
+      fence_proxy_async();
+      nb_arrive<kConsumerThreads>(kBarP0Full);
+      rescale(o, a1_lo, a1_hi);
       wg_fence();
-      Wgmma<T>::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
-      Wgmma<T>::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+      Wgmma<T>::pv_rs(o, a[0], mnmajor_desc(sv, 0));
+      Wgmma<T>::pv_rs(o, a[1], mnmajor_desc(sv, 16));
       wg_commit();
+      nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
+      const float m2_lo = fmaxf(m1_lo, smx1[row_lo]), m2_hi = fmaxf(m1_hi, smx1[row_lo + 8]);
+      const float a2_lo = ex2(m1_lo - finite_or_zero(m2_lo)), a2_hi = ex2(m1_hi - finite_or_zero(m2_hi));
+      l_lo = (l_lo * a1_lo + sum_lo) * a2_lo;
+      l_hi = (l_hi * a1_hi + sum_hi) * a2_hi;
+      m_lo = m2_lo;
+      m_hi = m2_hi;
       wg_wait_all();
       reg_fence(o);
-      scale_rows(o, a2_lo, a2_hi);
+      rescale(o, a2_lo, a2_hi);
       wg_fence();
       Wgmma<T>::pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
       Wgmma<T>::pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
@@ -322,17 +411,51 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       wg_wait_all();
       reg_fence(o);
     } else {
-      wg_fence();
+      nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima
+      const float m1_lo = fmaxf(m_lo, smx0[row_lo]), m1_hi = fmaxf(m_hi, smx0[row_lo + 8]);
+      const float m2_lo = fmaxf(m1_lo, mx_lo), m2_hi = fmaxf(m1_hi, mx_hi);
+      const float z2_lo = finite_or_zero(m2_lo), z2_hi = finite_or_zero(m2_hi);
+      const float a1_lo = ex2(m_lo - finite_or_zero(m1_lo)), a1_hi = ex2(m_hi - finite_or_zero(m1_hi));
+      const float a2_lo = ex2(m1_lo - z2_lo), a2_hi = ex2(m1_hi - z2_hi);
+      float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) Wgmma<T>::pv(o, kmajor_desc(sp, 32 * ks), mnmajor_desc(sv, 16 * ks), 1);
+      for (int j = 0; j < 16; ++j) {
+        const float e = ex2(sc[j] - ((j & 2) ? z2_hi : z2_lo));
+        sc[j] = e;
+        if (j & 2) sum_hi += e; else sum_lo += e;
+      }
+      l_lo = (l_lo * a1_lo) * a2_lo + sum_lo;
+      l_hi = (l_hi * a1_hi) * a2_hi + sum_hi;
+      m_lo = m2_lo;
+      m_hi = m2_hi;
+      p_fragments<T>(sc, a);
+      store_p(sp, a, row_lo, kPTile, t);
+      if ((t & 3) == 0) {
+        smx1[row_lo] = mx_lo;
+        smx1[row_lo + 8] = mx_hi;
+      }
+      fence_proxy_async();
+      nb_arrive<kConsumerThreads>(kBarH1Full);
+      rescale(o, a1_lo, a1_hi);
+      nb_sync<kConsumerThreads>(kBarP0Full);  // WG0's P0
+      wg_fence();
+      Wgmma<T>::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
+      Wgmma<T>::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+      wg_commit();
+      wg_wait_all();
+      reg_fence(o);
+      if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
+      rescale(o, a2_lo, a2_hi);
+      wg_fence();
+      Wgmma<T>::pv_rs(o, a[0], mnmajor_desc(sv, 32));
+      Wgmma<T>::pv_rs(o, a[1], mnmajor_desc(sv, 48));
       wg_commit();
       wg_wait_all();
       reg_fence(o);
     }
-    // The next step's rows have landed; both warpgroups are done with this stage, the P slab and the maxima.
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
+    // Every wgmma of this warp that reads stage s has completed: release the stage to the producer.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
   }
 
   // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).
@@ -342,38 +465,40 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
   }
   if ((t & 3) == 0) {
-    sx[wg * kHeads + row_lo] = l_lo;
-    sx[wg * kHeads + row_lo + 8] = l_hi;
+    sl[wg * kHeads + row_lo] = l_lo;
+    sl[wg * kHeads + row_lo + 8] = l_hi;
   }
-  __syncthreads();
-  const float lt_lo = sx[row_lo] + sx[kHeads + row_lo], lt_hi = sx[row_lo + 8] + sx[kHeads + row_lo + 8];
+  nb_sync<kConsumerThreads>(kBarAll);
+  const float lt_lo = sl[row_lo] + sl[kHeads + row_lo], lt_hi = sl[row_lo + 8] + sl[kHeads + row_lo + 8];
   const float inv_lo = lt_lo == 0.f ? 0.f : 1.f / lt_lo, inv_hi = lt_hi == 0.f ? 0.f : 1.f / lt_hi;  // empty: 0
-  const int64_t g_lo = static_cast<int64_t>(b) * p.heads + hg * kHeads + row_lo, g_hi = g_lo + 8;
+  if (h0 + row_lo >= p.heads) return;  // padding rows (rows hi = lo + 8 of the same warp are padding too then)
+  const bool store_hi = h0 + row_lo + 8 < p.heads;
+  const int64_t g_lo = static_cast<int64_t>(b) * p.heads + h0 + row_lo, g_hi = g_lo + 8;
   if (wg == 0 && (t & 3) == 0) {
     // an empty row (l == 0) gives -inf; a NaN read within the length propagates, as in the reference
     const float lse_lo = lt_lo == 0.f ? -INFINITY : (m_lo + log2f(lt_lo)) * kLn2;
     const float lse_hi = lt_hi == 0.f ? -INFINITY : (m_hi + log2f(lt_hi)) * kLn2;
     if (p.num_splits > 1) {
       p.part_lse[g_lo * p.num_splits + split] = lse_lo;
-      p.part_lse[g_hi * p.num_splits + split] = lse_hi;
+      if (store_hi) p.part_lse[g_hi * p.num_splits + split] = lse_hi;
     } else if (p.lse != nullptr) {
       p.lse[g_lo] = lse_lo;
-      p.lse[g_hi] = lse_hi;
+      if (store_hi) p.lse[g_hi] = lse_hi;
     }
   }
   const int col0 = wg * 256 + 2 * (t & 3);
   if (p.num_splits > 1) {
     store_rows(p.part_o + (g_lo * p.num_splits + split) * kNope + col0,
-               p.part_o + (g_hi * p.num_splits + split) * kNope + col0, o, inv_lo, inv_hi);
+               p.part_o + (g_hi * p.num_splits + split) * kNope + col0, o, inv_lo, inv_hi, store_hi);
   } else if (p.out_dtype == kFP32) {
     float* out = static_cast<float*>(p.out);
-    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi);
+    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi, store_hi);
   } else if (p.out_dtype == kBF16) {
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi);
+    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi, store_hi);
   } else {
     __half* out = static_cast<__half*>(p.out);
-    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi);
+    store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi, store_hi);
   }
 }
 
@@ -389,7 +514,7 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) attribute_set[device] = true;
   }
-  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * (p.heads / kHeads);
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
   decode_wgmma_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -397,7 +522,7 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool decode_wgmma_supported(const DecodeParams& p) {
-  return p.heads > 0 && p.heads % kHeads == 0 && p.k_fmt == kNoQuant && p.v_fmt == kNoQuant && p.p_fmt == kNoQuant &&
+  return p.heads > 0 && p.k_fmt == kNoQuant && p.v_fmt == kNoQuant && p.p_fmt == kNoQuant &&
          (p.dtype == kBF16 || p.dtype == kFP16);
 }
 

@@ -201,8 +201,13 @@ class DecodeCall:
     kv_scale: float | None = None
 
 
-def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 132) -> int:
-    """Split count for one decode call: the caller's int; for "auto" the config's, else enough to fill the GPU."""
+def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 132, resident_ctas: int = 2) -> int:
+    """Split count for one decode call: the caller's int; for "auto" the config's, else enough to fill the GPU.
+
+    The fill: ``batch * ceil(heads / 64) * splits`` CTAs against ``resident_ctas`` per SM (rounded up for
+    kernels that keep two CTAs on an SM; for one, rounded down so the grid stays one wave, at least 2 steps of
+    64 keys per split), at most :data:`numerics.MAX_KV_SPLITS` and the 32-key tiles the block table can hold.
+    """
     if call.num_kv_splits is not None:
         return call.num_kv_splits
     if "num_kv_splits" in config:
@@ -210,7 +215,11 @@ def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 
     batch, heads = call.q.shape[0], call.q.shape[1]
     head_groups = max(1, -(-heads // 64))
     max_tiles = max(1, -(-(call.block_table.shape[1] * call.page_size) // numerics.DECODE_P_TILE))
-    want = max(1, -(-2 * sm_count // max(1, batch * head_groups)))
+    if resident_ctas == 1:
+        want = max(1, sm_count // max(1, batch * head_groups))
+        max_tiles = max(1, -(-max_tiles // 4))
+    else:
+        want = max(1, -(-resident_ctas * sm_count // max(1, batch * head_groups)))
     return max(1, min(numerics.MAX_KV_SPLITS, want, max_tiles))
 
 

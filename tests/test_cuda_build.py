@@ -25,7 +25,7 @@ def _problem(**kw):
 def test_registered_and_capabilities():
     backend = mla_core.get_backend("cuda")
     cap = backend.capabilities["decode"]
-    assert set(backend.capabilities) == {"decode"}
+    assert set(backend.capabilities) == {"decode", "sparse_decode"}  # sparse: tests/test_cuda_sparse.py
     assert cap.why_not(_problem()) == []
     assert cap.why_not(_problem(heads=128, k_qdq="nvfp4", v_qdq="fp8", p_qdq="nvfp4", page_size=1)) == []
     assert cap.why_not(_problem(dtype="float16", q_dtype="float16", out_dtype="float32")) == []
@@ -51,9 +51,10 @@ def _shapes(configs):
 
 
 def test_configs():
-    assert cuda_decode.configs(_problem(heads=16)) == [{"head_tiles": 1, "warps": 4}]
+    assert cuda_decode.configs(_problem(heads=16)) == [{"kernel": "wgmma"}, {"head_tiles": 1, "warps": 4}]
+    assert cuda_decode.configs(_problem(heads=16, p_qdq="fp8")) == [{"head_tiles": 1, "warps": 4}]
     assert cuda_decode.configs(_problem(heads=128, k_qdq="fp8"))[0] == {"head_tiles": 4, "warps": 8}
-    assert cuda_decode.configs(_problem(heads=32))[0] == {"head_tiles": 2, "warps": 8}
+    assert cuda_decode.configs(_problem(heads=32, v_qdq="nvfp4"))[0] == {"head_tiles": 2, "warps": 8}
     for heads in (16, 32, 64, 128):
         assert all(s in cuda_decode.SHAPES for s in _shapes(cuda_decode.configs(_problem(heads=heads))))
     auto = cuda_decode.configs(_problem(heads=16, num_kv_splits="auto"))
@@ -61,14 +62,15 @@ def test_configs():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("heads", [1, 16, 20, 64, 96, 128])
 def test_wgmma_config_first_where_it_covers(heads, dtype):
-    """The WGMMA kernel leads (the default, first timed) for unquantized bf16/fp16 at 64 and 128 heads, every
-    mma.sync shape still follows; with "auto" the split counts are tuned for it."""
+    """The WGMMA kernel leads (the default, first timed) for unquantized bf16/fp16 at any head count (the last
+    64-head group zero-padded), every mma.sync shape still follows; with "auto" the split counts are tuned for it."""
     problem = _problem(heads=heads, dtype=dtype, q_dtype=dtype, out_dtype="float32", page_size=1)
     configs = cuda_decode.configs(problem)
     assert configs[0] == {"kernel": "wgmma"} and cuda_decode.wgmma_covers(problem)
-    assert _shapes(configs) == [(4, 8), (2, 8), (2, 4), (1, 4)]
+    assert _shapes(configs) == ([(1, 4)] if heads <= 16 else [(2, 8), (2, 4), (1, 4)] if heads <= 32
+                                else [(4, 8), (2, 8), (2, 4), (1, 4)])
     backend = mla_core.get_backend("cuda")
     assert backend.validate_config(problem, {"kernel": "wgmma"}) == []
     auto = _problem(heads=heads, dtype=dtype, q_dtype=dtype, num_kv_splits="auto")
@@ -77,12 +79,11 @@ def test_wgmma_config_first_where_it_covers(heads, dtype):
     assert backend.validate_config(auto, {"kernel": "wgmma", "num_kv_splits": 7}) == []
 
 
-@pytest.mark.parametrize("kw", [dict(heads=16), dict(heads=32), dict(heads=96), dict(heads=1), dict(heads=20),
-                                dict(heads=128, k_qdq="fp8"), dict(heads=128, v_qdq="nvfp4"),
+@pytest.mark.parametrize("kw", [dict(heads=16, dtype="float32", q_dtype="float32"), dict(heads=128, k_qdq="fp8"), dict(heads=128, v_qdq="nvfp4"),
                                 dict(heads=64, p_qdq="fp8"), dict(heads=128, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8"),
                                 dict(heads=128, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4")])
 def test_wgmma_config_only_where_it_covers(kw):
-    """Other head counts and every quantization recipe never get the WGMMA config (listed or accepted)."""
+    """A float32 cache and every quantization recipe never get the WGMMA config (listed or accepted)."""
     problem = _problem(**kw)
     assert not cuda_decode.wgmma_covers(problem)
     assert all(c.get("kernel") != "wgmma" for c in cuda_decode.configs(problem))
@@ -247,3 +248,16 @@ def test_mla_core_build_command(fake_compilers, capsys):
     assert main(["build", "--backend", "cuda", "--json"]) == 1
     out = capsys.readouterr().out
     assert '"status": "FAILED"' in out and "planted compiler failure" in out
+
+
+@pytest.mark.parametrize("batch, heads, pages, want", [(32, 128, 128, 2), (128, 128, 128, 1), (32, 64, 128, 4),
+                                                       (1, 128, 128, 32), (1, 64, 2, 1), (1, 16, 4, 2), (3, 20, 128, 32)])
+def test_auto_splits_for_one_cta_per_sm(batch, heads, pages, want):
+    """The WGMMA kernel's "auto" split count (one CTA per SM, 132 SMs): the grid stays one wave (rounded down),
+    at least two 64-key steps per split, at most 32 splits; pages of 64 tokens."""
+    from types import SimpleNamespace
+    from mla_core.specs import decode_num_splits
+    call = SimpleNamespace(num_kv_splits=None, q=torch.empty(batch, heads, 576, device="meta"),
+                           block_table=torch.empty(batch, pages, dtype=torch.int32, device="meta"), page_size=64)
+    assert decode_num_splits(call, {}, 132, resident_ctas=1) == want
+    assert decode_num_splits(call, {"num_kv_splits": 5}, 132, resident_ctas=1) == 5

@@ -1,8 +1,8 @@
 """Launcher of the CUDA decode kernels: scales, buffers, split count, configs.
 
 Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
-covers (:func:`wgmma_covers`: bf16 / fp16, heads a multiple of 64, no K/V/P fake quantization), listed first
-there; the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem.
+covers (:func:`wgmma_covers`: bf16 / fp16, no K/V/P fake quantization), listed first there; the mma.sync
+kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem.
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
@@ -58,14 +58,15 @@ def _default_shape(heads: int) -> tuple[int, int]:
 
 
 WGMMA = {"kernel": "wgmma"}
-"""The WGMMA kernel's config: 64 heads per CTA of two warpgroups, 64-key steps (two 32-key P tiles)."""
+"""The WGMMA kernel's config: 64 heads per CTA (zero-padded), a producer and two consumer warpgroups, 64-key
+steps (two 32-key P tiles), one CTA per SM."""
 _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
 
 
 def wgmma_covers(problem) -> bool:
-    """Whether the WGMMA kernel runs ``problem``: cache and q bf16 or fp16, heads a multiple of 64 (64, 128),
-    no K/V/P fake quantization (the recipes stay on the mma.sync kernel)."""
-    return (problem["heads"] % 64 == 0 and problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
+    """Whether the WGMMA kernel runs ``problem``: cache and q bf16 or fp16 (any head count), no K/V/P fake
+    quantization (the recipes stay on the mma.sync kernel)."""
+    return (problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
             and problem.get("k_qdq") is None and problem.get("v_qdq") is None and problem.get("p_qdq") is None)
 
 
@@ -87,6 +88,12 @@ def configs(problem) -> list[dict]:
     return out
 
 
+def num_splits(call: DecodeCall, config: dict) -> int:
+    """The split count ``config`` runs ``call`` with (the WGMMA kernel keeps one CTA per SM, mma.sync two)."""
+    return decode_num_splits(call, config, _sm_count(call.q.device),
+                             resident_ctas=1 if config.get("kernel") == "wgmma" else 2)
+
+
 def run(module, call: DecodeCall, config: dict):
     """Decode with the built extension ``module``.
 
@@ -99,16 +106,13 @@ def run(module, call: DecodeCall, config: dict):
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
     if batch == 0:
         return out, lse
-    splits = decode_num_splits(call, config, _sm_count(device))
+    splits = num_splits(call, config)
     if splits > 1:
         part_o = torch.empty(batch * heads * splits * KV_LORA_RANK, dtype=torch.float32, device=device)
         part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
     else:
         part_o = part_lse = None
     if config.get("kernel") == "wgmma":
-        if heads % 64 or any(f is not None for f in (call.k_qdq, call.v_qdq, call.p_qdq)):
-            raise ValueError(f"cuda decode config {WGMMA}: needs heads a multiple of 64 and no fake quantization "
-                             f"(got {heads} heads, k/v/p_qdq {call.k_qdq}/{call.v_qdq}/{call.p_qdq})")
         module.decode_wgmma(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
                             float(call.softmax_scale) * math.log2(math.e))
         return out, lse
