@@ -1,10 +1,12 @@
-"""FP8 top-k sparse MLA decode benchmark: musa_fp8 on both cache layouts against FlashMLA's figures.
+"""FP8 top-k sparse MLA decode benchmark: musa_fp8 and cuda on both cache layouts against FlashMLA's figures.
 
     python benchmarks/bench_sparse.py [--sweep N] [--q-lens 1,2] [--layouts fp8,fp8_ds_mla]
+                                      [--backends musa_fp8,cuda]
     python benchmarks/bench_sparse.py --compile-only     # no GPU needed; run without TRITON_INTERPRET=1
 
-Rows: layout (``fp8``: MATE's 576-byte rows, FP8 query; ``fp8_ds_mla``: 656-byte rows, bf16 query) x q_len x
-(batch, heads) in FlashMLA's four published shapes (top-k 2048 of a 32k-token cache, every slot valid).
+Rows: backend x layout (``fp8``: MATE's 576-byte rows, FP8 query; ``fp8_ds_mla``: 656-byte rows, bf16 query) x
+q_len x (batch, heads) in FlashMLA's four published shapes (a backend that cannot run a row is left out: cuda runs
+576-byte rows only) (top-k 2048 of a 32k-token cache, every slot valid).
 Columns: median µs of CUDA-graph replays with the L2 flushed before each, for the first config and the
 fastest of the first ``--sweep`` configs; TFLOP/s (2·B·q·H·top_k·(576+512)); GB/s of gathered KV bytes read
 once per token (B·q·top_k·row bytes); their % of the bf16 matmul rate / copy bandwidth measured in the same
@@ -84,6 +86,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compile-only", action="store_true", help="sm_90a registers/spills per config, no GPU")
     ap.add_argument("--layouts", default="fp8,fp8_ds_mla")
+    ap.add_argument("--backends", default="musa_fp8,cuda")
     ap.add_argument("--q-lens", default="1,2")
     ap.add_argument("--sweep", type=int, default=3, help="time the first N configs, report the fastest")
     ap.add_argument("--iters", type=int, default=30)
@@ -96,9 +99,9 @@ def main():
     ceilings = measure_ceilings()
     info = device_info()
     print(info, {k: round(v, 1) for k, v in ceilings.items()}, flush=True)
-    backend = mla_core.get_backend("musa_fp8")
     rows = []
-    for layout in args.layouts.split(","):
+    for name, layout in ((b, lay) for lay in args.layouts.split(",") for b in args.backends.split(",")):
+        backend = mla_core.get_backend(name)
         row_bytes = 576 if layout == "fp8" else 656
         for q_len in (int(x) for x in args.q_lens.split(",")):
             for (batch, heads), flashmla in FLASHMLA_US.items():
@@ -106,6 +109,8 @@ def main():
                 out = torch.empty(batch, q_len, heads, 512, dtype=torch.bfloat16, device="cuda")
                 problem, call = specs.validate_sparse_decode(query, cache, 128, 512, 64, indices, seq_lens, TOP_K,
                                                              out, 576 ** -0.5, 1.0, None, False, None)
+                if backend.why_not(problem):
+                    continue
                 times = {}
                 for i, config in enumerate(backend.configs(problem)[:args.sweep]):
                     times[i] = time_graph(lambda: backend.run(problem, call, config), iters=args.iters)
@@ -113,13 +118,13 @@ def main():
                 us = times[best]
                 flops = 2 * batch * q_len * heads * TOP_K * (576 + 512)
                 kv_bytes = batch * q_len * TOP_K * row_bytes
-                row = dict(layout=layout, q_len=q_len, batch=batch, heads=heads, us_default=times[0], us=us,
-                           best_config=backend.configs(problem)[best], tflops=flops / us / 1e6,
+                row = dict(backend=name, layout=layout, q_len=q_len, batch=batch, heads=heads, us_default=times[0],
+                           us=us, best_config=backend.configs(problem)[best], tflops=flops / us / 1e6,
                            gbps=kv_bytes / us / 1e3, flashmla_us=flashmla if q_len == 1 else None,
                            speedup=(flashmla / us) if q_len == 1 else None)
                 row["pct_mma"] = 100 * row["tflops"] / ceilings["bf16_tflops"]
                 row["pct_copy"] = 100 * row["gbps"] / ceilings["copy_gbps"]
-                if batch == 32 and heads == 64 and q_len == 1:
+                if batch == 32 and heads == 64 and q_len == 1 and name == "musa_fp8":
                     def ref():
                         return mla_core.sparse_mla_fp8_decode(query, cache, None, 128, 512, 64, indices, seq_lens, 0,
                                                               TOP_K, bmm1_scale=576 ** -0.5, backend="reference")
@@ -131,7 +136,8 @@ def main():
     write_json("bench_sparse.json", {"device": info, "ceilings": ceilings, "rows": rows})
 
 
-COLUMNS = [("layout", "layout", "s"), ("q_len", "q", "d"), ("batch", "B", "d"), ("heads", "H", "d"),
+COLUMNS = [("backend", "backend", "s"), ("layout", "layout", "s"), ("q_len", "q", "d"), ("batch", "B", "d"),
+           ("heads", "H", "d"),
            ("us_default", "µs(cfg0)", ".1f"), ("us", "µs(best)", ".1f"), ("tflops", "TFLOP/s", ".0f"),
            ("pct_mma", "%mma", ".0f"), ("gbps", "GB/s", ".0f"), ("pct_copy", "%copy", ".0f"),
            ("flashmla_us", "FlashMLA µs", ".1f"), ("speedup", "FlashMLA/ours", ".2f"),

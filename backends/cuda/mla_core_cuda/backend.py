@@ -33,7 +33,8 @@ class CudaBackend(mla_core.Backend):
     version = "0.2 (sm_90a, mma.sync + wgmma)"
     priority = 180  # below triton (200) until it is faster at the shapes that matter (docs/cuda.md "Speed"); tuned caches pick per shape
     device_types = frozenset({"cuda"})
-    description = "CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA decode"
+    description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
+                   "decode, FP8 top-k sparse decode")
     capabilities = {
         "decode": OpCapability(
             limits={"dtype": frozenset({"bfloat16", "float16"}), "q_dtype": frozenset({"bfloat16", "float16"}),
@@ -44,6 +45,13 @@ class CudaBackend(mla_core.Backend):
                   "WGMMA, the rest on mma.sync); any page size >= 1; "
                   "q in the cache dtype (bf16/fp16); no FP8 KV cache (float8_e4m3fn + kv_scale: reference and "
                   "triton)"),
+        "sparse_decode": OpCapability(
+            limits={"kv_layout": frozenset({"fp8"}), "heads": range(64, 1025, 64), "q_len": range(1, 5),
+                    "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
+            features=frozenset({"lse"}),
+            notes="sm_90 (H100/H200) only, WGMMA; MATE's 576-byte FP8 rows (FP8 query) only (656-byte fp8_ds_mla "
+                  "rows: musa_fp8, reference); heads a multiple of 64 (others: musa_fp8); q_len 1..4; any top-k "
+                  "multiple of 64"),
     }
 
     def unavailable_reason(self) -> str | None:
@@ -65,6 +73,9 @@ class CudaBackend(mla_core.Backend):
         return None
 
     def configs(self, problem):
+        if problem.op == "sparse_decode":
+            from . import sparse
+            return sparse.configs(problem)
         from . import decode
         return decode.configs(problem)
 
@@ -74,3 +85,10 @@ class CudaBackend(mla_core.Backend):
         if module is None:
             raise RuntimeError(f"the cuda backend is unavailable: {reason}")
         return decode.run(module, call, config)
+
+    def sparse_decode(self, call, config):
+        from . import sparse
+        module, reason = build.load_or_reason()
+        if module is None:
+            raise RuntimeError(f"the cuda backend is unavailable: {reason}")
+        return sparse.run(module, call, config)

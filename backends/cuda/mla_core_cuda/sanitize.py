@@ -1,11 +1,13 @@
 """A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
 
-    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize
+    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [sparse]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``) on paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
-and exits 1 if any output holds NaN (the sanitizer reports memory errors itself).
+and exits 1 if any output holds NaN (the sanitizer reports memory errors itself). Then the FP8 sparse decode
+(``sparse`` alone: only it) on a cache of NaN codes except the rows valid slots name, with -1 slots, slots past
+each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto splits.
 """
 from __future__ import annotations
 
@@ -51,9 +53,38 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
     return ok
 
 
+def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0):
+    from mla_core.specs import validate_sparse_decode
+
+    from . import build, sparse
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rows = 1000
+    idx = torch.randint(0, rows - 1, (len(lengths), q_len, top_k), generator=g, device="cuda", dtype=torch.int32)
+    idx[torch.rand(idx.shape, generator=g, device="cuda") < 0.1] = -1
+    cache = torch.full((rows, 576), 0x7F, dtype=torch.uint8, device="cuda")  # NaN codes
+    for b, n in enumerate(lengths):
+        sel = idx[b, :, :n]
+        cache[sel[sel >= 0].long()] = torch.randint(0, 0x7E, (1, 576), generator=g, device="cuda", dtype=torch.uint8)
+        idx[b, :, n:] = rows + 64 * b       # past the length, past the cache: never read
+        idx[b, :, n + 1::2] = rows - 1      # past the length: a NaN row
+    idx[0, 0, 0] = 2 ** 31 - 1             # within the length, outside the cache: not a key
+    query = torch.randn(len(lengths), q_len, heads, 576, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    _, call = validate_sparse_decode(query, cache.view(torch.float8_e4m3fn), 128, 512, 64, idx, lens, top_k, None,
+                                     0.05, 1.0, None, True, None)
+    out, lse = sparse.run(build.build(), call, {} if splits == "auto" else {"num_splits": splits})
+    torch.cuda.synchronize()
+    ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
+    print(f"sparse heads={heads} q_len={q_len} lengths={lengths} top_k={top_k} splits={splits}: "
+          f"{'ok' if ok else 'NaN'}", flush=True)
+    return ok
+
+
 def main() -> int:
     os.environ["MLA_CORE_CHECKS"] = "metadata"
     ok = True
+    if sys.argv[1:] == ["sparse"]:
+        return _sparse_main()
     ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
     ok &= _case(128, 16, [31, 32, 100, 5], 32, "nvfp4", (4, 8))
     ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
