@@ -95,6 +95,13 @@ def main() -> int:
     ok &= _case(128, 64, [129, 64, 1, 300], 1, "bf16", "wgmma")
     ok &= _case(20, 16, [1, 300, 0, 64], 2, "bf16", "wgmma")
     ok &= _case(1, 1, [70, 33], 5, "bf16", "wgmma", unaligned=True)
+    return _sparse_main() | (0 if ok else 1)
+
+
+def _sparse_main() -> int:
+    ok = _sparse_case(64, 2, [0, 1, 65, 128], 128, 1)
+    ok &= _sparse_case(128, 1, [192, 63, 0], 192, 4)
+    ok &= _sparse_case(192, 3, [256, 100], 256, "auto")
     return 0 if ok else 1
 
 
