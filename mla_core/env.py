@@ -14,6 +14,8 @@ variable                   accepted values                              meaning
                                                                         shape/dtype/device checks
 ``MLA_CORE_BACKEND``       a loaded backend's name                      force that backend for every op
 ``MLA_CORE_AUTOTUNE``      ``off``, ``cached`` (default), ``on``        tuner mode (docs/autotune.md)
+``MLA_CORE_TUNE_TIMING``   ``auto`` (default), ``graph``, ``eager``     how the tuner times candidates on
+                                                                        a GPU (docs/autotune.md)
 ``MLA_CORE_CACHE_DIR``     an absolute folder path (``~`` expanded)     the user autotune cache
 ``MLA_CORE_TRACE_PLUGINS`` ``0`` (default), ``1`` (or false/true,       print every plugin hook call
                            no/yes, off/on)
@@ -33,6 +35,7 @@ from .errors import MLAInputError
 CHECKS = "MLA_CORE_CHECKS"
 BACKEND = "MLA_CORE_BACKEND"
 AUTOTUNE = "MLA_CORE_AUTOTUNE"
+TUNE_TIMING = "MLA_CORE_TUNE_TIMING"
 CACHE_DIR = "MLA_CORE_CACHE_DIR"
 TRACE_PLUGINS = "MLA_CORE_TRACE_PLUGINS"
 LOG = "MLA_CORE_LOG"
@@ -40,6 +43,7 @@ LOG = "MLA_CORE_LOG"
 CHECKS_MODES = ("full", "metadata")
 _CHECKS_ALIASES = {"all": "full"}  # the name the default had before the modes were validated
 AUTOTUNE_MODES = ("off", "cached", "on")
+TUNE_TIMINGS = ("auto", "graph", "eager")
 LOG_LEVELS = {"off": None, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
               "error": logging.ERROR}
 _TRUE = ("1", "true", "yes", "on")
@@ -49,6 +53,7 @@ VARIABLES = {
     CHECKS: "full (default; also spelled all) | metadata",
     BACKEND: "the name of a loaded mla_core backend (see `mla-core backends`)",
     AUTOTUNE: "off | cached (default) | on",
+    TUNE_TIMING: "auto (default) | graph | eager",
     CACHE_DIR: "an absolute folder path (~ is expanded)",
     TRACE_PLUGINS: "0 (default) | 1 (also false/true, no/yes, off/on)",
     LOG: "off (default) | debug | info | warning | error",
@@ -101,6 +106,12 @@ def autotune_mode() -> str:
     return _choice(AUTOTUNE, AUTOTUNE_MODES, "cached")
 
 
+def tune_timing() -> str:
+    """``MLA_CORE_TUNE_TIMING``: ``"auto"`` (default: CUDA-graph replays where a candidate can be captured, else
+    eager calls), ``"graph"`` (a candidate that cannot be captured fails) or ``"eager"``."""
+    return _choice(TUNE_TIMING, TUNE_TIMINGS, "auto")
+
+
 def cache_dir() -> Path | None:
     """``MLA_CORE_CACHE_DIR`` as an absolute path (``~`` expanded), or None when unset.
 
@@ -136,7 +147,7 @@ def problems(known_backends: Iterable[str] | None = None) -> list[str]:
     ``known_backends``: names ``MLA_CORE_BACKEND`` may take (None: not checked).
     """
     out = []
-    for read in (checks_mode, autotune_mode, cache_dir, trace_plugins, log_level):
+    for read in (checks_mode, autotune_mode, tune_timing, cache_dir, trace_plugins, log_level):
         try:
             read()
         except MLAInputError as exc:

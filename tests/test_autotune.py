@@ -207,3 +207,187 @@ def test_json_collectives_on_one_gloo_rank(tmp_path, monkeypatch):
         assert tuner._broadcast_bytes(b"{}", 0) == b"{}"
     finally:
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------
+# timing kinds: CUDA-graph replays where a candidate can be captured, eager calls otherwise (MLA_CORE_TUNE_TIMING)
+
+
+@pytest.mark.parametrize("value,mode", [("", "auto"), ("auto", "auto"), ("GRAPH", "graph"), (" eager ", "eager")])
+def test_timing_mode_reads_the_variable(monkeypatch, value, mode):
+    monkeypatch.setenv("MLA_CORE_TUNE_TIMING", value)
+    assert tuner.timing_mode() == mode
+
+
+def test_unknown_timing_is_an_error_naming_the_variable(fake_world, monkeypatch):
+    from mla_core import env
+    monkeypatch.setenv("MLA_CORE_TUNE_TIMING", "sometimes")
+    with pytest.raises(mla_core.MLAInputError, match="MLA_CORE_TUNE_TIMING='sometimes'.*auto"):
+        tuner.tune(fakes.merge_problem(), list(fake_world.values()))
+    assert any("MLA_CORE_TUNE_TIMING" in p for p in env.problems())
+    with pytest.raises(mla_core.MLAInputError, match="timing='fast'"):
+        tuner.tune(fakes.merge_problem(), list(fake_world.values()), timing="fast")
+
+
+def test_cpu_timing_is_eager_whatever_the_mode(fake_world, monkeypatch):
+    monkeypatch.setenv("MLA_CORE_TUNE_TIMING", "graph")  # the CPU has no graphs: graph mode times eagerly there
+    monkeypatch.setattr(tuner, "capture", _no_tuning)
+    problem = fakes.merge_problem()
+    with pytest.warns(tuner.AutotuneWarning):
+        result = tuner.tune(problem, [fake_world[n] for n in ("tt_fast", "tt_wrong")])
+    assert {c.timing for c in result.candidates} == {"eager"}
+    entry = result.entry()
+    assert entry["timing"] == "eager" and all(c["timing"] == "eager" for c in entry["candidates"])
+    assert "capture_error" not in entry["candidates"][0]
+
+
+class _Captures:
+    """Stands in for ``tuner.capture`` on the CPU: records each capture; a backend named in ``refuse`` fails it."""
+
+    def __init__(self, refuse=()):
+        self.refuse, self.steps = set(refuse), []
+
+    def __call__(self, step, steps, device):
+        self.steps.append(steps)
+        step()  # the captured calls are the candidate's own
+        if self.backend in self.refuse:
+            raise tuner.GraphCaptureError("capture failed: RuntimeError: operation not permitted when stream is capturing")
+        return "graph"
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """The tuner believes it can capture on the CPU; a graph replay 'takes' 0.5 us per call (far under any
+    warm-up call of the fakes, so pruning must compare warm-up calls, not medians of different kinds)."""
+    captures = _Captures()
+    monkeypatch.setattr(tuner, "_graphs", lambda device: True)
+    monkeypatch.setattr(tuner, "capture", captures)
+    monkeypatch.setattr(tuner, "_graph_us", lambda graph, steps, repeats, target_s: 0.5)
+    original = tuner.measure
+
+    def measure(run, calls, device, *args, **kwargs):
+        captures.backend = run.__defaults__[0].name  # the backend the tuner's lambda binds
+        return original(run, calls, device, *args, **kwargs)
+
+    monkeypatch.setattr(tuner, "measure", measure)
+    return captures
+
+
+def test_auto_times_capturable_candidates_in_a_graph_and_the_others_eagerly(fake_world, fake_graphs):
+    fake_graphs.refuse = {"tt_slow"}
+    result = tuner.tune(fakes.merge_problem(), list(fake_world.values()), timing="auto")
+    by = {(c.backend, c.config.get("sleep_s")): c for c in result.candidates}
+    slow = by[("tt_slow", None)]
+    assert slow.timing == "eager" and "not permitted when stream is capturing" in slow.capture_error
+    assert slow.error is None and slow.us > 1000  # timed eagerly: its 16 ms sleep counts
+    fast = [by[("tt_fast", 0.006)], by[("tt_fast", 0.001)]]
+    assert all(c.timing == "graph" and c.us == 0.5 and c.capture_error is None and c.note is None for c in fast)
+    assert result.entry()["timing"] == "graph"
+    assert all(steps >= 1 for steps in fake_graphs.steps)
+
+
+def test_graph_mode_fails_a_candidate_that_cannot_be_captured(fake_world, fake_graphs):
+    fake_graphs.refuse = {"tt_slow"}
+    result = tuner.tune(fakes.merge_problem(), list(fake_world.values()), timing="graph")
+    slow = next(c for c in result.candidates if c.backend == "tt_slow")
+    assert slow.us is None and slow.error.startswith("GraphCaptureError: capture failed")
+    assert result.winner.backend == "tt_fast" and result.winner.timing == "graph"
+
+
+def test_eager_mode_never_captures(fake_world, fake_graphs, monkeypatch):
+    monkeypatch.setenv("MLA_CORE_TUNE_TIMING", "eager")
+    with pytest.warns(tuner.AutotuneWarning):
+        result = tuner.tune(fakes.merge_problem(), list(fake_world.values()))
+    assert fake_graphs.steps == [] and {c.timing for c in result.candidates} == {"eager"}
+
+
+def test_old_entries_without_timing_still_load_and_show():
+    from mla_core.autotune.warmup import Row, us_cell
+    entry = {"backend": "tt_fast", "config": {}, "us": 12.0, "versions": {},
+             "candidates": [{"backend": "tt_fast", "config": {}, "us": 12.0}, {"backend": "tt_slow", "config": {}, "us": 30.0}]}
+    assert cache.entry_problem(entry) is None
+    row = Row(fakes.merge_problem(), "cached", entry).as_dict()
+    assert row["timing"] is None and row["runner_up_timing"] is None and row["runner_up_us"] == 30.0
+    assert us_cell(12.0, None) == "12.0" and us_cell(12.04, "graph") == "12.0 graph" and us_cell(None, "eager") == "-"
+
+
+def _gpu_fakes():
+    """Fake merge backends on the GPU: one capturable, one that reads the host (a sync: the capture is invalidated
+    and ``capture_end`` raises), one that raises while capturing (the capture itself stays valid)."""
+
+    class Plain(fakes.Exact):
+        name, sleep_s, device_types = "tt_gpu_plain", 0.0, frozenset({"cuda"})
+
+    class HostRead(Plain):
+        name = "tt_gpu_host"
+
+        def merge(self, call, config):
+            float(call.prefix_lse.sum())
+            return fakes.merge_math(call)
+
+    class Refuses(Plain):
+        name = "tt_gpu_refuses"
+
+        def merge(self, call, config):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("this backend cannot be captured")
+            return fakes.merge_math(call)
+
+    return Plain(), HostRead(), Refuses()
+
+
+def _capture_still_works():
+    assert not torch.cuda.is_current_stream_capturing()
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    x = torch.arange(4.0, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2  # warm-up on the side stream, as torch asks
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+    x.add_(1)
+    graph.replay()
+    torch.testing.assert_close(y, (torch.arange(4.0, device="cuda") + 1) * 2)
+
+
+@pytest.mark.gpu
+def test_gpu_capturable_candidates_are_timed_in_a_graph_and_failed_captures_leave_no_broken_state(fake_world,
+                                                                                                     monkeypatch):
+    from mla_core.plugins import registry
+    plain, host, refuses = _gpu_fakes()
+    monkeypatch.setitem(registry().backends, plain.name, plain)
+    problem = Problem.make("merge", "cuda", dtype="float32", out_dtype="float32", heads=4, head_dim=32, tokens=64)
+    result = tuner.tune(problem, [host, plain, refuses, plain], reference=plain.name, timing="auto")
+    by = [(c.backend, c.timing, c.capture_error, c.error) for c in result.candidates]
+    assert [b[:2] for b in by] == [("tt_gpu_host", "eager"), ("tt_gpu_plain", "graph"), ("tt_gpu_refuses", "eager"),
+                                   ("tt_gpu_plain", "graph")], by
+    assert by[0][2].startswith("capture failed") and "cannot be captured" in by[2][2]
+    assert all(b[3] is None for b in by) and result.winner.timing in ("graph", "eager")
+    _capture_still_works()
+    strict = tuner.tune(problem, [host, plain], reference=plain.name, timing="graph")
+    assert strict.candidates[0].error.startswith("GraphCaptureError") and strict.winner.backend == plain.name
+    _capture_still_works()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):  # failed captures do not keep memory
+        tuner.tune(problem, [host, refuses], reference=plain.name, timing="auto")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before + (1 << 20)
+    _capture_still_works()
+
+
+@pytest.mark.gpu
+def test_gpu_a_real_kernel_is_timed_in_a_graph_faster_than_eager():
+    """The triton merge kernel at a small shape: host-bound when called eagerly, so its graph time is lower."""
+    triton = mla_core.backends()["triton"]
+    problem = Problem.make("merge", "cuda", dtype="bfloat16", out_dtype="bfloat16", heads=16, head_dim=128, tokens=64)
+    calls = [inputs.make_call(problem, "cuda", seed) for seed in range(4)]
+    config = triton.configs(problem)[0]
+    device = torch.device("cuda", torch.cuda.current_device())
+    graph = tuner.measure(lambda c: triton.run(problem, c, config), calls, device, timing="graph")
+    eager = tuner.measure(lambda c: triton.run(problem, c, config), calls, device, timing="eager")
+    assert (graph.timing, graph.capture_error, eager.timing) == ("graph", None, "eager")
+    assert 0 < graph.us < eager.us, (graph, eager)
+    _capture_still_works()

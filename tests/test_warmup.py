@@ -73,6 +73,7 @@ def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):
     assert row["winner"] == 'tt_fast {"sleep_s": 0.001}' and row["runner_up"] == 'tt_fast {"sleep_s": 0.006}'
     assert row["default"] == "tt_slow" and row["speedup_over_default"] > 2
     assert row["rejected"][0]["backend"] == "tt_wrong"
+    assert row["timing"] == row["runner_up_timing"] == "eager"  # the CPU has no CUDA graphs
     assert len(cache.user_entries("cpu")) == 2
     choice = dispatch.choose(warmup.preset_problems(warmup.Grid(ops=("merge",), prefill_lengths=(16,), device="cpu"))[0])
     assert choice.backend.name == "tt_fast"
@@ -80,6 +81,7 @@ def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):
     assert _cli(*argv[:-1]) == 0
     out = capsys.readouterr().out
     assert "runner-up" in out and "vs default" in out and "2 already cached" in out
+    assert " eager " in out  # the us cells say how each time was measured
 
 
 def test_warmup_reports_shapes_no_backend_can_run(fake_world, capsys):
@@ -130,3 +132,19 @@ def test_warmup_cli_takes_compile_jobs(fake_world, capsys):
         assert _cli(*argv) == 0
     out = capsys.readouterr().out
     assert "tuning s (1st calls)" in out
+
+
+def test_warmup_cli_passes_the_timing_kind_to_the_tuner(fake_world, capsys, monkeypatch):
+    seen = []
+    original = tuner.tune
+    monkeypatch.setattr(tuner, "tune", lambda *a, **kw: seen.append(kw["timing"]) or original(*a, **kw))
+    argv = ["warmup", "--device", "cpu", "--ops", "merge", "--prefill-lengths", "16", "--tp", "8", "--no-progress"]
+    with pytest.warns(tuner.AutotuneWarning):
+        assert _cli(*argv, "--timing", "eager") == 0
+    assert seen == ["eager"]
+    with pytest.warns(tuner.AutotuneWarning):
+        assert _cli(*argv, "--force") == 0
+    assert seen == ["eager", None]  # None: MLA_CORE_TUNE_TIMING, else auto
+    with pytest.raises(SystemExit):
+        _cli(*argv, "--timing", "fast")
+    assert "invalid choice: 'fast'" in capsys.readouterr().err

@@ -10,12 +10,15 @@ choices, never tune implicitly; ``mla-core warmup`` fills the cache), ``on`` (tu
 
 Tuning builds random inputs of the problem's shape on its device (:func:`mla_core.inputs.make_call`), rotating
 through enough copies that together they overflow the L2 cache; each candidate is warmed up, then
-timed in several repeats (CUDA events on a GPU, ``perf_counter`` on the CPU) and its median per-call
-time kept. The fastest candidate's output is compared once with the reference backend's on the same
-inputs; a fast but wrong candidate is rejected (warning, and recorded) and the next one is checked.
+timed in several repeats and its median per-call time kept: on a GPU as replays of a CUDA graph of
+its calls (how serving engines run decode) when it can be captured, else as eager calls, both with
+CUDA events (``MLA_CORE_TUNE_TIMING``); on the CPU eager calls by ``perf_counter``. The fastest
+candidate's output is compared once with the reference backend's on the same inputs; a fast but wrong
+candidate is rejected (warning, and recorded) and the next one is checked.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,13 +27,14 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from .. import env, inputs, plugins
 from ..accuracy import REFERENCE as REFERENCE_BACKEND, compare, tolerance
 from ..dispatch import Choice
+from ..errors import MLAInputError
 from ..problem import Problem
 from . import cache
 
@@ -46,10 +50,15 @@ SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
 PRUNE_FACTOR = 3.0
 PRUNE_SLACK_US = 200.0
 """A candidate whose warm-up call (timed with a sync, so it includes launch latency: hence the slack)
-takes over ``PRUNE_FACTOR * best + PRUNE_SLACK_US`` is not measured further: a slow backend (the
-reference on a large shape) then costs three calls, not a full measurement."""
+takes over ``PRUNE_FACTOR * best + PRUNE_SLACK_US``, ``best`` the fastest warm-up call of the candidates
+measured so far (like with like: a graph-timed median would leave out the host time a warm-up call
+includes), is not measured further: a slow backend (the reference on a large shape) then costs three
+calls, not a full measurement."""
 MAX_INPUT_SETS = 32
 """Most copies of the inputs rotated through while timing (small shapes; large ones overflow L2 alone)."""
+TIMINGS = env.TUNE_TIMINGS
+"""How candidates are timed on a GPU: ``auto`` (a CUDA graph where capture works, else eager), ``graph``
+(capture or fail), ``eager`` (Python calls back to back)."""
 
 log = logging.getLogger("mla_core.autotune")
 
@@ -63,6 +72,11 @@ def mode() -> str:
     return env.autotune_mode()
 
 
+def timing_mode() -> str:
+    """``MLA_CORE_TUNE_TIMING`` (``auto`` | ``graph`` | ``eager``); an unknown value is an MLAInputError naming it."""
+    return env.tune_timing()
+
+
 def capturing(device_type: str) -> bool:
     """Whether the current CUDA stream is being captured into a graph (no decisions may be made then)."""
     return device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -74,13 +88,20 @@ def capturing(device_type: str) -> bool:
 
 @dataclass
 class Candidate:
-    """One timed ``(backend, config)``: median microseconds per call, or the error that stopped it."""
+    """One timed ``(backend, config)``: median microseconds per call, or the error that stopped it.
+
+    ``timing``: how ``us`` was measured, ``"graph"`` (replays of a CUDA graph of the calls) or ``"eager"``
+    (Python calls; the CPU's, a warm-up estimate's, or a GPU candidate's whose capture failed:
+    ``capture_error`` says why).
+    """
 
     backend: str
     config: dict[str, Any]
     us: float | None = None
     error: str | None = None
     note: str | None = None
+    timing: str | None = None
+    capture_error: str | None = None
 
     def label(self) -> str:
         return self.backend + (" " + json.dumps(self.config, sort_keys=True) if self.config else "")
@@ -89,10 +110,9 @@ class Candidate:
         d = {"backend": self.backend, "config": self.config}
         if self.us is not None:
             d["us"] = round(self.us, 3)
-        if self.error is not None:
-            d["error"] = self.error
-        if self.note is not None:
-            d["note"] = self.note
+        for name in ("timing", "capture_error", "error", "note"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
         return d
 
 
@@ -131,7 +151,7 @@ class TuneResult:
         """The JSON cache entry (docs/autotune.md)."""
         assert self.winner is not None
         return {"backend": self.winner.backend, "config": self.winner.config, "us": round(self.winner.us, 3),
-                "versions": self.versions,
+                "timing": self.winner.timing, "versions": self.versions,
                 "default": self.default.as_dict() if self.default else None,
                 "speedup": round(self.speedup, 3) if self.speedup else None,
                 "candidates": [c.as_dict() for c in self.candidates], "rejected": self.rejected, "check": self.check,
@@ -179,17 +199,130 @@ class SlowerThanCutoff(Exception):
         self.us = us
 
 
+class GraphCaptureError(RuntimeError):
+    """A candidate's calls could not be captured into a CUDA graph (the stream is out of capture mode again)."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What :func:`measure` found: median ``us`` per call, ``timing`` (``"graph"`` | ``"eager"``), the eager
+    warm-up estimate ``warmup_us`` (one call and a sync) and, when a graph was tried and failed, why."""
+
+    us: float
+    timing: str
+    warmup_us: float
+    capture_error: str | None = None
+
+
+_side_streams: dict[int, "torch.cuda.Stream"] = {}
+
+
+@contextlib.contextmanager
+def _side_stream(device: torch.device) -> Iterator[None]:
+    """On a GPU, run the block on one side stream per device (capture needs a non-default stream, and the
+    warm-up calls must run on the stream that is captured, so lazily created per-stream state such as
+    a cuBLAS workspace is not allocated inside the graph's pool); the current stream waits for it after."""
+    if device.type != "cuda":
+        yield
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side = _side_streams.get(index)
+    if side is None:
+        side = _side_streams[index] = torch.cuda.Stream(index)
+    current = torch.cuda.current_stream(index)
+    side.wait_stream(current)
+    try:
+        with torch.cuda.stream(side):
+            yield
+    finally:
+        current.wait_stream(side)
+
+
+def _release_pool(pool: Any, device: torch.device) -> None:
+    """Give back the allocator pool of a capture whose end failed (``capture_end`` raises before it stops
+    routing allocations to the pool, and the graph never owned it). Quiet where torch lacks the hooks."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    for hook in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+        fn = getattr(torch._C, hook, None)
+        if fn is not None:
+            with contextlib.suppress(Exception):
+                fn(index, pool)
+
+
+def capture(step: Callable[[], Any], steps: int, device: torch.device) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of ``steps`` calls of ``step``, captured on the current stream (not the default one).
+
+    A call that raises or an operation the stream cannot capture (a host read, a synchronization)
+    gives :class:`GraphCaptureError`; the capture is ended first, so the stream is out of capture mode
+    and its memory pool released (``torch.cuda.graph`` would leave both when ``capture_end`` raises).
+    """
+    graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+    stream = torch.cuda.current_stream(device)
+    torch.cuda.synchronize(device)
+    graph.capture_begin(pool=pool)
+    try:
+        for _ in range(steps):
+            step()
+    except BaseException as exc:
+        with torch.cuda.stream(stream):  # capture must end on its own stream, whatever a failed call left current
+            try:
+                graph.capture_end()
+            except Exception:  # the capture was invalidated; the stream has left capture mode all the same
+                _release_pool(pool, device)
+        if isinstance(exc, Exception):
+            raise GraphCaptureError(f"capture failed: {_error(exc)}") from exc
+        raise
+    try:
+        graph.capture_end()
+    except Exception as exc:
+        _release_pool(pool, device)
+        raise GraphCaptureError(f"capture failed: {_error(exc)}") from exc
+    return graph
+
+
+def _graphs(device: torch.device) -> bool:
+    """Whether calls on ``device`` can be timed in a CUDA graph (a GPU; the CPU has no graphs)."""
+    return device.type == "cuda"
+
+
+def _graph_us(graph: "torch.cuda.CUDAGraph", steps: int, repeats: int, target_s: float) -> float:
+    """Median microseconds per captured call over ``repeats`` samples, each of enough back-to-back replays
+    of ``graph`` (``steps`` calls each) to last about ``target_s``."""
+    graph.replay()  # the first replay uploads the graph
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    replays = max(1, min(200, round(target_s * 1e3 / max(begin.elapsed_time(end), 1e-4))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for begin, end in events:
+        begin.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+    events[-1][1].synchronize()
+    return statistics.median(begin.elapsed_time(end) * 1e3 / (replays * steps) for begin, end in events)
+
+
 def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, warmup: int = 3, repeats: int = 7,
-            target_s: float = 5e-4, cutoff_us: float | None = None, spent: dict[str, float] | None = None) -> float:
+            target_s: float = 5e-4, cutoff_us: float | None = None, spent: dict[str, float] | None = None,
+            timing: str = "auto") -> Measurement:
     """Median microseconds per call of ``run`` cycling through ``calls``.
 
     The first call (compilation, allocation) is not timed; the other ``warmup - 1`` warm-up calls
-    estimate the per-call time, and with ``cutoff_us`` a candidate slower than that stops here
-    (:class:`SlowerThanCutoff`), so a slow backend costs a few calls, not a full measurement. Then each
-    of ``repeats`` repeats times enough calls to last about ``target_s`` (CUDA events on a GPU,
-    perf_counter on the CPU) and divides by their number. ``spent["first_call_s"]`` (when given) grows by
-    the first call's seconds: compilation, where there is one.
+    estimate the per-call time (one call and a sync each), and with ``cutoff_us`` a candidate whose
+    estimate exceeds it stops here (:class:`SlowerThanCutoff`), so a slow backend costs a few calls,
+    not a full measurement. On a GPU (``timing`` ``auto`` or ``graph``) the next calls, about
+    ``target_s`` of them by the estimate and at least one per input set, are captured into a CUDA graph
+    whose replays are timed with CUDA events, ``repeats`` samples of ~``target_s`` each; when capture
+    fails, ``graph`` raises :class:`GraphCaptureError` and ``auto`` times eager calls instead. Eager
+    timing (``eager``, the fallback, the CPU): ``repeats`` samples of enough back-to-back calls to last
+    about ``target_s`` (CUDA events on a GPU, perf_counter on the CPU). ``spent["first_call_s"]`` (when
+    given) grows by the first call's seconds: compilation, where there is one.
     """
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, got {timing!r}")
     turn = 0
 
     def step():
@@ -197,37 +330,50 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
         run(calls[turn % len(calls)])
         turn += 1
 
-    first = time.perf_counter()
-    step()
-    _sync(device)
-    if spent is not None:
-        spent["first_call_s"] = spent.get("first_call_s", 0.0) + time.perf_counter() - first
-    per_call = math.inf
-    for _ in range(max(1, warmup - 1)):
-        start = time.perf_counter()
+    with _side_stream(device):
+        first = time.perf_counter()
         step()
         _sync(device)
-        per_call = min(per_call, time.perf_counter() - start)
-    if cutoff_us is not None and per_call * 1e6 > cutoff_us:
-        raise SlowerThanCutoff(per_call * 1e6)
-    inner = max(1, min(200, round(target_s / max(per_call, 1e-7))))
-    samples = []
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-        for begin, end in events:
-            begin.record()
-            for _ in range(inner):
-                step()
-            end.record()
-        torch.cuda.synchronize(device)
-        samples = [begin.elapsed_time(end) * 1e3 / inner for begin, end in events]
-    else:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                step()
-            samples.append((time.perf_counter() - t0) * 1e6 / inner)
-    return statistics.median(samples)
+        if spent is not None:
+            spent["first_call_s"] = spent.get("first_call_s", 0.0) + time.perf_counter() - first
+        per_call = math.inf
+        for _ in range(max(1, warmup - 1)):
+            start = time.perf_counter()
+            step()
+            _sync(device)
+            per_call = min(per_call, time.perf_counter() - start)
+        if cutoff_us is not None and per_call * 1e6 > cutoff_us:
+            raise SlowerThanCutoff(per_call * 1e6)
+        inner = max(1, min(200, round(target_s / max(per_call, 1e-7))))
+        why_not_graph = None
+        if _graphs(device) and timing != "eager":
+            steps = max(inner, len(calls))  # every input set in the graph, so replays do not find them in L2
+            try:
+                graph = capture(step, steps, device)
+            except GraphCaptureError as exc:
+                if timing == "graph":
+                    raise
+                why_not_graph = str(exc)
+            else:
+                return Measurement(_graph_us(graph, steps, repeats, target_s), "graph", per_call * 1e6)
+        if device.type == "cuda":
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(repeats)]
+            for begin, end in events:
+                begin.record()
+                for _ in range(inner):
+                    step()
+                end.record()
+            torch.cuda.synchronize(device)
+            samples = [begin.elapsed_time(end) * 1e3 / inner for begin, end in events]
+        else:
+            samples = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    step()
+                samples.append((time.perf_counter() - t0) * 1e6 / inner)
+    return Measurement(statistics.median(samples), "eager", per_call * 1e6, why_not_graph)
 
 
 def _outputs(result) -> tuple[torch.Tensor, ...]:
@@ -258,14 +404,17 @@ def _explicit_splits(call: Any, config: dict[str, Any]) -> Any:
 
 
 def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torch.device | str | None = None,
-         reference: str | None = None, warmup: int = 3, repeats: int = 7, seed: int = 0) -> TuneResult:
+         reference: str | None = None, warmup: int = 3, repeats: int = 7, seed: int = 0,
+         timing: str | None = None) -> TuneResult:
     """Time every valid ``(backend, config)`` of ``problem`` and pick the fastest whose output matches the reference.
 
     ``reference``: the backend that judges correctness (default :data:`REFERENCE`, ``"reference"``).
     ``valid``: the candidate backends, highest priority first (default: every backend that can run
     ``problem``); the first one's first config is the priority default the speed-up is measured
     against. ``device``: where to run (default: the problem's device type, the current CUDA device).
-    Nothing is written to the cache (see :func:`record`). Raises RuntimeError during CUDA graph capture.
+    ``timing``: ``auto`` | ``graph`` | ``eager`` (default ``MLA_CORE_TUNE_TIMING``, else ``auto``; see
+    :func:`measure`). Nothing is written to the cache (see :func:`record`). Raises RuntimeError during
+    CUDA graph capture.
     """
     from ..dispatch import candidates as valid_backends
     from ..plugins import backends
@@ -273,6 +422,9 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
         raise RuntimeError("mla_core never tunes during CUDA graph capture; warm the cache up before capturing")
     started = time.perf_counter()
     reference = reference or REFERENCE
+    timing = timing or timing_mode()
+    if timing not in TIMINGS:
+        raise MLAInputError(f"timing={timing!r} is not one of {', '.join(TIMINGS)}")
     if valid is None:
         valid = valid_backends(problem)[0]
     device = torch.device(device if device is not None else problem.device)
@@ -286,6 +438,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     timed: list[Candidate] = []
     default = None
     spent: dict[str, float] = {}
+    best_warmup = math.inf  # pruning compares warm-up estimates (eager calls), whatever the timing kind
     for rank, backend in enumerate(valid):
         try:
             configs = candidate_configs(backend, problem)
@@ -294,13 +447,15 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             continue
         for i, config in enumerate(configs):
             cand = Candidate(backend.name, config)
-            best = min((c.us for c in timed if c.us is not None and c.note is None), default=None)
             try:
-                cand.us = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats,
-                                  cutoff_us=PRUNE_FACTOR * best + PRUNE_SLACK_US if best is not None else None,
-                                  spent=spent)
+                m = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats,
+                            cutoff_us=PRUNE_FACTOR * best_warmup + PRUNE_SLACK_US if best_warmup < math.inf else None,
+                            spent=spent, timing=timing)
+                cand.us, cand.timing, cand.capture_error = m.us, m.timing, m.capture_error
+                best_warmup = min(best_warmup, m.warmup_us)
             except SlowerThanCutoff as slow:
-                cand.us, cand.note = slow.us, f"warm-up estimate only (over {PRUNE_FACTOR:g}x the best so far)"
+                cand.us, cand.timing = slow.us, "eager"
+                cand.note = f"warm-up estimate only (over {PRUNE_FACTOR:g}x the best so far)"
             except Exception as exc:
                 cand.error = _error(exc)
             timed.append(cand)

@@ -166,8 +166,9 @@ class Row:
         entry = self.entry or {}
         runner = _runner_up(entry)
         return {"problem": self.problem.key(), "shape": describe(self.problem), "status": self.status,
-                "winner": _label(entry) if entry else None, "us": entry.get("us"),
+                "winner": _label(entry) if entry else None, "us": entry.get("us"), "timing": _timing(entry),
                 "runner_up": _label(runner) if runner else None, "runner_up_us": runner.get("us") if runner else None,
+                "runner_up_timing": runner.get("timing") if runner else None,
                 "default": _label(entry["default"]) if entry.get("default") else None,
                 "speedup_over_default": entry.get("speedup"), "rejected": entry.get("rejected", []),
                 "note": self.note}
@@ -176,6 +177,16 @@ class Row:
 def _label(entry: dict[str, Any]) -> str:
     from .tuner import Candidate
     return Candidate(entry["backend"], entry.get("config") or {}).label()
+
+
+def _timing(entry: dict[str, Any]) -> str | None:
+    """How an entry's winner was timed (``graph`` | ``eager``; None for entries from before the field, or untimed)."""
+    return entry.get("timing") if entry.get("us") is not None else None
+
+
+def us_cell(us: float | None, timing: str | None) -> str:
+    """A table cell for a time and how it was measured: ``43.1 graph``, ``243.0 eager``, ``12.0`` (unknown), ``-``."""
+    return "-" if us is None else f"{us:.1f}" + (f" {timing}" if timing else "")
 
 
 def _runner_up(entry: dict[str, Any]) -> dict[str, Any] | None:
@@ -201,10 +212,11 @@ def _dist():
 
 def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Iterable], Iterable] | None = None,
         warmup: int = 3, repeats: int = 7, compile_jobs: int = 0,
-        message: Callable[[str], None] | None = None) -> list[Row]:
+        message: Callable[[str], None] | None = None, timing: str | None = None) -> list[Row]:
     """Tune every problem not already in the cache (all of them with ``force``); record and use the winners.
 
-    ``progress`` wraps the iterable of this rank's problems (e.g. ``tqdm``). ``compile_jobs`` > 1 first
+    ``progress`` wraps the iterable of this rank's problems (e.g. ``tqdm``). ``timing``: how candidates
+    are timed on a GPU (:func:`mla_core.autotune.tune`; default ``MLA_CORE_TUNE_TIMING``, else ``auto``). ``compile_jobs`` > 1 first
     runs every candidate kernel once in that many processes (:mod:`mla_core.autotune.precompile`), so
     the timing loads compiled kernels; ``message`` receives its one-line reports. Under
     torch.distributed each rank tunes every world-size-th problem, then all results are exchanged so
@@ -237,7 +249,7 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
             results[i] = {"status": "recorded", "entry": only, "note": "only valid candidate: recorded without timing"}
             continue
         try:
-            result = tuner.tune(problem, warmup=warmup, repeats=repeats)
+            result = tuner.tune(problem, warmup=warmup, repeats=repeats, timing=timing)
         except Exception as exc:  # one unbuildable or failing shape must not end a long warm-up
             results[i] = {"status": "failed", "note": f"{type(exc).__name__}: {exc}".splitlines()[0]}
             continue
@@ -318,15 +330,15 @@ def _usable(problem: Problem, entry: dict[str, Any], dev_name: str) -> bool:
 
 
 def summary(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the summary table: shape, status, winner, time, runner-up, speed-up over the default,
-    and the seconds tuning took (of which in first calls: compilation)."""
+    """Header and rows of the summary table: shape, status, winner, time (and how it was measured: graph or
+    eager), runner-up, speed-up over the default, and the seconds tuning took (of which in first calls:
+    compilation)."""
     header = ["shape", "status", "winner", "us", "runner-up", "us", "vs default", "tuning s (1st calls)"]
     table = []
     for row in rows:
         d = row.as_dict()
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"
-        table.append([d["shape"], d["status"], d["winner"] or row.note or "-", fmt(d["us"]), d["runner_up"] or "-",
-                      fmt(d["runner_up_us"]),
+        table.append([d["shape"], d["status"], d["winner"] or row.note or "-", us_cell(d["us"], d["timing"]),
+                      d["runner_up"] or "-", us_cell(d["runner_up_us"], d["runner_up_timing"]),
                       "-" if d["speedup_over_default"] is None else f"{d['speedup_over_default']:.2f}x",
                       "-" if row.wall_s is None else f"{row.wall_s:.1f} ({row.first_call_s:.1f})"])
     return header, table

@@ -64,7 +64,7 @@ def cmd_warmup(args) -> int:
             print(f"mla-core warmup: {text}", file=sys.stderr, flush=True)
 
     rows, wall = warmup.timed_run(problems, force=args.force, progress=progress, repeats=args.repeats,
-                                  compile_jobs=jobs, message=message)
+                                  compile_jobs=jobs, message=message, timing=args.timing)
     agree = warmup.ranks_agree(problems)
     warmup.close_process_group()
     if rank != 0:
@@ -93,7 +93,7 @@ def _entry_row(key: str, entry: dict, dev_name: str) -> dict:
     backend = backends().get(entry.get("backend"))
     current = backend is not None and cache.is_current(entry, backend, dev_name)
     return {"problem": key, "backend": entry.get("backend"), "config": entry.get("config"), "us": entry.get("us"),
-            "speedup_over_default": entry.get("speedup"), "current": current,
+            "timing": entry.get("timing"), "speedup_over_default": entry.get("speedup"), "current": current,
             "versions": entry.get("versions"), "tuned_at": entry.get("tuned_at")}
 
 
@@ -123,7 +123,7 @@ def cmd_cache_show(args) -> int:
             print(f"\n{dev_name} ({label}: {len(rows)} entries)")
             if rows:
                 print(_table_rows([[r["problem"], r["backend"], json.dumps(r["config"], sort_keys=True),
-                                    "-" if r["us"] is None else f"{r['us']:.1f}",
+                                    warmup.us_cell(r["us"], r["timing"]),
                                     "-" if not r["speedup_over_default"] else f"{r['speedup_over_default']:.2f}x",
                                     "current" if r["current"] else "stale (other versions: ignored)"] for r in rows],
                                   ["problem", "backend", "config", "us", "vs default", "status"]))
@@ -280,6 +280,11 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), help="where to tune (default cuda; cpu only when asked)")
     p.add_argument("--force", action="store_true", help="re-tune shapes already in the cache")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats per candidate (median kept)")
+    p.add_argument("--timing", choices=tuner.TIMINGS, default=None,
+                   help="how candidates are timed on a GPU: auto (replays of a CUDA graph of the calls, as serving "
+                        "engines run decode; eager calls for a candidate that cannot be captured), graph (a "
+                        "candidate that cannot be captured fails), eager (Python calls back to back: includes "
+                        "host overhead). Default: $MLA_CORE_TUNE_TIMING, else auto. The us columns say which")
     p.add_argument("--compile-jobs", type=int, default=None, metavar="N",
                    help="processes that compile every candidate kernel before the timing (default "
                         f"{precompile.DEFAULT_JOBS} on a GPU, capped by the CPU count; 0 or 1: compile while timing)")
