@@ -57,6 +57,10 @@ mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::T
   p.num_pages = cache.size(0);
   p.page_size = cache.size(1);
   p.page_size_inv = 1.0 / static_cast<double>(cache.size(1));
+  p.page_shift = -1;
+  for (int shift = 0; shift < 62; ++shift) {
+    if ((int64_t{1} << shift) == cache.size(1)) p.page_shift = shift;
+  }
   p.block_table = block_table.data_ptr();
   p.table_stride_b = block_table.stride(0);
   p.table_stride_col = block_table.stride(1);

@@ -22,6 +22,7 @@ struct DecodeParams {
   int64_t num_pages;
   int64_t page_size;
   double page_size_inv;  // 1 / page_size rounded to float64 (the WGMMA kernel's division-free row lookup)
+  int page_shift;        // log2(page_size) when a power of two (the WGMMA kernel's shift lookup), else -1
   // block_table [batch, table_width] int32 or int64; seq_lens [batch] int32 or int64.
   const void* block_table;
   int64_t table_stride_b, table_stride_col, table_width;

@@ -9,6 +9,7 @@
 //     cp.async into a 2-stage ring of 128-byte-swizzled slabs (warp 8 + w copies rows 16w..16w+15; a key past
 //     the split's end or whose page lies outside the cache is zero-filled, never read, and masked in the
 //     stage's validity bits), then publishes the stage on an mbarrier; consumers release a stage on another.
+//     The next step's block-table entries are read while a step's copies are in flight (off the critical path);
 //     setmaxnreg gives the producer 56 registers and the consumers 224;
 //   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory) and owns
 //     output columns 256w..256w+255. They never meet at a CTA barrier inside the loop: each waits, on named
@@ -150,28 +151,30 @@ __device__ __forceinline__ void page_of(int64_t tok, int64_t page_size, double i
   in_page = r;
 }
 
-// Producer warp w's share of the step at keys pos0 .. pos0 + 63: rows 16w .. 16w + 15 into the slab layout at
-// `sk`, gathered through the block table (token t at page block_table[b, t / page_size], row t % page_size: any
-// page size). A key at or past `hi`, or whose page lies outside the cache, is zero-filled (nothing read); its
-// bit in the warp's 16-bit validity word `valid` is 0. Lanes 0-15 look up one row each and broadcast the
-// offsets. `aligned`: 16-byte cp.async (per group of 4 rows, chunks l and l + 32 of each row, then the rope
-// chunks 64-71 of the 4 rows: 36 copies per lane), else 2-byte loads and stores.
-__device__ __forceinline__ void produce_rows(const DecodeParams& p, int b, int64_t pos0, int64_t hi, uint8_t* sk,
-                                             uint32_t* valid, int w, int lane, bool aligned) {
-  int64_t my_off = -1;  // element offset of row 16w + lane in the cache; -1: an absent key
-  if (lane < 16) {
-    const int64_t tok = pos0 + 16 * w + lane;
-    if (tok < hi) {
-      int64_t pg, in_page;
-      page_of(tok, p.page_size, p.page_size_inv, pg, in_page);
-      const int64_t page = load_index(p.block_table, b * p.table_stride_b + pg * p.table_stride_col, p.table_i64);
-      if (page >= 0 && page < p.num_pages) {  // a page outside the cache is an absent key
-        my_off = page * p.cache_stride_page + in_page * p.cache_stride_tok;
-      }
-    }
+// Element offset in the cache of token `tok` of request b (page block_table[b, tok / page_size], row
+// tok % page_size: any page size, a shift for a power of two), or -1 for an absent key: at or past `hi`, or on
+// a page outside the cache.
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int b, int64_t tok, int64_t hi) {
+  if (tok >= hi) return -1;
+  int64_t pg, in_page;
+  if (p.page_shift >= 0) {
+    pg = tok >> p.page_shift;
+    in_page = tok & (p.page_size - 1);
+  } else {
+    page_of(tok, p.page_size, p.page_size_inv, pg, in_page);
   }
-  const uint32_t bits = __ballot_sync(0xffffffffu, my_off >= 0);
-  if (lane == 0) *valid = bits & 0xffffu;
+  const int64_t page = load_index(p.block_table, b * p.table_stride_b + pg * p.table_stride_col, p.table_i64);
+  return page >= 0 && page < p.num_pages ? page * p.cache_stride_page + in_page * p.cache_stride_tok : -1;
+}
+
+// Producer warp w's share of a step: rows 16w .. 16w + 15 into the slab layout at `sk`, lane l < 16 holding
+// row 16w + l's offset (row_offset). An absent key is zero-filled (nothing read); its bit in the warp's 16-bit
+// validity word `valid` is 0. `aligned`: 16-byte cp.async (per group of 4 rows, chunks l and l + 32 of each
+// row, then the rope chunks 64-71 of the 4 rows: 36 copies per lane), else 2-byte loads and stores.
+__device__ __forceinline__ void produce_rows(const DecodeParams& p, int64_t my_off, uint8_t* sk, uint32_t* valid,
+                                             int w, int lane, bool aligned) {
+  const uint32_t bits = __ballot_sync(0xffffffffu, lane < 16 && my_off >= 0);
+  if (lane == 0) *valid = bits;
   const uint16_t* cache = static_cast<const uint16_t*>(p.cache);
   const int r0 = 16 * w;
   if (aligned) {
@@ -289,12 +292,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
                          (p.cache_stride_tok % 8 == 0);
+    // Lane l < 16 looks up row 16 (warp - 8) + l of the next step while this step's copies are in flight.
+    const int64_t row = 16 * (warp - 8) + (lane & 15);
+    int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
     for (int i = 0; i < steps; ++i) {
       const int s = i & 1;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
-      produce_rows(p, b, lo + static_cast<int64_t>(i) * kKeys, hi, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8),
-                   warp - 8, lane, aligned);
+      produce_rows(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
       cp_async_commit();
+      const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
+      next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
       cp_async_wait_all();
       fence_proxy_async();
       mbar_arrive(&full[s]);

@@ -220,6 +220,17 @@ def test_index_dtypes_and_strides(heads, kernels):
     assert kernels == [_expected_kernel(heads)] * 4
 
 
+@pytest.mark.parametrize("page_size", [3, 48, 100])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_odd_page_sizes(page_size, heads, kernels):
+    """Page sizes that are no power of two: the WGMMA kernel's row lookup by a float64 reciprocal with exact
+    corrections (powers of two take a shift), lengths on and off page and step edges."""
+    inputs = _inputs((1000, 3, 0, 301, 64), heads, page_size)
+    check(inputs, num_kv_splits=3)
+    check(inputs, num_kv_splits=1)
+    assert kernels == ["wgmma"] * 2
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_unchecked_metadata_is_masked_and_clamped(monkeypatch, heads, kernels):
     """With content checks off, a length past the table's capacity is clamped to it, and table entries within

@@ -4,7 +4,7 @@
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``) on paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
-capacity, page sizes 1 / 16 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
+capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself). Then the FP8 sparse decode
 (``sparse`` alone: only it) on a cache of NaN codes except the rows valid slots name, with -1 slots, slots past
 each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto splits.
@@ -94,6 +94,7 @@ def main() -> int:
     ok &= _case(64, 16, [31, 32, 100, 65], 32, "bf16", "wgmma", unaligned=True)
     ok &= _case(128, 64, [129, 64, 1, 300], 1, "bf16", "wgmma")
     ok &= _case(20, 16, [1, 300, 0, 64], 2, "bf16", "wgmma")
+    ok &= _case(128, 48, [1, 300, 0, 97], 3, "bf16", "wgmma")
     ok &= _case(1, 1, [70, 33], 5, "bf16", "wgmma", unaligned=True)
     return _sparse_main() | (0 if ok else 1)
 
