@@ -261,3 +261,17 @@ def test_auto_splits_for_one_cta_per_sm(batch, heads, pages, want):
                            block_table=torch.empty(batch, pages, dtype=torch.int32, device="meta"), page_size=64)
     assert decode_num_splits(call, {}, 132, resident_ctas=1) == want
     assert decode_num_splits(call, {"num_kv_splits": 5}, 132, resident_ctas=1) == 5
+
+
+@pytest.mark.parametrize("kw, wgmma_first", [
+    (dict(heads=128, batch=1), True), (dict(heads=64, batch=32), True), (dict(heads=16, batch=32), True),
+    (dict(heads=16, batch=8), True), (dict(heads=16, batch=4), False), (dict(heads=1, batch=1), False),
+    (dict(heads=128, batch=32, p_qdq="fp8"), False), (dict(heads=128, batch=32, dtype="float32", q_dtype="float32"),
+                                                      False)])
+def test_priority_above_triton_where_wgmma_was_faster(kw, wgmma_first):
+    """Dispatch without a tuned entry prefers cuda over triton (200) for unquantized decode on the WGMMA
+    kernel, except 16 heads or fewer at small batches; the recipes stay below triton."""
+    backend = cuda_backend.CudaBackend()
+    triton_priority = mla_core.get_backend("triton").priority
+    assert (backend.priority_for(_problem(**kw)) > triton_priority) == wgmma_first
+    assert backend.priority < triton_priority

@@ -31,7 +31,10 @@ def device_reason() -> str | None:
 class CudaBackend(mla_core.Backend):
     name = "cuda"
     version = "0.2 (sm_90a, mma.sync + wgmma)"
-    priority = 180  # below triton (200) until it is faster at the shapes that matter (docs/cuda.md "Speed"); tuned caches pick per shape
+    priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
+    PRIORITY_WGMMA = 210
+    """Above triton's 200: unquantized decode on the WGMMA kernel, where it was measured faster (H200, graph
+    replays: 1.02-3.0x triton's speed at 128 heads, 1.05-1.19x at 16 heads from batch 32; docs/cuda.md "Speed")."""
     device_types = frozenset({"cuda"})
     description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
                    "decode, FP8 top-k sparse decode")
@@ -41,8 +44,8 @@ class CudaBackend(mla_core.Backend):
                     "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS, "heads": range(1, 129),
                     "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
             features=frozenset({"lse"}),
-            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128 (64 and 128 unquantized on "
-                  "WGMMA, the rest on mma.sync); any page size >= 1; "
+            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128 (unquantized on WGMMA, the "
+                  "recipes on mma.sync); any page size >= 1; "
                   "q in the cache dtype (bf16/fp16); no FP8 KV cache (float8_e4m3fn + kv_scale: reference and "
                   "triton)"),
         "sparse_decode": OpCapability(
@@ -53,6 +56,15 @@ class CudaBackend(mla_core.Backend):
                   "rows: musa_fp8, reference); heads a multiple of 64 (others: musa_fp8); q_len 1..4; any top-k "
                   "multiple of 64"),
     }
+
+    def priority_for(self, problem) -> int:
+        """:data:`PRIORITY_WGMMA` for a decode the WGMMA kernel runs, except 16 heads or fewer at batch < 8
+        (there triton's split kernel was as fast or faster: 0.86-0.94x at batch 1 up to 8k tokens); else 180."""
+        from . import decode
+        if problem.op == "decode" and decode.wgmma_covers(problem) and (problem["heads"] > 16 or
+                                                                          problem.get("batch", 1) >= 8):
+            return self.PRIORITY_WGMMA
+        return self.priority
 
     def unavailable_reason(self) -> str | None:
         reason = device_reason()
