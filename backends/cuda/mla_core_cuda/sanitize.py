@@ -70,7 +70,7 @@ def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0):
     idx[0, 0, 0] = 2 ** 31 - 1             # within the length, outside the cache: not a key
     query = torch.randn(len(lengths), q_len, heads, 576, generator=g, device="cuda").to(torch.float8_e4m3fn)
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    _, call = validate_sparse_decode(query, cache.view(torch.float8_e4m3fn), 128, 512, 64, idx, lens, top_k, None,
+    _, call = validate_sparse_decode(query, cache.view(torch.float8_e4m3fn).view(rows, 1, 576), 128, 512, 64, idx, lens, top_k, None,
                                      0.05, 1.0, None, True, None)
     out, lse = sparse.run(build.build(), call, {} if splits == "auto" else {"num_splits": splits})
     torch.cuda.synchronize()
