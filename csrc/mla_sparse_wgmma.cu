@@ -3,7 +3,7 @@
 // into bmm1_scale / bmm2_scale), int32 indices [batch, q_len, top_k] (-1 = none), valid lengths per request.
 // Numerics: docs/sparse.md (the reference backend's definition), up to float32 summation order.
 //
-// One CTA of two warpgroups per (query token, split, group of 64 heads) walks its split's valid slots in tiles of
+// One CTA of two warpgroups per (query token and group of 64 heads, split) walks its split's valid slots in tiles of
 // 64 (a split is a run of whole tiles). Per tile:
 //   1. the tile's 64 cache rows were gathered two tiles ahead by cp.async through the index list into one of two
 //      staging buffers (dense [64][576] codes); a slot past the valid length, -1 or outside the cache is
@@ -255,8 +255,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
   float* sx = reinterpret_cast<float*>(sq + kOffX);
   uint8_t* sval = sq + kOffValid;
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-  const int64_t tok = blockIdx.x;
-  const int split = blockIdx.y, h0 = blockIdx.z * kHeads;
+  const int groups = p.heads / kHeads;  // head groups of a token are neighbours in launch order (shared rows in L2)
+  const int64_t tok = blockIdx.x / groups;
+  const int split = blockIdx.y, h0 = static_cast<int>(blockIdx.x % groups) * kHeads;
   const int b = static_cast<int>(tok / p.q_len);
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // the thread's accumulator rows: row_lo, row_lo + 8
 
@@ -445,8 +446,7 @@ cudaError_t launch_sparse_decode_wgmma(const SparseDecodeParams& p, cudaStream_t
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) attribute_set[device] = true;
   }
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(p.num_splits),
-                  static_cast<unsigned>(p.heads / kHeads));
+  const dim3 grid(static_cast<unsigned>(tokens * (p.heads / kHeads)), static_cast<unsigned>(p.num_splits));
   sparse_decode_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
