@@ -33,8 +33,8 @@ class CudaBackend(mla_core.Backend):
     version = "0.2 (sm_90a, mma.sync + wgmma)"
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
-    """Above triton's 200: unquantized decode on the WGMMA kernel, where it was measured faster (H200, graph
-    replays: 1.02-3.0x triton's speed at 128 heads, 1.05-1.19x at 16 heads from batch 32; docs/cuda.md "Speed")."""
+    """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
+    replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed")."""
     device_types = frozenset({"cuda"})
     description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
                    "decode, FP8 top-k sparse decode")
@@ -58,11 +58,14 @@ class CudaBackend(mla_core.Backend):
     }
 
     def priority_for(self, problem) -> int:
-        """:data:`PRIORITY_WGMMA` for a decode the WGMMA kernel runs, except 16 heads or fewer at batch < 8
-        (there triton's split kernel was as fast or faster: 0.86-0.94x at batch 1 up to 8k tokens); else 180."""
+        """:data:`PRIORITY_WGMMA` for a decode the WGMMA kernel runs at more than 16 heads, or at 16 heads or
+        fewer with ``num_kv_splits="auto"`` from batch 8 (measured on the H200: 1.15-1.29x triton's speed there; at
+        the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x);
+        else 180."""
         from . import decode
-        if problem.op == "decode" and decode.wgmma_covers(problem) and (problem["heads"] > 16 or
-                                                                          problem.get("batch", 1) >= 8):
+        if problem.op != "decode" or not decode.wgmma_covers(problem):
+            return self.priority
+        if problem["heads"] > 16 or (problem.get("num_kv_splits") == "auto" and problem.get("batch", 1) >= 8):
             return self.PRIORITY_WGMMA
         return self.priority
 
