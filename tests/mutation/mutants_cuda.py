@@ -1,10 +1,8 @@
 """Mutants of the CUDA decode (csrc/mla_decode.cu, backends/cuda): each is one plausible bug the GPU tests
 must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
-On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` builds every csrc mutant in parallel (each a copy
-of csrc/ under a temporary folder, built through ``MLA_CORE_CUDA_SRC`` into a private cache) and then runs
-each mutant's quick test selection (``KILL_SELECTION``), printing killed / SURVIVED per mutant. A Python
-mutant is applied in place and reverted by the exact reverse edit.
+On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
+``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant.
 """
 from __future__ import annotations
 
@@ -98,57 +96,6 @@ MUTANTS = [
 ]
 
 
-def _run_on_gpu() -> int:
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-    from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    work = Path(tempfile.mkdtemp(prefix="mla_core_mutants_"))
-    cache = work / "cache"
-    base_env = dict(os.environ, MLA_CORE_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
-
-    def prepare(i, m):
-        text = (root / m["file"]).read_text()
-        assert text.count(m["old"]) == 1, (i, m["old"])
-        if not m["file"].startswith("csrc/"):
-            return None
-        src = work / f"m{i}"
-        shutil.copytree(root / "csrc", src)
-        (src / Path(m["file"]).name).write_text(text.replace(m["old"], m["new"]))
-        env = dict(base_env, MLA_CORE_CUDA_SRC=str(src))
-        done = subprocess.run([sys.executable, "-c", "from mla_core_cuda import build; build.build()"], env=env,
-                              capture_output=True, text=True)
-        if done.returncode:
-            print(f"mutant {i}: build failed (killed at compile time): {done.stderr.strip().splitlines()[-1:]}")
-        return env
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        envs = list(pool.map(lambda im: prepare(*im), enumerate(MUTANTS)))
-    survived = 0
-    for i, (m, env) in enumerate(zip(MUTANTS, envs)):
-        path = root / m["file"]
-        original = path.read_text()
-        if env is None:  # Python mutant: in place, the original text written back after the run
-            path.write_text(original.replace(m["old"], m["new"]))
-            env = base_env
-        try:
-            done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
-                                   *KILL_SELECTION], env=env, cwd=root, capture_output=True, text=True)
-        finally:
-            # not a reverse replace: the mutant's text may also occur unmutated elsewhere in the file
-            path.write_text(original)
-        killed = done.returncode != 0
-        survived += not killed
-        last = (done.stdout.strip().splitlines() or [""])[-1]
-        print(f"mutant {i} ({m['why'][:60]}...): {'killed' if killed else 'SURVIVED'} [{last}]", flush=True)
-    print(f"{len(MUTANTS) - survived}/{len(MUTANTS)} killed")
-    return 1 if survived else 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_run_on_gpu())
+    import gpu_mutants
+    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: list(KILL_SELECTION)))

@@ -1,10 +1,9 @@
 """Mutants of the CUDA FP8 sparse decode (csrc/mla_sparse_wgmma.cu, backends/cuda/mla_core_cuda/sparse.py): each is
 one plausible bug tests/test_cuda_sparse.py's GPU tests must notice. ``old`` occurs exactly once in ``file``.
 
-On a GPU machine, ``python3 tests/mutation/mutants_cuda_sparse.py`` builds every csrc mutant in parallel (a copy of
-csrc/ each, built through ``MLA_CORE_CUDA_SRC`` into a private cache), runs ``SELECTION`` once per mutant and prints
-killed / SURVIVED; a Python mutant is applied in place and reverted by the exact reverse edit. ``--prepare`` only
-builds (a device script starts it beside the main build and runs the tests later).
+On a GPU machine, ``python3 tests/mutation/mutants_cuda_sparse.py`` judges every mutant with its ``tests`` selection
+(the runner: gpu_mutants.py; builds reused from ``$MUTANT_WORK``); ``--prepare`` only builds (a device script starts
+it beside the main build and runs the tests later).
 """
 from __future__ import annotations
 
@@ -44,60 +43,13 @@ MUTANTS = [
 ]
 
 
-def _run_on_gpu(prepare_only: bool = False) -> int:
+if __name__ == "__main__":
     import os
     import shlex
-    import shutil
-    import subprocess
     import sys
-    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    import gpu_mutants
     work = Path(os.environ.get("MUTANT_WORK", "/tmp/mla_core_sparse_mutants"))
-    work.mkdir(parents=True, exist_ok=True)
-    base_env = dict(os.environ, MLA_CORE_CACHE_DIR=str(work / "cache"), PYTHONUNBUFFERED="1")
-
-    def prepare(i, m):
-        text = (root / m["file"]).read_text()
-        assert text.count(m["old"]) == 1, (i, m["old"])
-        if not m["file"].startswith("csrc/"):
-            return None
-        src = work / f"m{i}"
-        if not src.exists():
-            shutil.copytree(root / "csrc", src)
-            (src / Path(m["file"]).name).write_text(text.replace(m["old"], m["new"]))
-        env = dict(base_env, MLA_CORE_CUDA_SRC=str(src))
-        done = subprocess.run([sys.executable, "-c", "from mla_core_cuda import build; build.build()"], env=env,
-                              capture_output=True, text=True)
-        if done.returncode:
-            print(f"mutant {i}: build failed: {(done.stderr.strip().splitlines() or [''])[-1]}", flush=True)
-        return env
-
-    with ThreadPoolExecutor(max_workers=len(MUTANTS)) as pool:
-        envs = list(pool.map(lambda im: prepare(*im), enumerate(MUTANTS)))
-    if prepare_only:
-        return 0
-    survived = 0
-    for i, (m, env) in enumerate(zip(MUTANTS, envs)):
-        path = root / m["file"]
-        original = path.read_text()
-        if env is None:  # Python mutant: in place, reverted by the exact reverse edit; the unmutated build
-            path.write_text(original.replace(m["old"], m["new"]))
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-        try:
-            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                   *shlex.split(m["tests"][0])], env=env, cwd=root, capture_output=True, text=True)
-        finally:
-            path.write_text(original)  # not a reverse replace: the mutant's text may occur unmutated elsewhere
-        killed = done.returncode not in (0, 5)
-        survived += not killed
-        last = (done.stdout.strip().splitlines() or [""])[-1]
-        print(f"mutant {i} ({m['why'][:60]}...): {'killed' if killed else 'SURVIVED'} [{last}]", flush=True)
-    print(f"{len(MUTANTS) - survived}/{len(MUTANTS)} killed")
-    return 1 if survived else 0
-
-
-if __name__ == "__main__":
-    import sys
-    raise SystemExit(_run_on_gpu(prepare_only="--prepare" in sys.argv))
+    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: shlex.split(m["tests"][0]), work=work,
+                                     prepare_only="--prepare" in sys.argv))

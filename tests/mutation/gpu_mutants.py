@@ -1,0 +1,68 @@
+"""The GPU mutant runner shared by the CUDA mutant lists (mutants_cuda.py, mutants_cuda_sparse.py).
+
+Every csrc mutant is a copy of csrc/ with one edit, built through ``MLA_CORE_CUDA_SRC`` into a private cache, in
+parallel; a Python mutant is applied in place and the original file written back after its run. Then each
+mutant's test selection runs once (``pytest -m gpu -q -x``): killed when it fails, SURVIVED when it passes or
+selects nothing (exit status 5). A mutant that fails to build is killed at compile time (reported as such).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Path | None = None,
+        prepare_only: bool = False, workers: int = 8) -> int:
+    """Build and judge ``mutants``; ``selection(m)`` gives the pytest arguments of mutant m. ``work``: a folder
+    whose builds are reused (``prepare_only`` builds and stops). Prints one line per mutant; 1 if any survived."""
+    work = work or Path(tempfile.mkdtemp(prefix="mla_core_mutants_"))
+    work.mkdir(parents=True, exist_ok=True)
+    base_env = dict(os.environ, MLA_CORE_CACHE_DIR=str(work / "cache"), PYTHONUNBUFFERED="1")
+
+    def prepare(i: int, m: dict) -> dict | None:
+        text = (ROOT / m["file"]).read_text()
+        assert text.count(m["old"]) == 1, (i, m["old"])
+        if not m["file"].startswith("csrc/"):
+            return None
+        src = work / f"m{i}"
+        if not src.exists():
+            shutil.copytree(ROOT / "csrc", src)
+            (src / Path(m["file"]).name).write_text(text.replace(m["old"], m["new"]))
+        env = dict(base_env, MLA_CORE_CUDA_SRC=str(src))
+        done = subprocess.run([sys.executable, "-c", "from mla_core_cuda import build; build.build()"], env=env,
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"mutant {i}: build failed (killed at compile time): "
+                  f"{(done.stderr.strip().splitlines() or [''])[-1]}", flush=True)
+        return env
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        envs = list(pool.map(lambda im: prepare(*im), enumerate(mutants)))
+    if prepare_only:
+        return 0
+    survived = 0
+    for i, (m, env) in enumerate(zip(mutants, envs)):
+        path = ROOT / m["file"]
+        original = path.read_text()
+        if env is None:
+            path.write_text(original.replace(m["old"], m["new"]))
+            env = base_env
+        try:
+            done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
+                                   *selection(m)], env=env, cwd=ROOT, capture_output=True, text=True)
+        finally:
+            path.write_text(original)  # not a reverse replace: the mutant's text may occur unmutated elsewhere
+        killed = done.returncode not in (0, 5)
+        survived += not killed
+        last = (done.stdout.strip().splitlines() or [""])[-1]
+        print(f"mutant {i} ({m['why'][:60]}...): {'killed' if killed else 'SURVIVED'} [{last}]", flush=True)
+    print(f"{len(mutants) - survived}/{len(mutants)} killed")
+    return 1 if survived else 0
