@@ -20,21 +20,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Path | None = None,
-        prepare_only: bool = False, workers: int = 8) -> int:
+        prepare_only: bool = False, workers: int = 8, root: Path = ROOT) -> int:
     """Build and judge ``mutants``; ``selection(m)`` gives the pytest arguments of mutant m. ``work``: a folder
-    whose builds are reused (``prepare_only`` builds and stops). Prints one line per mutant; 1 if any survived."""
+    whose builds are reused (``prepare_only`` builds and stops); ``root``: the checkout the files are relative
+    to. Prints one line per mutant; 1 if any survived."""
     work = work or Path(tempfile.mkdtemp(prefix="mla_core_mutants_"))
     work.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ, MLA_CORE_CACHE_DIR=str(work / "cache"), PYTHONUNBUFFERED="1")
 
     def prepare(i: int, m: dict) -> dict | None:
-        text = (ROOT / m["file"]).read_text()
+        text = (root / m["file"]).read_text()
         assert text.count(m["old"]) == 1, (i, m["old"])
         if not m["file"].startswith("csrc/"):
             return None
         src = work / f"m{i}"
         if not src.exists():
-            shutil.copytree(ROOT / "csrc", src)
+            shutil.copytree(root / "csrc", src)
             (src / Path(m["file"]).name).write_text(text.replace(m["old"], m["new"]))
         env = dict(base_env, MLA_CORE_CUDA_SRC=str(src))
         done = subprocess.run([sys.executable, "-c", "from mla_core_cuda import build; build.build()"], env=env,
@@ -50,14 +51,14 @@ def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Pa
         return 0
     survived = 0
     for i, (m, env) in enumerate(zip(mutants, envs)):
-        path = ROOT / m["file"]
+        path = root / m["file"]
         original = path.read_text()
         if env is None:
             path.write_text(original.replace(m["old"], m["new"]))
             env = base_env
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
-                                   *selection(m)], env=env, cwd=ROOT, capture_output=True, text=True)
+                                   *selection(m)], env=env, cwd=root, capture_output=True, text=True)
         finally:
             path.write_text(original)  # not a reverse replace: the mutant's text may occur unmutated elsewhere
         killed = done.returncode not in (0, 5)
