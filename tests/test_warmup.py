@@ -71,7 +71,9 @@ def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):
     row = report["problems"][0]
     assert row["shape"] == "merge t=16 h=16 d=128"
     assert row["winner"] == 'tt_fast {"sleep_s": 0.001}' and row["runner_up"] == 'tt_fast {"sleep_s": 0.006}'
-    assert row["default"] == "tt_slow" and row["speedup_over_default"] > 2
+    # sleeps 16 ms vs 1 ms, but each call also computes on the CPU: on a loaded 2-core machine the ratio fell
+    # to 1.997 once, so the test asks only that the speed-up is reported the right way round
+    assert row["default"] == "tt_slow" and row["speedup_over_default"] > 1.2
     assert row["rejected"][0]["backend"] == "tt_wrong"
     assert row["timing"] == row["runner_up_timing"] == "eager"  # the CPU has no CUDA graphs
     assert len(cache.user_entries("cpu")) == 2
