@@ -13,7 +13,7 @@ BIN=${BIN:-/tmp/prefill_probe}
 python3 prefill_wgmma_emulation.py | tail -1
 source ./common.sh
 probe_build prefill_wgmma_probe.cu
-# ptxas: registers / spills per kernel (168 is the 384-thread share; setmaxnreg gives the consumers 216);
+# ptxas: registers / spills per kernel (168 is the 384-thread share; setmaxnreg gives the consumers 208, the producer 80);
 # wgmma serialization (C7510, C7512, C7514, C7520) and inserted warpgroup.arrive (C7519)
 probe_kernels
 echo "ptxas: $(grep -cE 'C7510|C7512|C7514|C7520' "$BIN.ptxas.log") wgmma serialization warnings, $(grep -c C7519 "$BIN.ptxas.log") C7519"
