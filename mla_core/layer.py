@@ -163,11 +163,11 @@ def _check_block(block: Any) -> tuple[int, int]:
 def _content_checks(call: LayerCall) -> None:
     """Value checks (eager calls, unless ``MLA_CORE_CHECKS=metadata``): offsets, lengths, pages, positions.
 
-    One host read (offsets, cache_offsets and the block table in one int64 transfer), then Python arithmetic.
+    One host read (offsets, cache_offsets and the block table in one transfer; ``torch.cat`` promotes int32 and
+    int64 itself, so no cast runs first: same-dtype inputs cost one device op), then Python arithmetic.
     """
     batch, width = call.block_table.shape
-    host = torch.cat((call.input_row_offsets.to(torch.int64), call.cache_offsets.to(torch.int64),
-                      call.block_table.reshape(-1).to(torch.int64))).to("cpu")
+    host = torch.cat((call.input_row_offsets, call.cache_offsets, call.block_table.reshape(-1))).to("cpu")
     offsets = host[:batch + 1].tolist()
     tokens = call.q.shape[0]
     if offsets[0] != 0:

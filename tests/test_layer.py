@@ -542,6 +542,33 @@ def test_bad_arguments(name, make):
         run(case, weights, **make(case, weights))
 
 
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("starts_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
+def test_content_checks_take_any_index_dtypes(offsets_dtype, starts_dtype, table_dtype):
+    """The content checks read offsets, cache_offsets and the block table in one torch.cat, whatever mix of int32
+    and int64 they come in: a good call gives the same output and key total, every bad value still names its
+    argument."""
+    from mla_core import layer
+    case, weights = make_case([2, 1], [1, 3], seed=12)
+    expected, _ = run(case, weights)
+    mixed = dict(case, input_row_offsets=case["input_row_offsets"].to(offsets_dtype),
+                 cache_offsets=case["cache_offsets"].to(starts_dtype), block_table=case["block_table"].to(table_dtype))
+    assert torch.equal(run(mixed, weights)[0], expected)
+    _, call = layer.validate_layer(
+        *(mixed[k] for k in ("q", "kv", "input_row_offsets", "freqs_cis", "kv_norm_gamma", "latent_cache",
+                             "block_table", "cache_offsets")),
+        max_seq_len=mixed["max_seq_len"], softmax_scale=mixed["softmax_scale"], epsilon=mixed["epsilon"],
+        attn_sinks=None, rope_interleave=True, attention_backend=None, **weights.kwargs())
+    assert call.key_total == (1 + 2) + (3 + 1)
+    bad = [("input_row_offsets", dict(input_row_offsets=torch.tensor([0, 2, 4], dtype=offsets_dtype))),
+           ("cache_offsets", dict(cache_offsets=torch.tensor([1, -1], dtype=starts_dtype))),
+           ("block_table", dict(block_table=mixed["block_table"].clone().fill_(99)))]
+    for name, over in bad:
+        with pytest.raises(MLAInputError, match=name):
+            run(mixed, weights, **over)
+
+
 def test_fp8_weight_scale_rules():
     case, weights = make_case([2], [0], fp8=True, seed=13)
     with pytest.raises(MLAInputError, match="w_uk_scale"):

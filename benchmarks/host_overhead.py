@@ -1,0 +1,175 @@
+"""Host (Python) time of one eager decode step of ``mla_core.mla_forward`` and of ``MLAAttention`` (issue 11).
+
+Times, per call, the median and the minimum of ``--repeats`` loops of back-to-back calls (perf_counter; on a GPU
+one synchronize per loop, so a host-bound step measures its host time):
+
+* ``mla_core.mla_forward`` (the layer op, one new token per request) with ``MLA_CORE_CHECKS=full`` and
+  ``metadata``;
+* ``MLAAttention.forward`` (projections, RMSNorm, the layer op, o_proj) in both modes;
+
+and with ``--profile N`` prints a cProfile top-N by cumulative time of each. On the CPU, ``--backend triton
+--stub-triton`` (under ``TRITON_INTERPRET=1``) runs the GPU's code path with every Triton launch replaced by a
+no-op: everything the host does around the kernels, nothing of the interpreter. The same script runs against an
+older checkout with ``PYTHONPATH`` pointing at its sources (the folders benchmarks/device_run.sh's fallback
+lists), which is how the eager-step regression of issue 11 was looked for (NOTES "Eager host overhead").
+
+    python benchmarks/host_overhead.py [--backend reference] [--heads 2] [--batch 1] [--profile 20] [--json out.json]
+    TRITON_INTERPRET=1 python benchmarks/host_overhead.py --backend triton --stub-triton   # the GPU's path, no kernels
+    python benchmarks/host_overhead.py --device cuda --dims deepseek --heads 16 --length 8192 --backend ''  # H200
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+import mla_core
+
+DIMS = {  # hidden, q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim, page size
+    "tiny": (64, 32, 32, 16, 8, 16, 4),
+    "deepseek": (7168, 1536, 512, 128, 64, 128, 64),
+}
+
+
+def per_call_us(fn, device: torch.device, loop_s: float = 0.1, repeats: int = 15) -> tuple[float, float]:
+    """Median and minimum over ``repeats`` loops (each about ``loop_s`` long) of the time per call, in µs (the
+    minimum is the least disturbed loop on a shared CPU)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(5):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(10):
+        fn()
+    sync()
+    calls = max(5, int(loop_s / ((time.perf_counter() - start) / 10)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) * 1e6 / calls)
+    return statistics.median(samples), min(samples)
+
+
+def config(heads: int, dims: str) -> SimpleNamespace:
+    """A DeepSeek-V3-shaped attention config (bf16 weights, no FP8 blocks) at ``dims`` sizes."""
+    hidden, q_lora, latent, nope, rope, v_dim, _ = DIMS[dims]
+    return SimpleNamespace(hidden_size=hidden, num_attention_heads=heads, q_lora_rank=q_lora, kv_lora_rank=latent,
+                           qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v_dim,
+                           max_position_embeddings=1 << 16, rope_theta=10000.0, rope_scaling=None,
+                           attention_bias=False, rope_interleave=True, rms_norm_eps=1e-6)
+
+
+def module_step(heads: int, batch: int, length: int, backend: str | None, device: torch.device, dims: str = "tiny"):
+    """(module, step): a decode step of MLAAttention, ``batch`` requests with ``length - 1`` cached tokens each."""
+    from mla_core.nn import MLAAttention, StaticPageTable
+    torch.manual_seed(0)
+    page = DIMS[dims][-1]
+    table = StaticPageTable(batch, length, page, device=device, generator=torch.Generator().manual_seed(0))
+    mod = MLAAttention(config(heads, dims), num_pages=table.num_pages, page_size=page, dtype=torch.bfloat16,
+                       device=device, attention_backend=backend)
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.normal_(0, 0.02)
+    mod.latent_cache.normal_()
+    table.lengths.fill_(length - 1)
+    hidden = torch.randn(batch, mod.hidden_size, device=device).to(torch.bfloat16)
+    offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
+
+    def step():
+        with torch.no_grad():
+            return mod(hidden, offsets, table.block_table, table.lengths, max_seq_len=1)
+    return mod, step
+
+
+def layer_step(mod, batch: int, length: int, backend: str | None):
+    """The layer op alone on the module's cache and weights (q and kv as the projections would give them)."""
+    device = mod.latent_cache.device
+    q = torch.randn(batch, mod.local_heads, mod.qk_dim, device=device).to(torch.bfloat16)
+    kv = torch.randn(batch, mod.kv_lora_rank + mod.rope_dim, device=device).to(torch.bfloat16)
+    pages = -(-length // mod.latent_cache.shape[1])
+    table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
+    offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    lengths = torch.full((batch,), length - 1, dtype=torch.int64, device=device)
+    weights = mod.layer_weights()
+
+    def step():
+        with torch.no_grad():
+            return mla_core.mla_forward(q, kv, offsets, mod.freqs_cis, mod.kv_a_layernorm.weight, mod.latent_cache,
+                                        table, lengths, max_seq_len=1, softmax_scale=mod.softmax_scale,
+                                        attention_backend=backend, backend=backend, **weights)
+    return step
+
+
+def profile(fn, top: int, calls: int = 200) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dims", choices=sorted(DIMS), default="tiny")
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--length", type=int, default=32)
+    ap.add_argument("--backend", default="reference", help="backend of the layer and its attention ('' = automatic)")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: tiny ops, a shared CPU)")
+    ap.add_argument("--stub-triton", action="store_true",
+                    help="(TRITON_INTERPRET=1) Triton kernel launches do nothing: time the host path around them")
+    ap.add_argument("--profile", type=int, default=0, help="print a cProfile top-N by cumulative time")
+    ap.add_argument("--json", help="write the table here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.stub_triton:
+        from triton.runtime import interpreter
+        interpreter.GridExecutor.__init__ = lambda self, *a, **k: None      # no interpreter argument handling
+        interpreter.GridExecutor.__call__ = lambda self, *a, **k: None      # outputs stay as allocated
+    device = torch.device(args.device)
+    backend = args.backend or None
+    mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims)
+    layer = layer_step(mod, args.batch, args.length, backend)
+    print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
+          f"{args.dims} dims, heads {args.heads}, batch {args.batch}, length {args.length}, "
+          f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}")
+    rows = []
+    before = os.environ.get("MLA_CORE_CHECKS")
+    try:
+        for checks in ("full", "metadata"):
+            os.environ["MLA_CORE_CHECKS"] = checks
+            for what, fn in (("mla_forward", layer), ("MLAAttention", module)):
+                median, least = per_call_us(fn, device, repeats=args.repeats)
+                rows.append(dict(what=what, checks=checks, us=median, min_us=least))
+                print(f"{what:>13} [{checks:>8}]  median {median:8.1f} µs/call  (min {least:8.1f})", flush=True)
+                if args.profile:
+                    print(profile(fn, args.profile))
+    finally:
+        if before is None:
+            os.environ.pop("MLA_CORE_CHECKS")
+        else:
+            os.environ["MLA_CORE_CHECKS"] = before
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(vars(args), rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
