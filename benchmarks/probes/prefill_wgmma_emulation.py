@@ -5,7 +5,8 @@ program order: mbarrier arrive / parity wait (a wait on parity p passes once the
 i.e. while the phase in progress has the other parity, which is how try_wait.parity behaves: a phase
 overtaken twice shows up as a hang or a wrong read), named-barrier bar.arrive / bar.sync with the
 hardware's counting (a generation completes when two warpgroups' worth of threads arrived, whoever they are).
-Every interleaving is explored (depth-first, states memoized) for 1..8 tiles and 3..5 stages. Checked:
+Every interleaving is explored (depth-first, states memoized) for 1..8 tiles and 3..5 stages, with the turn
+barriers (variants BF16, P8) and without (NOPP). Checked:
   - no deadlock: every interleaving ends with all three programs finished;
   - no stage refilled before both consumers released the tile in it (their reads run from the wgmma issue to
     the release after wgmma.wait_group 0, modelled as one interval), no tile read from a stage that holds
@@ -22,8 +23,9 @@ import sys
 sys.setrecursionlimit(100000)
 
 
-def programs(n, stages, mutant=None):
-    """The producer's, WG0's and WG1's operations for a CTA of n key tiles, in k_prefill's program order."""
+def programs(n, stages, mutant=None, pingpong=True):
+    """The producer's, WG0's and WG1's operations for a CTA of n key tiles, in k_prefill's program order
+    (pingpong False: variant NOPP, without the turn barriers)."""
     prod = []
     for i in range(n):
         s = i % stages
@@ -44,10 +46,10 @@ def programs(n, stages, mutant=None):
     for w in (0, 1):
         mine, other = f"TURN{w}", f"TURN{1 - w}"
         c = [("mwait", "fullQ", 0)]
-        if w == 1 and mutant != "no_initial_arrive":
+        if pingpong and w == 1 and mutant != "no_initial_arrive":
             c.append(("arrive", "TURN0"))
-        c += [("mwait", "fullK0", 0), ("sync", mine), ("read", "K", 0)]
-        if w == 0 or n > 1 or mutant == "extra_arrive":
+        c += [("mwait", "fullK0", 0)] + [("sync", mine)] * pingpong + [("read", "K", 0)]
+        if pingpong and (w == 0 or n > 1 or mutant == "extra_arrive"):
             c.append(("arrive", other))
         for j in range(1, n):
             kpar = (j // stages) & 1
@@ -56,8 +58,8 @@ def programs(n, stages, mutant=None):
             c += [("mwait", f"fullK{j % stages}", kpar), ("mwait", f"fullV{(j - 1) % stages}", ((j - 1) // stages) & 1)]
             if mutant == "early_release":
                 c.append(("release", j - 1))
-            c += [("sync", mine), ("read", "K", j), ("read", "V", j - 1)]
-            if w == 0 or j < n - 1 or mutant == "extra_arrive":
+            c += [("sync", mine)] * pingpong + [("read", "K", j), ("read", "V", j - 1)]
+            if pingpong and (w == 0 or j < n - 1 or mutant == "extra_arrive"):
                 c.append(("arrive", other))
             if mutant != "early_release":
                 c.append(("release", j - 1))
@@ -71,9 +73,9 @@ class Hazard(Exception):
     """A stage used out of order, or a named barrier generation completed wrongly."""
 
 
-def explore(n, stages, mutant=None):
+def explore(n, stages, mutant=None, pingpong=True):
     """Every interleaving for n tiles: returns (states visited, deadlocked states); raises Hazard."""
-    progs = programs(n, stages, mutant)
+    progs = programs(n, stages, mutant, pingpong)
     mb_count = {f"empty{s}": 2 for s in range(stages)}  # the two consumer warpgroups; full*: 1 (the producer)
     # state: pcs, waiting {actor: (id, gen)}, named {id: (members, gen)}, mbar {name: (pending, completed)},
     # stage {s: (tile, K published, V published, released-by)}, reading {(actor, tile)}
@@ -189,16 +191,18 @@ def explore(n, stages, mutant=None):
 def main():
     ok = True
     print("protocol of k_prefill, every interleaving of producer / WG0 / WG1:")
-    for stages in (3, 4, 5):
-        for n in range(1, 9):
-            try:
-                states, dead = explore(n, stages)
-            except Hazard as e:
-                print(f"  stages {stages}, {n} tiles: HAZARD {e}")
-                ok = False
-                continue
-            print(f"  stages {stages}, {n} tiles: {states:7d} states, {'no deadlock' if not dead else f'{len(dead)} DEADLOCKED states'}")
-            ok &= not dead
+    for pingpong in (True, False):
+        for stages in (3, 4, 5):
+            for n in range(1, 9):
+                tag = f"{'ping-pong' if pingpong else 'NOPP     '}, stages {stages}, {n} tiles"
+                try:
+                    states, dead = explore(n, stages, pingpong=pingpong)
+                except Hazard as e:
+                    print(f"  {tag}: HAZARD {e}")
+                    ok = False
+                    continue
+                print(f"  {tag}: {states:7d} states, {'no deadlock' if not dead else f'{len(dead)} DEADLOCKED states'}")
+                ok &= not dead
     print("broken variants (each must be caught):")
     for mutant, stages, n in (("stages_2", 2, 4), ("no_empty_wait", 4, 6), ("early_release", 3, 5),
                               ("extra_arrive", 4, 3), ("no_initial_arrive", 4, 2), ("wrong_parity", 3, 4)):

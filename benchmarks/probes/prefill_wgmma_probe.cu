@@ -11,7 +11,8 @@
 //     tile j also runs under its own P·V of tile j-1 (FA3's intra-warpgroup overlap).
 // Variant P8 quantizes P to FP8 E4M3 with the numerics contract's rounding (code = e4m3(p / scale), the
 // correctly rounded quotient, scale = p_amax / 448) before P·V; the codes are exact in bf16, so P·V runs on the
-// bf16 values of the codes and the scale multiplies O once at the end.
+// bf16 values of the codes and the scale multiplies O once at the end. Variant NOPP is the bf16 kernel without the
+// turn barriers (an ablation: what the ping-pong ordering is worth).
 // The key tile is the contract's P tile (prefill block_n = 64, docs/numerics.md): the running maximum is updated
 // once per 64-key tile at absolute key positions, P is rounded against it, O rescaled in tile order: the
 // reference's numbers up to float32 arithmetic (ex2 / fma order / wgmma summation order).
@@ -195,7 +196,8 @@ __device__ __forceinline__ int cta_tiles(int q0, int len_q, int len_k, int causa
   return last_key < 0 ? 0 : last_key / kBN + 1;
 }
 
-template <bool kP8>
+// kPingPong false: the ablation without the turn barriers (both consumers issue whenever their data is there).
+template <bool kP8, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
@@ -363,12 +365,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p) 
 
   // Tile 0: S alone in the first turn.
   mbar_wait(full_q, 0);
-  if (wg == 1) nb_arrive<kPairThreads>(kBarTurn0);
+  if (kPingPong && wg == 1) nb_arrive<kPairThreads>(kBarTurn0);
   mbar_wait(&full_k[0], 0);
-  nb_sync<kPairThreads>(my_turn);
+  if (kPingPong) nb_sync<kPairThreads>(my_turn);
   wg_fence();
   issue_s(0);
-  if (wg == 0 || n > 1) nb_arrive<kPairThreads>(other_turn);
+  if (kPingPong && (wg == 0 || n > 1)) nb_arrive<kPairThreads>(other_turn);
   wg_wait<0>();
   reg_fence(sc);
   {
@@ -381,11 +383,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p) 
     const int s = j % kStages, sp = (j - 1) % kStages;
     mbar_wait(&full_k[s], (j / kStages) & 1);
     mbar_wait(&full_v[sp], ((j - 1) / kStages) & 1);
-    nb_sync<kPairThreads>(my_turn);
+    if (kPingPong) nb_sync<kPairThreads>(my_turn);
     wg_fence();
     issue_s(j);
     issue_pv(j - 1);
-    if (wg == 0 || j < n - 1) nb_arrive<kPairThreads>(other_turn);
+    if (kPingPong && (wg == 0 || j < n - 1)) nb_arrive<kPairThreads>(other_turn);
     wg_wait<1>();  // S(j) done; P·V(j-1) may still run
     reg_fence(sc);
     float a_lo, a_hi;
@@ -448,9 +450,11 @@ struct Variant {
   void (*kernel)(PrefillParams);
   bool p8;
 };
-constexpr int kNumVariants = 2;
-static const Variant kVariants[kNumVariants] = {{"BF16", "bf16 P", k_prefill<false>, false},
-                                                {"P8", "P quantized to FP8 E4M3 in the kernel", k_prefill<true>, true}};
+constexpr int kNumVariants = 3;
+static const Variant kVariants[kNumVariants] = {
+    {"BF16", "bf16 P", k_prefill<false, true>, false},
+    {"P8", "P quantized to FP8 E4M3 in the kernel", k_prefill<true, true>, true},
+    {"NOPP", "bf16 P without the ping-pong turns (ablation)", k_prefill<false, false>, false}};
 
 static void launch(const Variant& v, const PrefillParams& p, int batch, int max_len_q) {
   const dim3 grid((max_len_q + kBM - 1) / kBM, p.heads, batch);
@@ -503,7 +507,7 @@ static void reference_row(const float* q, const std::vector<float>& k, const std
   *lse = l > 0 ? m + std::log(l) : -INFINITY;
 }
 
-static int g_fail[kNumVariants] = {0, 0};
+static int g_fail[kNumVariants] = {0, 0, 0};
 
 // One correctness case: sequences (len_q, len_k), uniform [-1, 1] bf16 inputs, outputs poisoned with NaN; each
 // variant against the float64 contract of its own P rounding (and, for P8, the distance to the bf16 contract).
@@ -732,7 +736,8 @@ int main() {
   CK(cudaFree(buf.o));
   CK(cudaFree(buf.lse));
   CK(cudaFree(buf.flush));
-  const bool ok = g_fail[0] == 0 && g_fail[1] == 0;
-  std::printf("\n%s: BF16 %d, P8 %d correctness case(s) failed\n", ok ? "ALL PASS" : "FAIL", g_fail[0], g_fail[1]);
+  const bool ok = g_fail[0] == 0 && g_fail[1] == 0 && g_fail[2] == 0;
+  std::printf("\n%s: BF16 %d, P8 %d, NOPP %d correctness case(s) failed\n", ok ? "ALL PASS" : "FAIL", g_fail[0],
+              g_fail[1], g_fail[2]);
   return ok ? 0 : 1;
 }
