@@ -143,7 +143,7 @@ def main():
                         tflops = 2 * batch * heads * length * (RANK + ROPE + RANK) / us / 1e6
                         rows.append(dict(
                             heads=heads, batch=batch, length=length, kv=kv_dtype, recipe=recipe, splits=splits,
-                            used_splits=kernels.decode_num_splits(call, config, kernels._sm_count(q.device)),
+                            used_splits=kernels.decode_num_splits(call, config, kernels.sm_count(q.device)),
                             us=us, eager_us=eager, gbps=gbps, pct_bw=100 * gbps / ceil["copy_gbps"],
                             tflops=tflops, pct_tc=100 * tflops / ceil["bf16_tflops"],
                             vs_bf16=us / bf16_us[splits] if splits in bf16_us and kv_dtype == "bf16" else None,

@@ -201,6 +201,22 @@ class DecodeCall:
     kv_scale: float | None = None
 
 
+DEFAULT_SM_COUNT = 132
+"""Multiprocessors assumed off a CUDA device (H100 / H200 SXM): CPU interpreter runs and other device types
+plan their split counts as on the GPU they stand in for."""
+_SM_COUNTS: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """The multiprocessor count of a CUDA ``device`` (asked once per device index), else :data:`DEFAULT_SM_COUNT`."""
+    if device.type != "cuda":
+        return DEFAULT_SM_COUNT
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNTS:
+        _SM_COUNTS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNTS[idx]
+
+
 def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 132, resident_ctas: int = 2) -> int:
     """Split count for one decode call: the caller's int; for "auto" the config's, else enough to fill the GPU.
 

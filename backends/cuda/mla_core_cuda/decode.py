@@ -17,7 +17,7 @@ import math
 import torch
 
 from mla_core import numerics
-from mla_core.specs import DecodeCall, decode_num_splits
+from mla_core.specs import DecodeCall, decode_num_splits, sm_count
 
 KV_LORA_RANK = 512
 ROPE_DIM = 64
@@ -25,14 +25,6 @@ _FMT = {None: 0, "fp8": 1, "nvfp4": 2}
 EXACT_DIV_FREE_RANGE = (1e-12 / 2688, 5e20 / 448)
 """Per-tensor factors (amax / 448, amax / 2688) for which the kernel divides without a division instruction
 (Markstein-corrected reciprocal, bitwise the IEEE quotient); outside it the kernel uses ``__fdiv_rn``."""
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def _scale(fmt: str | None, amax: float | None) -> float:
@@ -90,7 +82,7 @@ def configs(problem) -> list[dict]:
 
 def num_splits(call: DecodeCall, config: dict) -> int:
     """The split count ``config`` runs ``call`` with (the WGMMA kernel keeps one CTA per SM, mma.sync two)."""
-    return decode_num_splits(call, config, _sm_count(call.q.device),
+    return decode_num_splits(call, config, sm_count(call.q.device),
                              resident_ctas=1 if config.get("kernel") == "wgmma" else 2)
 
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from mla_core.specs import KV_LAYOUT_FP8, SPARSE_LATENT, SparseDecodeCall
+from mla_core.specs import KV_LAYOUT_FP8, SPARSE_LATENT, SparseDecodeCall, sm_count
 
 HEADS_PER_CTA = 64
 TILE = 64
@@ -19,14 +19,6 @@ TILE = 64
 MAX_SPLITS = 32
 SPLIT_CHOICES = (1, 2, 4, 8)
 """Split counts the tuner may time beside the default (``{}``: chosen from the SM count at launch)."""
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def configs(problem) -> list[dict]:
@@ -73,7 +65,7 @@ def run(module, call: SparseDecodeCall, config: dict):
     if tokens == 0:
         return out, lse
     top_k = idx.shape[-1]
-    splits = num_splits_for(tokens, heads, top_k, _sm_count(device), config)
+    splits = num_splits_for(tokens, heads, top_k, sm_count(device), config)
     if splits > 1:
         part_o = torch.empty(tokens * splits * heads * SPARSE_LATENT, dtype=torch.float32, device=device)
         part_lse = torch.empty(tokens * splits * heads, dtype=torch.float32, device=device)

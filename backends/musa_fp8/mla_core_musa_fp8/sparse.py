@@ -22,13 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-from mla_core.specs import KV_LAYOUT_DS_MLA, SPARSE_LATENT, SPARSE_ROPE, SparseDecodeCall
+from mla_core.specs import KV_LAYOUT_DS_MLA, SPARSE_LATENT, SPARSE_ROPE, SparseDecodeCall, sm_count
 
 from .fp8bits import bf16_out, e4m3_bits_to_dot, mma, to_dot_bf16
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
-_SMS = 132  # H200 / H100 SXM; the launcher asks the device when it can
 
 
 def _pow2(n: int) -> int:
@@ -200,10 +199,6 @@ def _sparse_combine_kernel(part_o, part_lse, out_ptr, lse_ptr, num_splits, bmm2_
     tl.store(lse_ptr + row, tl.where(empty, float("-inf"), top_use + tl.log(tl.where(empty, 1.0, total))))
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def num_splits_for(tokens: int, heads: int, top_k: int, config: dict, sms: int) -> int:
@@ -239,7 +234,7 @@ def run(call: SparseDecodeCall, config: dict, on_gpu: bool | None = None):
     hw = device.type != "cpu" if on_gpu is None else on_gpu
     block_h = min(int(config.get("block_h", 64)), max(16, _pow2(heads)))
     block_n = int(config.get("block_n", 64))
-    splits = num_splits_for(tokens, heads, top_k, config, _sm_count(device))
+    splits = num_splits_for(tokens, heads, top_k, config, sm_count(device))
     rows = kv.shape[0]
     ds_mla = call.kv_layout == KV_LAYOUT_DS_MLA
     codes = kv.view(torch.uint8)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from mla_core import numerics
-from mla_core.specs import DecodeCall, decode_num_splits
+from mla_core.specs import DEFAULT_SM_COUNT, DecodeCall, decode_num_splits, sm_count
 
 from .quant import fp8_unscaled, nvfp4_unscaled, round_bf16_rne, split3_bf16
 
@@ -42,7 +42,7 @@ _FMT = {None: 0, "fp8": 1, "nvfp4": 2}
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 _TILE = numerics.DECODE_P_TILE
-_SMS = 132  # H200 / H100 SXM: the machine configs() ranks for
+_SMS = DEFAULT_SM_COUNT  # the machine configs() ranks for
 
 
 @triton.jit
@@ -427,18 +427,10 @@ def configs(problem) -> list[dict]:
     return out
 
 
-_SM_COUNT: dict[int, int] = {}
 LAST_RESOURCES: dict[str, int | None] = {}
 """Registers per thread and spilled bytes of the last stage-1 launch (benchmarks report them)."""
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -462,7 +454,7 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     lse = _new_output((batch, heads), torch.float32, device) if call.return_lse else None
     if batch == 0:
         return out, lse
-    splits = decode_num_splits(call, config, _sm_count(device))
+    splits = decode_num_splits(call, config, sm_count(device))
     block_h = min(int(config.get("block_h", 16)), _pow2(heads))
     sub_tiles = int(config.get("sub_tiles", 1))
 
