@@ -163,11 +163,13 @@ def _check_block(block: Any) -> tuple[int, int]:
 def _content_checks(call: LayerCall) -> None:
     """Value checks (eager calls, unless ``MLA_CORE_CHECKS=metadata``): offsets, lengths, pages, positions.
 
-    One host read (offsets, cache_offsets and the block table in one transfer; ``torch.cat`` promotes int32 and
-    int64 itself, so no cast runs first: same-dtype inputs cost one device op), then Python arithmetic.
+    One host read (offsets, cache_offsets and the block table in one transfer, int64 only where one of them is:
+    three int32 tensors cost one device op, not four), then Python arithmetic.
     """
     batch, width = call.block_table.shape
-    host = torch.cat((call.input_row_offsets, call.cache_offsets, call.block_table.reshape(-1))).to("cpu")
+    parts = (call.input_row_offsets, call.cache_offsets, call.block_table.reshape(-1))
+    common = torch.int64 if any(p.dtype == torch.int64 for p in parts) else torch.int32
+    host = torch.cat([p if p.dtype == common else p.to(common) for p in parts]).to("cpu")
     offsets = host[:batch + 1].tolist()
     tokens = call.q.shape[0]
     if offsets[0] != 0:
