@@ -1,7 +1,7 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
 // descriptors, the wgmma fence / commit and register fence, cp.async, mbarriers and named barriers, 1024-byte
-// alignment, 2^x, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
+// alignment, 2^x, E4M3 codes to bf16, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
 // blocks, verified"). Inline PTX only; a wgmma instruction compiles only where the target is sm_90a.
 #pragma once
 
@@ -101,4 +101,27 @@ __device__ __forceinline__ void nb_sync(int id) {
 template <int kCount>
 __device__ __forceinline__ void nb_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
+}
+
+// Four E4M3 codes (bytes of w, lowest first) as bf16 pairs lo = (code 0, code 1), hi = (code 2, code 3), exactly:
+// the hardware converts code pairs to f16 (every E4M3 value is an f16 normal or zero); an f16 magnitude shifted
+// right by 3 has the same exponent field as a bf16 and E4M3's 3 mantissa bits on top, so it reads as the bf16 of
+// 2^-112 times the value, and one bf16x2 multiply by 2^112 (exact for these normal values) restores it. Zero
+// stays zero. (NaN codes are never converted: no valid row holds one in a finite cache, and masked rows are zeros.)
+__device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  uint32_t f0, f1;
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(f0), "=r"(f1) : "r"(w));
+  const uint32_t s0 = ((f0 >> 3) & 0x0FFF0FFFu) | (f0 & 0x80008000u);
+  const uint32_t s1 = ((f1 >> 3) & 0x0FFF0FFFu) | (f1 & 0x80008000u);
+  constexpr uint32_t kTwo112 = 0x77807780u;  // bf16x2 (2^112, 2^112)
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(s0), "r"(kTwo112));
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(s1), "r"(kTwo112));
+}
+// 16 codes as 32 bytes of bf16.
+__device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4& hi) {
+  e4m3x4_to_bf16(w.x, lo.x, lo.y);
+  e4m3x4_to_bf16(w.y, lo.z, lo.w);
+  e4m3x4_to_bf16(w.z, hi.x, hi.y);
+  e4m3x4_to_bf16(w.w, hi.z, hi.w);
 }

@@ -56,20 +56,7 @@ __device__ __forceinline__ void wgmma_n32_ss_e4m3(float (&d)[16], uint64_t da, u
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// Four E4M3 codes (the bytes of w, lowest first) as two bf16x2 words (lo: codes 0, 1; hi: codes 2, 3), exactly.
-// The hardware converts pairs to f16 (exact: every E4M3 value is an f16 normal or zero); an f16 magnitude shifted
-// right by 3 is a bf16 with the same exponent field and the top 7 mantissa bits (the 3 that E4M3 has), i.e.
-// 2^-112 times the value, and one bf16x2 multiply by 2^112 (exact: normal operands, representable product)
-// restores it. Zero stays zero; NaN codes never reach this (the kernels never read a row they do not use).
-__device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  uint32_t h0, h1;
-  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-      : "=r"(h0), "=r"(h1) : "r"(w));
-  const uint32_t b0 = ((h0 >> 3) & 0x0FFF0FFFu) | (h0 & 0x80008000u);
-  const uint32_t b1 = ((h1 >> 3) & 0x0FFF0FFFu) | (h1 & 0x80008000u);
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(b0), "r"(0x77807780u));  // 0x7780 = bf16 2^112
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(b1), "r"(0x77807780u));
-}
+// (E4M3 codes to bf16: e4m3x4_to_bf16 in csrc/hopper.cuh.)
 
 // ---------------------------------------------------------------------------------------------------------
 // The sparse decode kernel. One CTA of 256 threads (warpgroups 0 and 1) per (head group of 64, split, query
