@@ -363,7 +363,8 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
 
     Returns:
         out [tokens, heads, v_head_dim] in q's dtype. A request with no visible key (none: every token sees
-        itself) would give 0.
+        itself) would give 0. Inference only: it runs as under ``torch.no_grad()`` (weights that require grad,
+        such as an ``nn.Module``'s parameters, are fine; the output does not require grad).
     """
     if torch.compiler.is_compiling():
         return torch.ops.mla_core.mla_forward(
@@ -378,4 +379,5 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
         attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend,
         sparse_indices=sparse_indices, topk_lengths=topk_lengths)
     choice = dispatch.choose(problem, backend)
-    return choice.backend.run(problem, call, choice.config)
+    with torch.no_grad():  # an inference op (the cache is written in place): no autograd graph, on any backend
+        return choice.backend.run(problem, call, choice.config)

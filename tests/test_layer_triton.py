@@ -209,3 +209,17 @@ def test_gpu_triton_decode_step_in_a_cuda_graph():
     expected = _forward(case, w, cache, "triton")
     assert rel_l2(replayed, expected) < 1e-6
     assert torch.equal(replayed_cache.nan_to_num(2.0), cache.nan_to_num(2.0))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_weights_that_require_grad(backend):
+    """The layer is an inference op (it writes the cache in place): with grad mode on and weights that require
+    grad (an nn.Module's bf16 parameters) every backend runs it as under no_grad, output without grad."""
+    case, weights = make_case([1, 3], [5, 8], dtype=torch.bfloat16, seed=9)
+    expected, expected_cache = run(case, weights, backend=backend, attention_backend=backend)
+    for name in ("w_k", "w_uk", "w_uv"):
+        getattr(weights, name).requires_grad_(True)
+    with torch.enable_grad():
+        out, cache = run(case, weights, backend=backend, attention_backend=backend)
+    assert not out.requires_grad
+    assert torch.equal(out, expected) and torch.equal(cache.isnan(), expected_cache.isnan())
