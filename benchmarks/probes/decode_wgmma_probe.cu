@@ -38,6 +38,8 @@ struct DecodeParams {
   const int* lengths;          // [batch]
   int heads, max_pages, num_splits;
   float scale_log2;            // softmax_scale * log2(e): scores in the log2 domain
+  const uint8_t* codes;        // variant F (decode_wgmma_probe_z.cu): an FP8 cache [pages * 64, 576] of E4M3 codes
+  float out_scale;             // variant F: kv_scale, the output factor the codes leave out
   float* o_part;               // [batch, splits, heads, 512] float32, acc / l of each split (splits > 1)
   float* lse_part;             // [batch, splits, heads] natural log, -inf for an empty split (splits > 1)
   __nv_bfloat16* out;          // [batch, heads, 512] (written here when splits == 1, else by the combine)
@@ -626,6 +628,7 @@ static void check_case(const Variant& v, const char* name, int heads, int splits
 struct BenchBuffers {
   __nv_bfloat16* cache;
   __nv_bfloat16* q;
+  uint8_t* codes;  // variant F's FP8 cache (decode_wgmma_probe_z.cu), the same rows as E4M3 codes
   void* flush;
   size_t flush_bytes;
 };

@@ -1,4 +1,4 @@
-"""CPU checks of the decode probe's variants Z and Z3 (decode_wgmma_probe_z.cu) that need no GPU.
+"""CPU checks of the decode probe's variants Z, Z3 and F (decode_wgmma_probe_z.cu) that need no GPU.
 
 1. Protocol: the producer and the two consumer warpgroups as three programs of barrier operations (mbarrier
    arrive / parity wait, named-barrier bar.arrive / bar.sync with the hardware's counting: a generation completes
@@ -27,12 +27,14 @@ import torch
 # ("read_end", buf, i), ("stage_use", i).
 
 
-GROUPS = [1]  # full barriers per stage: 1 (variant Z) or 3 (Z3: one per slab group)
+GROUPS = [1]  # full barriers per stage: 1 (variant Z) or 3 (Z3: one per slab group); 0: variant F (FP8 cache)
 
 
 def programs(T):
     """The producer's, WG0's and WG1's operations for a split of T tiles, in k_decode_zt's program order."""
     G = GROUPS[0]
+    if G == 0:
+        return programs_f(T)
     prod, w0, w1 = [], [], []
     for i in range(T):
         s = i & 1
@@ -55,6 +57,41 @@ def programs(T):
         if i + 1 < T:
             w1.append(("arrive", "P0E"))
         w1 += [("release", (1, i)), ("marrive", f"empty{s}")]
+    w0 += [("write", "sl0", 0), ("sync", "ALL"), ("read", "sl1", 0)]
+    w1 += [("write", "sl1", 0), ("sync", "ALL"), ("read", "sl0", 0)]
+    return [prod, w0, w1]
+
+
+def programs_f(T):
+    """Variant F: the producer fills code stage i % 2; each warpgroup, at the start of step i, waits ALL (i > 0:
+    both finished step i - 1), waits full, converts its share of tile i into the one bf16 stage (kb_write),
+    releases the code stage (empty), waits ALL again, then runs Z's step on the bf16 stage (kb_use ... kb_done)
+    with no release at the end."""
+    prod, w0, w1 = [], [], []
+    for i in range(T):
+        s = i & 1
+        if i >= 2:
+            prod.append(("mwait", f"empty{s}", ((i - 2) >> 1) & 1))
+        prod += [("fill", i), ("marrive", f"full{s}_0")]
+    for w in (w0, w1):
+        w.append(("sync", "ALL"))  # Q loaded
+    for i in range(T):
+        s = i & 1
+        for w in (w0, w1):
+            if i > 0:
+                w.append(("sync", "ALL"))
+            w += [("mwait", f"full{s}_0", (i >> 1) & 1), ("stage_use", i), ("kb_write", i),
+                  ("release", (0 if w is w0 else 1, i)), ("marrive", f"empty{s}"), ("sync", "ALL"), ("kb_use", i)]
+        w0 += [("write", "smx0", i), ("arrive", "MX0")]
+        if i > 0:
+            w0.append(("sync", "P0E"))
+        w0 += [("write", "P0", i), ("arrive", "P0F"), ("sync", "H1F"), ("read", "smx1", i),
+               ("read_begin", "P1", i), ("read_end", "P1", i), ("kb_done", i)]
+        w1 += [("sync", "MX0"), ("read", "smx0", i), ("write", "P1", i), ("write", "smx1", i), ("arrive", "H1F"),
+               ("sync", "P0F"), ("read_begin", "P0", i), ("read_end", "P0", i)]
+        if i + 1 < T:
+            w1.append(("arrive", "P0E"))
+        w1.append(("kb_done", i))
     w0 += [("write", "sl0", 0), ("sync", "ALL"), ("read", "sl1", 0)]
     w1 += [("write", "sl1", 0), ("sync", "ALL"), ("read", "sl0", 0)]
     return [prod, w0, w1]
@@ -173,12 +210,68 @@ def check_protocol(T):
             elif kind == "read_end":
                 val, _ = bufs2[op[1]]
                 bufs2[op[1]] = (val, True)
+            elif kind == "kb_write":  # F: this warpgroup's share of tile i into the bf16 stage
+                i = op[1]
+                for w in (0, 1):  # both warpgroups finished reading tile i - 1 from it
+                    if bufs2.get(("kb_done", w), -1) < i - 1:
+                        raise Hazard(f"T={T}: actor {a} converts tile {i} while warpgroup {w} still reads tile {i - 1}")
+                bufs2[("kb_written", a)] = i
+            elif kind == "kb_use":  # F: the whole tile i is in the bf16 stage
+                i = op[1]
+                if any(bufs2.get(("kb_written", w), -1) != i for w in (1, 2)):
+                    raise Hazard(f"T={T}: actor {a} reads tile {i} from the bf16 stage before both converted it")
+            elif kind == "kb_done":
+                bufs2[("kb_done", a - 1)] = op[1]
             pcs2[a] += 1
             stack.append(pack(pcs2, waiting2, named2, mbar2, bufs2, stage2))
             moved = True
         if not moved:
             deadlocks.append((pcs, {a: progs[a][pcs[a]] for a in range(3) if pcs[a] < len(progs[a])}))
     return len(seen), finals, deadlocks
+
+
+def check_protocol_mutants_f():
+    """F's mistakes the checker must catch: no barrier before the conversion (a warpgroup overwrites the bf16
+    stage while the other still reads the previous tile), no barrier after it (S reads a half-converted tile)."""
+    global programs_f
+    orig = programs_f
+    caught = 0
+
+    def no_first_sync(T):
+        p = orig(T)
+        for w in (p[1], p[2]):
+            for i in range(1, T):
+                k = w.index(("kb_write", i))
+                assert w[k - 3] == ("sync", "ALL")
+                w.pop(k - 3)
+        return p
+
+    def no_second_sync(T):
+        p = orig(T)
+        for w in (p[1], p[2]):
+            for i in range(T):
+                k = w.index(("kb_use", i))
+                assert w[k - 1] == ("sync", "ALL")
+                w.pop(k - 1)
+        return p
+
+    for name, fn in [("no barrier before the conversion", no_first_sync),
+                     ("no barrier after the conversion", no_second_sync)]:
+        programs_f = fn
+        found = None
+        for T in range(1, 5):
+            try:
+                _, _, dl = check_protocol(T)
+                if dl:
+                    found = f"deadlock at T={T}"
+            except (Hazard, AssertionError) as e:
+                found = str(e)
+            if found:
+                break
+        programs_f = orig
+        print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
+        caught += bool(found)
+    return caught
 
 
 def check_protocol_mutants():
@@ -350,9 +443,10 @@ def check_numerics():
 
 def main() -> int:
     bad = 0
-    for G in (1, 3):
+    for G in (1, 3, 0):
         GROUPS[0] = G
-        print(f"protocol, {G} full barrier(s) per stage (every interleaving of producer / WG0 / WG1):")
+        print(f"protocol, {f'{G} full barrier(s) per stage' if G else 'variant F (FP8 cache)'} (every interleaving "
+              "of producer / WG0 / WG1):")
         for T in range(1, 7):
             try:
                 n, finals, dl = check_protocol(T)
@@ -366,6 +460,10 @@ def main() -> int:
     print("protocol mutants (must all be caught):")
     caught = check_protocol_mutants()
     bad += caught != 5
+    GROUPS[0] = 0
+    print("variant F protocol mutants (must all be caught):")
+    bad += check_protocol_mutants_f() != 2
+    GROUPS[0] = 1
     print("numerics (Z's per-warpgroup order vs Y's, float32, 40 random requests):")
     diff = check_numerics()
     print(f"  {40 - diff} of 40 bit for bit equal ({SKIPPED[1]} warp rescales skipped, {SKIPPED[0]} done)")
