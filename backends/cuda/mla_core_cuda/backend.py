@@ -30,7 +30,7 @@ def device_reason() -> str | None:
 
 class CudaBackend(mla_core.Backend):
     name = "cuda"
-    version = "0.2 (sm_90a, mma.sync + wgmma)"
+    version = "0.2 (sm_90a, mma.sync + wgmma)"  # the shipped H200 choices carry this string: change both together
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
     """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
