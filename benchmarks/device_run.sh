@@ -2,6 +2,7 @@
 # One call on the lent GPU machine: install mla_core, then run the named steps; logs and tables go to $OUT.
 #   bash benchmarks/device_run.sh tests decode prefill dispatch warmup
 # Steps: tests (pytest -m gpu), gputests (the same on GPU_WORKERS xdist workers, log in $OUT), build (mla-core build),
+# probes (every benchmarks/probes/run_*_probe.sh of the decode / sparse / prefill probes and the ncu profile, logs in $OUT),
 # bench_cli (mla-core bench decode 128 heads and its plot), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
 # (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
 # WARMUP_TP, default 8, logs and $OUT/NVIDIA_H200.json for autotune_cache/; WARMUP_FRESH=1 empty Triton cache; WARMUP_ARGS), check (mla-core check on cuda),
@@ -49,6 +50,14 @@ for step in "$@"; do
               cp "$LOGS"/bench_layer.json "$OUT"/ 2>/dev/null || true ;;
     dispatch) python3 benchmarks/bench_dispatch.py --device cuda --json "$LOGS/bench_dispatch.json" 2>&1 | tee "$LOGS/bench_dispatch.log" ;;
     check)    mla_core_cli check --device cuda 2>&1 | tee "$LOGS/check.log" ;;
+    probes)   # every standalone probe (decode Y/Z/Z3/F, sparse B/B2/E/S, prefill), each log in $OUT, then ncu of the
+              # library's WGMMA decode; the probes build with nvcc alone (~30 s each)
+      for probe in decode_probe_z sparse_probe prefill_probe; do
+        timeout "${PROBE_TIMEOUT:-330}" bash "benchmarks/probes/run_$probe.sh" >"$OUT/$probe.log" 2>&1
+        echo "$probe: exit $? ($(grep -cE 'PASS' "$OUT/$probe.log") PASS lines, $(grep -cE 'FAIL' "$OUT/$probe.log") FAIL lines)"
+        grep -E "ALL PASS|^FAIL|TIMEOUT" "$OUT/$probe.log" | tail -2
+      done
+      OUT=$OUT timeout "${PROFILE_TIMEOUT:-300}" bash benchmarks/probes/profile_wgmma_kernels.sh 2>&1 | tail -40 ;;
     cuda)     # the CUDA C++ backend: build (timed), its GPU tests, memcheck of a small workload, its mutants
       { time python3 -c "from mla_core_cuda import build; print(build.build(verbose=True).__file__)"; } 2>&1 | tee "$LOGS/cuda_build.log" | tail -4
       python3 -m pytest -m gpu -q -p no:cacheprovider --durations=5 tests/test_cuda_decode.py tests/test_cuda_build.py 2>&1 | tee "$LOGS/cuda_tests.log" | tail -15
