@@ -75,6 +75,7 @@ def test_warmup_on_cpu_tunes_records_and_reports(fake_world, capsys):
     # to 1.997 once, so the test asks only that the speed-up is reported the right way round
     assert row["default"] == "tt_slow" and row["speedup_over_default"] > 1.2
     assert row["rejected"][0]["backend"] == "tt_wrong"
+    assert "s in first calls" in row["note"] and "s checking)" in row["note"]  # where the tuning time went
     assert row["timing"] == row["runner_up_timing"] == "eager"  # the CPU has no CUDA graphs
     assert len(cache.user_entries("cpu")) == 2
     choice = dispatch.choose(warmup.preset_problems(warmup.Grid(ops=("merge",), prefill_lengths=(16,), device="cpu"))[0])
@@ -133,7 +134,7 @@ def test_warmup_cli_takes_compile_jobs(fake_world, capsys):
     with pytest.warns(tuner.AutotuneWarning):
         assert _cli(*argv) == 0
     out = capsys.readouterr().out
-    assert "tuning s (1st calls)" in out
+    assert "tuning s (1st calls, check)" in out
 
 
 def test_warmup_cli_passes_the_timing_kind_to_the_tuner(fake_world, capsys, monkeypatch):

@@ -131,6 +131,8 @@ class TuneResult:
     wall_s: float = 0.0
     first_call_s: float = 0.0
     """Of ``wall_s``, the seconds in each candidate's first, untimed call (compilation, allocation)."""
+    check_s: float = 0.0
+    """Of ``wall_s``, the seconds checking the fastest candidates against the reference (their runs and its)."""
 
     @property
     def runner_up(self) -> Candidate | None:
@@ -464,6 +466,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
                 default = cand
 
     by_name = {b.name: b for b in valid}
+    check_started = time.perf_counter()
     ref_backend = backends().get(reference)
     ref_out: tuple[torch.Tensor, ...] | None = None
     winner, rejected, check = None, [], ""
@@ -492,9 +495,10 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
         warnings.warn(f"mla_core autotune rejected {cand.label()} for {problem.key()}: {reason}", AutotuneWarning,
                       stacklevel=2)
 
+    check_s = time.perf_counter() - check_started
     versions = cache.versions(by_name[winner.backend], dev_name) if winner else {}
     result = TuneResult(problem, dev_name, timed, winner, default, rejected, check, versions,
-                        time.perf_counter() - started, spent.get("first_call_s", 0.0))
+                        time.perf_counter() - started, spent.get("first_call_s", 0.0), check_s)
     log.info("tuned %s: %s", problem.key(), winner.label() if winner else "no candidate")
     return result
 

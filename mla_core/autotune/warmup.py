@@ -159,8 +159,10 @@ class Row:
     entry: dict[str, Any] | None = None
     note: str = ""
     wall_s: float | None = None
-    """Tuning seconds (tuned rows), of which ``first_call_s`` in the candidates' first calls (compilation)."""
+    """Tuning seconds (tuned rows), of which ``first_call_s`` in the candidates' first calls (compilation) and
+    ``check_s`` checking the fastest against the reference."""
     first_call_s: float | None = None
+    check_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         entry = self.entry or {}
@@ -260,7 +262,9 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
         entry = result.entry()
         cache.store(result.device, {problem.key(): entry})  # saved as it goes: an interrupted warm-up keeps its work
         results[i] = {"status": "tuned", "entry": entry, "wall_s": result.wall_s, "first_call_s": result.first_call_s,
-                      "note": f"{result.wall_s:.1f} s ({result.first_call_s:.1f} s in first calls)"}
+                      "check_s": result.check_s,
+                      "note": f"{result.wall_s:.1f} s ({result.first_call_s:.1f} s in first calls, "
+                              f"{result.check_s:.1f} s checking)"}
     if dist is not None and world > 1:
         results = {int(i): r for part in tuner.all_gather_json(results) for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "recorded", "cached")}
@@ -268,7 +272,8 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
     if dist is not None and world > 1:
         tuner.sync()  # rank 0's view wins for anything a rank held differently (e.g. its own older cache)
     return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""),
-                results[i].get("wall_s"), results[i].get("first_call_s")) for i in range(len(problems))]
+                results[i].get("wall_s"), results[i].get("first_call_s"), results[i].get("check_s"))
+            for i in range(len(problems))]
 
 
 def _only_candidate(problem: Problem) -> dict[str, Any] | None:
@@ -332,15 +337,16 @@ def _usable(problem: Problem, entry: dict[str, Any], dev_name: str) -> bool:
 def summary(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the summary table: shape, status, winner, time (and how it was measured: graph or
     eager), runner-up, speed-up over the default, and the seconds tuning took (of which in first calls:
-    compilation)."""
-    header = ["shape", "status", "winner", "us", "runner-up", "us", "vs default", "tuning s (1st calls)"]
+    compilation; and checking the fastest against the reference)."""
+    header = ["shape", "status", "winner", "us", "runner-up", "us", "vs default", "tuning s (1st calls, check)"]
     table = []
     for row in rows:
         d = row.as_dict()
         table.append([d["shape"], d["status"], d["winner"] or row.note or "-", us_cell(d["us"], d["timing"]),
                       d["runner_up"] or "-", us_cell(d["runner_up_us"], d["runner_up_timing"]),
                       "-" if d["speedup_over_default"] is None else f"{d['speedup_over_default']:.2f}x",
-                      "-" if row.wall_s is None else f"{row.wall_s:.1f} ({row.first_call_s:.1f})"])
+                      "-" if row.wall_s is None else
+                      f"{row.wall_s:.1f} ({row.first_call_s:.1f}, {row.check_s or 0.0:.1f})"])
     return header, table
 
 
