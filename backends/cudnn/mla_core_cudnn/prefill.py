@@ -46,7 +46,7 @@ from . import finish
 from .backend import OFFSET_LIMIT
 
 Attend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-DenseAttend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""A cuDNN attention call, ragged (:func:`cudnn_attend`) or dense (:func:`cudnn_dense_attend`): (out, lse or None)."""
 
 
 def lse_heads_tokens(lse: torch.Tensor, tokens: int, heads: int) -> torch.Tensor:
@@ -205,7 +205,7 @@ def _packed_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.transpose(0, 1).reshape(h, b * length).contiguous()
 
 
-def _run_dense(call: specs.PrefillCall, q, k, v, scale: float, attend: DenseAttend) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _run_dense(call: specs.PrefillCall, q, k, v, scale: float, attend: Attend) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The dense path (module docstring) on codes q/k/v [tokens, heads, dim], both totals > 0."""
     batch = call.cu_seqlens_q.shape[0] - 1
     total_q, heads, _ = q.shape
@@ -231,7 +231,7 @@ def _run_dense(call: specs.PrefillCall, q, k, v, scale: float, attend: DenseAtte
 
 
 def run(call: specs.PrefillCall, config: dict, attend: Attend = cudnn_attend,
-        dense_attend: DenseAttend | None = cudnn_dense_attend) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dense_attend: Attend | None = cudnn_dense_attend) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run one validated prefill call; ``attend`` / ``dense_attend`` are the ragged / dense cuDNN calls (tests
     pass emulations; ``dense_attend`` None: the dense op is absent, every batch takes the ragged path).
 
