@@ -17,6 +17,7 @@
 // decision matches mla_core.numerics.
 
 #include "mla_decode.h"
+#include "mla_decode_split.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -86,10 +87,6 @@ template <> __device__ __forceinline__ float to_float(__half x) { return __half2
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-
-__device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool i64) {
-  return i64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
-}
 
 // ---------------------------------------------------------------------------------------- quantizers
 
@@ -322,14 +319,8 @@ __global__ void __launch_bounds__(WARPS * 32) decode_split_kernel(const DecodePa
   float* sAlpha = reinterpret_cast<float*>(smem + lay.alpha);
   int* sValid = reinterpret_cast<int*>(smem + lay.valid);
 
-  // Split bounds (the reference's schedule), the length clamped to the block table's capacity.
-  int64_t len = load_index(p.seq_lens, b * p.lens_stride, p.lens_i64);
-  const int64_t capacity = p.table_width * p.page_size;
-  len = len < 0 ? 0 : (len > capacity ? capacity : len);
-  const int64_t tiles_total = (len + kTile - 1) / kTile;
-  const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
-  const int64_t lo = split * tiles_per_split * kTile;
-  const int64_t hi = lo + tiles_per_split * kTile < len ? lo + tiles_per_split * kTile : len;
+  const SplitKeys keys = split_keys(p, b, split, kTile);  // the reference's schedule
+  const int64_t lo = keys.lo, hi = keys.hi;
   const int64_t tiles = hi > lo ? (hi - lo + kTile - 1) / kTile : 0;
 
   const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&

@@ -44,6 +44,7 @@
 
 #include "hopper.cuh"
 #include "mla_decode.h"
+#include "mla_decode_split.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -95,10 +96,6 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) 
 }
 
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool i64) {
-  return i64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
-}
 
 // The wgmma products in the element type T (D f32 += A T * B T): S half m64n32k16 (A = Q, B = K, both
 // K-major), P V m64n256k16 with P from shared memory (pv: A K-major, B = V MN-major; `accumulate` 0: D = A B)
@@ -270,14 +267,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   const int split = (blockIdx.x / head_groups) % p.num_splits;
   const int b = blockIdx.x / (head_groups * p.num_splits);
 
-  // Split bounds (the reference's schedule, as the mma.sync kernel), the length clamped to the table's capacity.
-  int64_t len = load_index(p.seq_lens, b * p.lens_stride, p.lens_i64);
-  const int64_t capacity = p.table_width * p.page_size;
-  len = len < 0 ? 0 : (len > capacity ? capacity : len);
-  const int64_t tiles_total = (len + kPTile - 1) / kPTile;
-  const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
-  const int64_t lo = split * tiles_per_split * kPTile;
-  const int64_t hi = lo + tiles_per_split * kPTile < len ? lo + tiles_per_split * kPTile : len;
+  const SplitKeys keys = split_keys(p, b, split, kPTile);  // the reference's schedule
+  const int64_t lo = keys.lo, hi = keys.hi;
   const int steps = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
 
   if (tid == 0) {

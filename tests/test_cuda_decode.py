@@ -114,7 +114,7 @@ def test_deepseek(recipe, heads, page_size, splits, kernels):
     assert kernels == [_expected_kernel(heads, recipe)]  # the recipes never run the WGMMA kernel
 
 
-@pytest.mark.parametrize("heads", [1, 20, 64, 128])
+@pytest.mark.parametrize("heads", [1, 20, 64, 65, 127, 128])  # the WGMMA kernel's 64-head groups: edges and padding
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_heads_and_out_dtypes(heads, out_dtype, kernels):
     inputs = _inputs((1, 700, 0, 64), heads, 16)

@@ -20,9 +20,10 @@ from mla_core import specs
 from mla_core_cuda import backend as cuda_backend
 from mla_core_cuda import build
 from mla_core_cuda import sparse as cuda_sparse
+from mla_core.testing.shapes import boundary_lengths
 from musa_fp8_inputs import run_sparse, sparse_inputs
 
-LENGTHS = [0, 1, 63, 64, 65]
+LENGTHS = boundary_lengths([32, 64], limit=255)  # the 32-key P tiles and 64-slot tiles: 0, 1, 31..33, 63..65, 127..129
 
 
 def _problem(device="cuda", **kw):

@@ -94,16 +94,18 @@ class CudaBackend(mla_core.Backend):
         from . import decode
         return decode.configs(problem)
 
-    def decode(self, call, config):
-        from . import decode
+    @staticmethod
+    def _module():
+        """The built extension (dispatch only reaches an op when :meth:`unavailable_reason` was None)."""
         module, reason = build.load_or_reason()
         if module is None:
             raise RuntimeError(f"the cuda backend is unavailable: {reason}")
-        return decode.run(module, call, config)
+        return module
+
+    def decode(self, call, config):
+        from . import decode
+        return decode.run(self._module(), call, config)
 
     def sparse_decode(self, call, config):
         from . import sparse
-        module, reason = build.load_or_reason()
-        if module is None:
-            raise RuntimeError(f"the cuda backend is unavailable: {reason}")
-        return sparse.run(module, call, config)
+        return sparse.run(self._module(), call, config)

@@ -431,8 +431,6 @@ LAST_RESOURCES: dict[str, int | None] = {}
 """Registers per thread and spilled bytes of the last stage-1 launch (benchmarks report them)."""
 
 
-
-
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate an output or split buffer the kernels fully write (tests replace this to poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
