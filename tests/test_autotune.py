@@ -36,6 +36,9 @@ def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
     entry = result.entry()
     assert entry["versions"]["backend"] == "1" and entry["versions"]["torch"] == torch.__version__
     assert len(entry["candidates"]) == 5 and entry["rejected"][0]["backend"] == "tt_wrong"
+    # each candidate's tuning seconds: tt_slow sleeps 16 ms a call and makes at least its 3 warm-up calls
+    seconds = {(c["backend"], c["config"].get("sleep_s")): c["s"] for c in entry["candidates"]}
+    assert seconds[("tt_slow", None)] >= 3 * 0.016 and all(s > 0 for s in seconds.values())
 
 
 def test_failing_candidate_is_recorded_not_fatal(fake_world):

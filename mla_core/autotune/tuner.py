@@ -92,7 +92,8 @@ class Candidate:
 
     ``timing``: how ``us`` was measured, ``"graph"`` (replays of a CUDA graph of the calls) or ``"eager"``
     (Python calls; the CPU's, a warm-up estimate's, or a GPU candidate's whose capture failed:
-    ``capture_error`` says why).
+    ``capture_error`` says why). ``seconds``: wall seconds the tuner spent on it (first call, warm-up,
+    capture, timing): where a slow warm-up goes.
     """
 
     backend: str
@@ -102,6 +103,7 @@ class Candidate:
     note: str | None = None
     timing: str | None = None
     capture_error: str | None = None
+    seconds: float | None = None
 
     def label(self) -> str:
         return self.backend + (" " + json.dumps(self.config, sort_keys=True) if self.config else "")
@@ -113,6 +115,8 @@ class Candidate:
         for name in ("timing", "capture_error", "error", "note"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
+        if self.seconds is not None:
+            d["s"] = round(self.seconds, 3)
         return d
 
 
@@ -450,6 +454,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             continue
         for i, config in enumerate(configs):
             cand = Candidate(backend.name, config)
+            begun = time.perf_counter()
             try:
                 m = measure(lambda c, b=backend, cfg=config: b.run(problem, c, cfg), calls, device, warmup, repeats,
                             cutoff_us=PRUNE_FACTOR * best_warmup + PRUNE_SLACK_US if best_warmup < math.inf else None,
@@ -461,6 +466,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
                 cand.note = f"warm-up estimate only (over {PRUNE_FACTOR:g}x the best so far)"
             except Exception as exc:
                 cand.error = _error(exc)
+            cand.seconds = time.perf_counter() - begun
             timed.append(cand)
             if rank == 0 and i == 0:
                 default = cand
