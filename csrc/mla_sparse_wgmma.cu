@@ -3,26 +3,51 @@
 // into bmm1_scale / bmm2_scale), int32 indices [batch, q_len, top_k] (-1 = none), valid lengths per request.
 // Numerics: docs/sparse.md (the reference backend's definition), up to float32 summation order.
 //
-// One CTA of two warpgroups per (query token and group of 64 heads, split) walks its split's valid slots in tiles of
-// 64 (a split is a run of whole tiles). Per tile:
-//   1. the tile's 64 cache rows were gathered two tiles ahead by cp.async through the index list into one of two
-//      staging buffers (dense [64][576] codes); a slot past the valid length, -1 or outside the cache is
-//      zero-filled, never read, and flagged invalid;
-//   2. all 256 threads convert the codes to bf16 (exact: every E4M3 value is a bf16) into the K tile (nine
-//      128-byte-swizzled slabs of [64 rows x 128 B]); Q was converted the same way once;
-//   3. warpgroup w: S_w = Q K_w^T for keys 32w..32w+31 (36 x m64n32k16, float32 accumulation: exact products),
-//      scaled to the log2 domain and masked (-inf); the two exchange row maxima through shared memory, so both
-//      hold m1 = max(m, rowmax S_0) and m2 = max(m1, rowmax S_1); the freed staging buffer gathers tile + 2;
-//   4. warpgroup w writes P_w = 2^(S_w - m_{w+1}) rounded to bf16 into a shared 64 x 64 P slab and keeps its row
-//      sum from the float32 P; each warpgroup owns 256 of the 512 output columns:
-//      O = O * 2^(m - m1) + P_0 V_0, then O * 2^(m1 - m2) + P_1 V_1 (m64n256k16, V = the K tile's first 512
-//      columns read MN-major), as one chain when no row of the CTA has m2 != m1 (the factor is exactly 1).
-// Row sums: l_0 = (l_0 * 2^(m - m1) + sum P_0) * 2^(m1 - m2), l_1 = (l_1 * 2^(m - m1)) * 2^(m1 - m2) + sum P_1,
-// l = l_0 + l_1 at the end. Output o / l * bmm2_scale in bf16, LSE (m + log2 l) ln 2; a token with no valid slot
-// gets 0 and -inf. With several splits each writes float32 partials and the combine kernel merges them by
-// log-sum-exp (a split without a valid slot has LSE -inf and weight 0).
-// Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified"); measured against the
-// probe it grew from (benchmarks/probes/sparse_wgmma_probe.cu, variant B): benchmarks/NOTES.md.
+// One CTA of three warpgroups per (query token and group of 64 heads, split) walks its split's valid slots in
+// tiles of 64 (a split is a run of whole tiles; tile i in bf16 stage i % 2), the decode kernel's schedule
+// (csrc/mla_decode_wgmma.cu: a producer warpgroup and two consumer warpgroups in a seesaw) over E4M3 codes:
+//   - the producer warpgroup (warps 8-11; setmaxnreg 56, the consumers 224) gathers each tile's 64 rows of codes
+//     by cp.async through the index list into the upper half of the freed bf16 stage (bytes 36,864..73,727, free
+//     until converted) as 9 code blocks: block k = code chunks 4k..4k+3 of every row, 4,096 B at kCodeOff +
+//     4,096 k, row r at 64 r. A slot past the split's end, with index < 0 or >= rows, is zero-filled, never read,
+//     and flagged invalid. The next tile's indices are read while a tile's copies fly. It then converts the tile
+//     in place into the slab layout (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is a bf16):
+//     slabs 0-3 lie below the codes, slab 4 overlaps block 0, slab 5 blocks 1-2, slab 6 blocks 3-4, slab 7
+//     blocks 5-6, slab 8 blocks 7-8. So every producer thread reads block 4 before a PROD barrier that precedes
+//     the stores of slab 4 (blocks 0-4 then read by all: slabs 4-6 are safe), and blocks 7 and 8 before a PROD
+//     barrier that precedes the stores of slabs 7 and 8;
+//   - consumer warpgroup w computes S for keys 32w..32w+31 of the tile (36 x m64n32k16 from shared memory;
+//     Q was converted to bf16 slabs once), masked by the stage's flags (-inf), and owns output columns
+//     256w..256w+255. Per tile, with half h's row max mx_h: m1 = max(m, mx_0), m2 = max(m1, mx_1),
+//     a1 = 2^(m - m1), a2 = 2^(m1 - m2) (1 while the target max is -inf: no key yet), P0 = bf16(2^(S0 - m1)),
+//     P1 = bf16(2^(S1 - m2)) (against 0 while the max is -inf), row sums from the float32 P:
+//     l_0 = (l_0 a1 + sum P0) a2, l_1 = (l_1 a1) a2 + sum P1, l = l_0 + l_1 at the end;
+//     O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (m64n256k16, V = the tile's first 512 columns read MN-major; each
+//     warpgroup's own P half from registers, the other's from the shared P slab). A multiply by a factor that is
+//     exactly 1 for all 16 rows of a warp is skipped (x * 1 = x: no bit changes).
+// Output o / l * bmm2_scale in bf16, LSE (m + log2 l) ln 2; a token with no valid slot gets 0 and -inf. With
+// several splits each writes float32 partials and the combine kernel merges them by log-sum-exp (a split without a
+// valid slot has LSE -inf and weight 0).
+//
+// Synchronization (the decode kernel's, plus the producer's own barrier):
+//   full[s]  mbarrier, 128 arrivals: each producer thread after the tile's conversion and fence.proxy.async
+//            (generic writes -> wgmma reads); tile i completes phase i / 2, consumers wait with parity
+//            (i / 2) & 1. The stage's flags are written before.
+//   empty[s] mbarrier, 8 arrivals: lane 0 of each consumer warp after its last wgmma reading the stage (and its
+//            flag reads) completed; the producer refills stage s with tile j >= 2 after phase (j - 2) / 2.
+//   named barriers over the 256 consumer threads (one warpgroup arrives, the other waits):
+//     1 MX0  WG0 -> WG1: half 0's row maxima written          2 P0F  WG0 -> WG1: P0 in the slab (+ proxy fence)
+//     3 H1F  WG1 -> WG0: P1 in the slab + half 1's maxima      4 P0E  WG1 -> WG0: WG1's P0 V0 of tile i done
+//     5 ALL  both (Q converted; final row sums exchanged)
+//   named barrier 6 PROD over the 128 producer threads, three generations per tile: every copy of the tile
+//     landed (cp.async.wait_group 0 before it), blocks 0-4 read by all, blocks 5-8 read by all.
+//   Per tile: WG0: S0; maxima; arrive MX0; P0; [i > 0: sync P0E]; write P0; arrive P0F; O a1; P0 V0 (RS);
+//             sync H1F; a2; O a2; P1 V1 (SS); release.   WG1: S1; sync MX0; P1; write P1 + maxima; arrive H1F;
+//             O a1; sync P0F; P0 V0 (SS); [i < T - 1: arrive P0E]; O a2; P1 V1 (RS); release.
+// The protocol and the in-place conversion's byte ranges were checked over every interleaving for 1-6 tiles
+// (benchmarks/probes/sparse_wgmma_s_emulation.py) and measured as variant S of the sparse probe
+// (benchmarks/probes/sparse_wgmma_probe.cu; benchmarks/NOTES.md). Layout, descriptors and ordering rules:
+// docs/cuda.md ("Hopper building blocks, verified").
 
 #include "hopper.cuh"
 #include "mla_sparse.h"
@@ -39,24 +64,32 @@
 namespace mla_core_cuda {
 namespace {
 
-constexpr int kHeads = 64;                // heads per CTA: the wgmma M
-constexpr int kKeys = 64;                 // slots per tile
-constexpr int kRow = 576;                 // bytes of a cache row / query row (E4M3 codes)
-constexpr int kNope = 512;                // V width
-constexpr int kChunks = kRow / 16;        // 16-byte chunks of codes per row
-constexpr int kThreads = 256;             // two warpgroups
-constexpr int kSlab = kKeys * 128;        // one [64 rows x 128 B] slab
-constexpr int kBf16Bytes = 9 * kSlab;     // a [64 x 576] bf16 operand: 9 slabs (Q, the K tile)
-constexpr int kStageBytes = kKeys * kRow; // one staging buffer: 64 rows of codes
-constexpr int kOffK = kBf16Bytes, kOffStage = kOffK + kBf16Bytes, kOffP = kOffStage + 2 * kStageBytes,
-              kOffX = kOffP + kSlab,              // [2 warpgroups][64 rows] floats: maxima, at the end row sums
-              kOffValid = kOffX + 2 * kHeads * 4, // [2 stages][64 slots] validity flags
-              kSmemBytes = kOffValid + 2 * kKeys + 1024;  // + alignment slack: slabs start 1024-aligned
+constexpr int kHeads = 64;                 // heads per CTA: the wgmma M
+constexpr int kKeys = 64;                  // slots per tile
+constexpr int kRow = 576;                  // bytes of a cache row / query row (E4M3 codes)
+constexpr int kNope = 512;                 // V width
+constexpr int kChunks = kRow / 16;         // 16-byte chunks of codes per row
+constexpr int kConsumerThreads = 256;      // two consumer warpgroups (warps 0-7)
+constexpr int kThreads = 384;              // + the producer warpgroup (warps 8-11)
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the launch share)
+constexpr int kSlab = kKeys * 128;         // one [64 rows x 128 B] slab
+constexpr int kTileBytes = 9 * kSlab;      // a [64 x 576] bf16 operand: 9 slabs (Q, a stage)
+constexpr int kCodeBlock = kKeys * 64;     // a code block: 4 chunks of every row
+constexpr int kCodeOff = kTileBytes - kKeys * kRow;  // the codes' place in a stage: its upper 36,864 B
+constexpr int kOffP = 3 * kTileBytes,      // Q, two stages
+              kOffX = kOffP + kSlab,       // floats: [64] half 0's maxima, [64] half 1's, [2][64] final row sums
+              kOffValid = kOffX + 4 * kHeads * 4,   // [2 stages][64 slots] validity flags
+              kOffBar = kOffValid + 2 * kKeys,      // mbarriers full[2], empty[2]
+              kSmemBytes = kOffBar + 4 * 8 + 1024;  // + alignment slack: slabs start 1024-aligned
+constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarAll = 5, kBarProd = 6;
+constexpr int kProducerThreads = kThreads - kConsumerThreads;
 constexpr int kMaxSplits = 32;
-constexpr int kMaxDevices = 64;           // devices whose shared-memory attribute is remembered
+constexpr int kMaxDevices = 64;            // devices whose shared-memory attribute is remembered
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
-static_assert(kThreads == 4 * kKeys && kChunks % 4 == 0, "convert: 4 threads per row, chunks in groups of 4");
+static_assert(kCodeOff == 36864 && kCodeOff + 9 * kCodeBlock == kTileBytes, "the codes fill a stage's upper half");
+static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 * 9,
+              "mbarriers 8-aligned; producer thread u converts rows u / 4 and u / 4 + 32, chunk u % 4 of 9 blocks");
 
 // The first 1024-aligned address at or after p, as p plus an offset (so accesses through it stay LDS/STS).
 __device__ __forceinline__ uint8_t* shared_align1024(uint8_t* p) {
@@ -76,20 +109,16 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) 
   return make_desc(smem_u32(s) + k0 * 128u, kSlab, 1024u);
 }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Waits until at most one cp.async group of this thread is still in flight.
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ float exp2_approx(float x) {  // 2^x; -inf gives +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// The two wgmma shapes, bf16 x bf16 -> f32 (`accumulate` 0: D = A B, else D += A B). S: m64n32k16, A = Q and
-// B = K rows, both K-major. P V: m64n256k16, A = P K-major, B = V MN-major (transposed, imm-trans-b 1).
+// The wgmma products, bf16 x bf16 -> f32 (`accumulate` 0: D = A B, else D += A B). S: m64n32k16, A = Q and
+// B = K rows, both K-major. P V: m64n256k16, B = V MN-major (transposed, imm-trans-b 1), A = P from the shared P
+// slab (pv: K-major) or from registers (pv_rs: the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8,
+// c..), a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = row_lo, c = 16 ks + 2 (t % 4): the accumulator layout of
+// S, so P converts in place; always accumulates).
 #define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
 __device__ __forceinline__ void wgmma_s(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
@@ -108,57 +137,92 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[128], uint64_t da, uint64_t 
       : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
       : "l"(da), "l"(db), "r"(accumulate));
 }
+__device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n"
+      : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 #undef MLA_F16
 #undef MLA_F4
 
-// Gathers slots pos0 .. pos0 + 63 (tile rows 0..63) into `stage` ([64][576] codes) and their flags into `valid`,
-// then commits one cp.async group. A slot is valid when it is below `end`, its index is >= 0 and below the cache's
-// row count; an invalid slot's row is zero-filled and nothing is read for it. Warp w copies tile rows w, w + 8, ..;
-// lane l chunks l and l + 32 (< 36) of each; lanes 0..7 read the warp's 8 indices and broadcast the row offsets.
-__device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, const int32_t* idx, int pos0, int end,
-                                            uint8_t* stage, uint8_t* valid) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t my_off = -1;  // byte offset of tile row warp + 8 * lane in the cache; -1: not a key
-  if (lane < 8) {
-    const int slot = pos0 + warp + 8 * lane;
-    if (slot < end) {
-      const int64_t row = idx[slot];
-      if (row >= 0 && row < p.rows) my_off = row * kRow;
-    }
-    valid[warp + 8 * lane] = my_off >= 0;
-  }
+// The byte offset of slot `slot`'s cache row, or -1 when the slot is not a key: at or past `end`, index < 0 or
+// >= the cache's row count.
+__device__ __forceinline__ int64_t slot_offset(const SparseDecodeParams& p, const int32_t* idx, int slot, int end) {
+  if (slot >= end) return -1;
+  const int64_t row = idx[slot];
+  return row >= 0 && row < p.rows ? row * kRow : -1;
+}
+
+// Producer warp pw (lane l): the tile's rows 16 pw .. 16 pw + 15 by cp.async into the stage's code blocks, one
+// group committed; `off` (lanes 0-15: row 16 pw + l's offset from slot_offset) also gives the stage's flags. Lane l
+// copies chunk l % 4 of every block for rows 16 pw + l / 4 and 16 pw + l / 4 + 8 (conflict-free 16-byte stores).
+__device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, int64_t off, uint8_t* stage, uint8_t* valid,
+                                            int pw, int lane) {
+  if (lane < 16) valid[16 * pw + lane] = off >= 0;
+  const int q = lane & 3, row = 16 * pw + (lane >> 2);
+  const int64_t off_a = __shfl_sync(0xffffffffu, off, lane >> 2), off_b = __shfl_sync(0xffffffffu, off, (lane >> 2) + 8);
+  const uint8_t* src_a = off_a >= 0 ? p.cache + off_a + 16 * q : p.cache;
+  const uint8_t* src_b = off_b >= 0 ? p.cache + off_b + 16 * q : p.cache;
+  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;  // 0: zero-filled, nothing read
+  uint8_t* dst = stage + kCodeOff + 64 * row + 16 * q;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int64_t off = __shfl_sync(0xffffffffu, my_off, j);
-    uint8_t* dst = stage + (warp + 8 * j) * kRow;
-#pragma unroll
-    for (int c = lane; c < kChunks; c += 32)
-      cp_async16(dst + 16 * c, off >= 0 ? p.cache + off + 16 * c : p.cache, off >= 0 ? 16u : 0u);
+  for (int k = 0; k < 9; ++k) {  // chunk 4k + q of the row: bytes 64 k + 16 q
+    cp_async16(dst + kCodeBlock * k, src_a + (n_a ? 64 * k : 0), n_a);
+    cp_async16(dst + kCodeBlock * k + 64 * 8, src_b + (n_b ? 64 * k : 0), n_b);
   }
   cp_async_commit();
 }
 
-// The staged codes as bf16 into the K tile's slabs: thread t converts row t / 4, code chunks 4j + t % 4 (j < 9),
-// which become bf16 chunks 2 (t % 4) and 2 (t % 4) + 1 of slab j (every address a per-thread base plus a constant;
-// a warp's 16-byte accesses are free of bank conflicts).
-__device__ __forceinline__ void convert_tile(uint8_t* sk, const uint8_t* stage) {
-  const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
-  const uint8_t* src = stage + r * kRow + 16 * q;
-  uint8_t* dst = sk + r * 128;
-  const int c0 = ((2 * q) ^ (r & 7)) << 4, c1 = ((2 * q + 1) ^ (r & 7)) << 4;
-#pragma unroll
-  for (int j = 0; j < kChunks / 4; ++j) {
-    uint4 lo, hi;
-    e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(src + 64 * j), lo, hi);
-    *reinterpret_cast<uint4*>(dst + j * kSlab + c0) = lo;
-    *reinterpret_cast<uint4*>(dst + j * kSlab + c1) = hi;
-  }
+// 16 codes (chunk q of a code block, row `row`) as bf16 into `slab`: bf16 bytes 32 q .. 32 q + 31 of the row,
+// 16-byte positions 2q and 2q + 1 swizzled by the row.
+__device__ __forceinline__ void store_bf16_chunk(uint8_t* slab, int row, int q, const uint4& w) {
+  uint4 lo, hi;
+  e4m3x16_to_bf16(w, lo, hi);
+  uint8_t* d = slab + row * 128;
+  *reinterpret_cast<uint4*>(d + (((2 * q) ^ (row & 7)) << 4)) = lo;
+  *reinterpret_cast<uint4*>(d + (((2 * q + 1) ^ (row & 7)) << 4)) = hi;
 }
 
-// The CTA's 64 query rows (heads h0..h0+63 of token `tok`) as bf16 slabs, by 16-byte loads.
+// Producer thread u (0..127) converts the stage's landed codes in place (block k -> slab k): rows u / 4 and
+// u / 4 + 32, chunk u % 4 of every block. The caller's PROD barrier after the copies landed comes first; the two
+// here order the reads of the blocks a slab overlaps before its stores (header comment).
+__device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
+  const int r = u >> 2, q = u & 3;
+  const uint8_t* code = stage + kCodeOff + 64 * r + 16 * q;  // block 0, row r; row r + 32 at + 2,048 B
+  const auto load = [code](int k, int half) {
+    return *reinterpret_cast<const uint4*>(code + kCodeBlock * k + half * 32 * 64);
+  };
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // slabs 0-3: below the codes
+    const uint4 w0 = load(k, 0), w1 = load(k, 1);
+    store_bf16_chunk(stage + kSlab * k, r, q, w0);
+    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+  }
+  const uint4 w40 = load(4, 0), w41 = load(4, 1);
+  nb_sync<kProducerThreads>(kBarProd);  // blocks 0-4 read by every producer thread: slabs 4-6 may overwrite them
+  store_bf16_chunk(stage + kSlab * 4, r, q, w40);
+  store_bf16_chunk(stage + kSlab * 4, r + 32, q, w41);
+#pragma unroll
+  for (int k = 5; k < 7; ++k) {
+    const uint4 w0 = load(k, 0), w1 = load(k, 1);
+    store_bf16_chunk(stage + kSlab * k, r, q, w0);
+    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+  }
+  const uint4 w70 = load(7, 0), w71 = load(7, 1), w80 = load(8, 0), w81 = load(8, 1);
+  nb_sync<kProducerThreads>(kBarProd);  // blocks 5-8 read by every producer thread: slabs 7-8 may overwrite them
+  store_bf16_chunk(stage + kSlab * 7, r, q, w70);
+  store_bf16_chunk(stage + kSlab * 7, r + 32, q, w71);
+  store_bf16_chunk(stage + kSlab * 8, r, q, w80);
+  store_bf16_chunk(stage + kSlab * 8, r + 32, q, w81);
+}
+
+// The CTA's 64 query rows (heads h0..h0+63 of token `tok`) as bf16 slabs, by 16-byte loads (consumer threads).
 __device__ __forceinline__ void load_query(uint8_t* sq, const SparseDecodeParams& p, int64_t tok, int h0) {
   const uint8_t* src = p.query + (tok * p.heads + h0) * kRow;
-  for (int i = threadIdx.x; i < kHeads * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kHeads * kChunks; i += kConsumerThreads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 lo, hi;
     e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(src + r * kRow + 16 * c), lo, hi);
@@ -167,8 +231,8 @@ __device__ __forceinline__ void load_query(uint8_t* sq, const SparseDecodeParams
   }
 }
 
-// A split without a valid slot: with one split the rows' output is 0 and LSE -inf; else its partial LSE is -inf
-// (the combine gives it weight 0 and never reads its partial output).
+// A split without a valid slot (all threads of the CTA): with one split the rows' output is 0 and LSE -inf; else its
+// partial LSE is -inf (the combine gives it weight 0 and never reads its partial output).
 __device__ void write_empty(const SparseDecodeParams& p, int64_t tok, int split, int h0) {
   if (p.num_splits == 1) {
     uint32_t* out = reinterpret_cast<uint32_t*>(p.out + (tok * p.heads + h0) * kNope);
@@ -219,24 +283,61 @@ __device__ __forceinline__ void store_rows(const SparseDecodeParams& p, const fl
 }
 
 // 2^(from - to); 1 when `to` is -inf (no valid key yet: the factor multiplies zeros).
-__device__ __forceinline__ float rescale_factor(float from, float to) {
-  return to == -INFINITY ? 1.f : exp2_approx(from - to);
+__device__ __forceinline__ float rescale_factor(float from, float to) { return to == -INFINITY ? 1.f : ex2(from - to); }
+// O rows scaled by a_lo / a_hi unless both are exactly 1 in every row of the warp (x * 1 = x: skipping changes no
+// bit). A factor is 1 once a row's running max has settled, so most tiles skip it.
+__device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi) {
+  if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows(o, a_lo, a_hi);
+}
+// The scores of this warpgroup's 32 keys as P = 2^(s - max) against the rows' max (0 while it is -inf: masked
+// scores give 2^-inf = 0), in place; returns the float32 row sums.
+__device__ __forceinline__ void exponentiate(float (&s)[16], float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
+  const float base_lo = m_lo == -INFINITY ? 0.f : m_lo, base_hi = m_hi == -INFINITY ? 0.f : m_hi;
+  sum_lo = sum_hi = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float e = ex2(s[j] - ((j & 2) ? base_hi : base_lo));
+    s[j] = e;
+    if (j & 2) sum_hi += e;
+    else sum_lo += e;
+  }
+}
+// This thread's P (16 float32 of the S accumulator layout) as the two m64k16 A fragments of its warpgroup's keys.
+__device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[ks][i] = bf16x2_bits(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
+}
+// The fragments into the P slab at keys key0 .. key0 + 31 (rows row_lo, row_lo + 8 of this thread).
+__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], int row_lo, int key0, int t) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int key = key0 + 16 * ks + 2 * (t & 3);
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key)) = a[ks][0];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key)) = a[ks][1];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key + 16)) = a[ks][2];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key + 16)) = a[ks][3];
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const SparseDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = shared_align1024(smem_raw);
-  uint8_t* sk = sq + kOffK;
-  uint8_t* sstage = sq + kOffStage;
-  uint8_t* sp = sq + kOffP;
-  float* sx = reinterpret_cast<float*>(sq + kOffX);
-  uint8_t* sval = sq + kOffValid;
-  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  uint8_t* sk0 = sq + kTileBytes;                       // stage s at sk0 + s * kTileBytes
+  uint8_t* sp = sq + kOffP;                             // P [64 heads x 64 keys], one swizzled slab
+  float* smx0 = reinterpret_cast<float*>(sq + kOffX);   // [64] half 0's row maxima (WG0 -> WG1)
+  float* smx1 = smx0 + kHeads;                          // [64] half 1's row maxima (WG1 -> WG0)
+  float* sl = smx1 + kHeads;                            // [2][64] final row sums
+  uint8_t* sval = sq + kOffValid;                       // [2 stages][64 slots] flags
+  uint64_t* full = reinterpret_cast<uint64_t*>(sq + kOffBar);  // [2 stages]
+  uint64_t* empty = full + 2;                                  // [2 stages]
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform for the compiler
   const int groups = p.heads / kHeads;  // head groups of a token are neighbours in launch order (shared rows in L2)
   const int64_t tok = blockIdx.x / groups;
   const int split = blockIdx.y, h0 = static_cast<int>(blockIdx.x % groups) * kHeads;
   const int b = static_cast<int>(tok / p.q_len);
-  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // the thread's accumulator rows: row_lo, row_lo + 8
 
   // The split's slots [start, end): ceil(tiles / splits) whole tiles of the valid slots each.
   const int len = min(max(p.valid_lens[b], 0), p.top_k);
@@ -246,99 +347,110 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     write_empty(p, tok, split, h0);
     return;
   }
-  const int32_t* idx = p.indices + tok * p.top_k;
   const int ntiles = (end - start + kKeys - 1) / kKeys;
-  gather_tile(p, idx, start, end, sstage, sval);  // cp.async groups: tiles 0 and 1, then one per tile
-  if (ntiles > 1) gather_tile(p, idx, start + kKeys, end, sstage + kStageBytes, sval + kKeys);
-  else cp_async_commit();
+  if (tid == 0) {
+    mbar_init(&full[0], kProducerThreads);
+    mbar_init(&full[1], kProducerThreads);
+    mbar_init(&empty[0], kConsumerThreads / 32);
+    mbar_init(&empty[1], kConsumerThreads / 32);
+  }
+  __syncthreads();
+
+  if (warp >= 8) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    const int pw = warp - 8;
+    const int32_t* idx = p.indices + tok * p.top_k;
+    // Lane l < 16: the offset of row 16 pw + l of the next tile, looked up while this tile's copies fly.
+    int64_t off = lane < 16 ? slot_offset(p, idx, start + 16 * pw + lane, end) : -1;
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i & 1;
+      uint8_t* stage = sk0 + s * kTileBytes;
+      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+      gather_tile(p, off, stage, sval + kKeys * s, pw, lane);
+      off = i + 1 < ntiles && lane < 16 ? slot_offset(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end) : -1;
+      cp_async_wait_all();
+      nb_sync<kProducerThreads>(kBarProd);  // every producer thread's copies landed and visible
+      convert_in_place(stage, tid - kConsumerThreads);
+      fence_proxy_async();  // the converted tile is a wgmma operand
+      mbar_arrive(&full[s]);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int wg = warp >> 2, t = tid & 127;
+  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // the thread's accumulator rows: row_lo, row_lo + 8
   load_query(sq, p, tok, h0);
+  fence_proxy_async();  // Q is a wgmma operand
+  nb_sync<kConsumerThreads>(kBarAll);
 
   float o[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) o[j] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;  // l: this warpgroup's keys, 8 of 32 per thread
   for (int it = 0; it < ntiles; ++it) {
-    const int st = it & 1;
-    uint8_t* stage = sstage + st * kStageBytes;
-    // Tile it has landed (this thread's copies); the barrier publishes every thread's copies, flags and Q, and
-    // says both warpgroups are done with the previous tile's K tile, P slab and maxima.
-    cp_async_wait_one();
-    __syncthreads();
-    convert_tile(sk, stage);
-    fence_proxy_async();  // the converted tile (and Q) are wgmma operands
-    __syncthreads();
+    const int s = it & 1;
+    const uint8_t* sk = sk0 + s * kTileBytes;
+    const uint8_t* sv = sk + wg * 4 * kSlab;  // this warpgroup's V columns 256w..256w+255: slabs 4w..4w+3
 
-    float s[16];
+    float sc[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) s[j] = 0.f;
-    reg_fence(s);
+    for (int j = 0; j < 16; ++j) sc[j] = 0.f;
+    reg_fence(sc);
+    mbar_wait(&full[s], (it >> 1) & 1);
     wg_fence();
     const uint8_t* kw = sk + wg * 32 * 128;  // rows 32w.. of every slab (the same swizzle phase)
 #pragma unroll
-    for (int ks = 0; ks < kRow / 16; ++ks) wgmma_s(s, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
+    for (int ks = 0; ks < kRow / 16; ++ks) wgmma_s(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
     wg_commit();
     wgmma_wait_all();
-    reg_fence(s);
+    reg_fence(sc);
 
-    const uint8_t* flag = sval + st * kKeys + 32 * wg;
+    const uint8_t* flag = sval + kKeys * s + 32 * wg;
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float x = flag[8 * (j >> 2) + 2 * (t & 3) + (j & 1)] ? s[j] * p.scale_log2 : -INFINITY;
-      s[j] = x;
+      const float x = flag[8 * (j >> 2) + 2 * (t & 3) + (j & 1)] ? sc[j] * p.scale_log2 : -INFINITY;
+      sc[j] = x;
       if (j & 2) mx_hi = fmaxf(mx_hi, x);
       else mx_lo = fmaxf(mx_lo, x);
     }
 #pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {
+    for (int d = 1; d <= 2; d <<= 1) {  // the 4 threads of a quad share rows
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
     }
-    if ((t & 3) == 0) {
-      sx[wg * kHeads + row_lo] = mx_lo;
-      sx[wg * kHeads + row_lo + 8] = mx_hi;
-    }
-    __syncthreads();  // maxima published; both warpgroups' reads of this stage (S, flags) are done
-    if (it + 2 < ntiles) gather_tile(p, idx, start + (it + 2) * kKeys, end, stage, sval + st * kKeys);
-    else cp_async_commit();  // an empty group keeps the wait count uniform
-    const float m1_lo = fmaxf(m_lo, sx[row_lo]), m1_hi = fmaxf(m_hi, sx[row_lo + 8]);
-    const float m2_lo = fmaxf(m1_lo, sx[kHeads + row_lo]), m2_hi = fmaxf(m1_hi, sx[kHeads + row_lo + 8]);
-    const float a1_lo = rescale_factor(m_lo, m1_lo), a1_hi = rescale_factor(m_hi, m1_hi);
-    const float a2_lo = rescale_factor(m1_lo, m2_lo), a2_hi = rescale_factor(m1_hi, m2_hi);
-    const float own_lo = wg == 0 ? m1_lo : m2_lo, own_hi = wg == 0 ? m1_hi : m2_hi;
-    const float base_lo = own_lo == -INFINITY ? 0.f : own_lo, base_hi = own_hi == -INFINITY ? 0.f : own_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float e = exp2_approx(s[j] - ((j & 2) ? base_hi : base_lo));  // masked: 2^-inf = 0
-      s[j] = e;
-      if (j & 2) sum_hi += e;
-      else sum_lo += e;
-    }
-    // warpgroup 0 adds its sum before the factor 2^(m1 - m2), warpgroup 1 after
-    l_lo = wg == 0 ? (l_lo * a1_lo + sum_lo) * a2_lo : (l_lo * a1_lo) * a2_lo + sum_lo;
-    l_hi = wg == 0 ? (l_hi * a1_hi + sum_hi) * a2_hi : (l_hi * a1_hi) * a2_hi + sum_hi;
-    m_lo = m2_lo;
-    m_hi = m2_hi;
-#pragma unroll
-    for (int j = 0; j < 16; j += 4) {  // this warpgroup's 32 keys of P, bf16 pairs
-      const int key = 32 * wg + 8 * (j >> 2) + 2 * (t & 3);
-      *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key)) = bf16x2_bits(s[j], s[j + 1]);
-      *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key)) = bf16x2_bits(s[j + 2], s[j + 3]);
-    }
-    fence_proxy_async();
-    const bool rescale2 = __syncthreads_or(a2_lo != 1.f || a2_hi != 1.f);  // also publishes the P slab
-    scale_rows(o, a1_lo, a1_hi);
-    const uint8_t* sv = sk + wg * 4 * kSlab;  // V columns 256w..256w+255: slabs 4w..4w+3
-    // Each branch holds its whole wgmma sequence, wait and register tie (no wgmma state across the merge).
-    if (rescale2) {
+
+    uint32_t a[2][4];  // this warpgroup's P half as the RS A operand
+    float sum_lo, sum_hi;
+    if (wg == 0) {
+      if ((t & 3) == 0) {
+        smx0[row_lo] = mx_lo;
+        smx0[row_lo + 8] = mx_hi;
+      }
+      nb_arrive<kConsumerThreads>(kBarMx0);
+      const float m1_lo = fmaxf(m_lo, mx_lo), m1_hi = fmaxf(m_hi, mx_hi);
+      const float a1_lo = rescale_factor(m_lo, m1_lo), a1_hi = rescale_factor(m_hi, m1_hi);
+      exponentiate(sc, m1_lo, m1_hi, sum_lo, sum_hi);
+      p_fragments(sc, a);
+      if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous tile read the slab
+      store_p(sp, a, row_lo, 0, t);
+      fence_proxy_async();
+      nb_arrive<kConsumerThreads>(kBarP0Full);
+      rescale(o, a1_lo, a1_hi);
       wg_fence();
-      wgmma_pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
-      wgmma_pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+      wgmma_pv_rs(o, a[0], mnmajor_desc(sv, 0));
+      wgmma_pv_rs(o, a[1], mnmajor_desc(sv, 16));
       wg_commit();
+      nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
+      const float m2_lo = fmaxf(m1_lo, smx1[row_lo]), m2_hi = fmaxf(m1_hi, smx1[row_lo + 8]);
+      const float a2_lo = rescale_factor(m1_lo, m2_lo), a2_hi = rescale_factor(m1_hi, m2_hi);
+      l_lo = (l_lo * a1_lo + sum_lo) * a2_lo;  // warpgroup 0 adds its sum before the factor 2^(m1 - m2)
+      l_hi = (l_hi * a1_hi + sum_hi) * a2_hi;
+      m_lo = m2_lo;
+      m_hi = m2_hi;
       wgmma_wait_all();
       reg_fence(o);
-      scale_rows(o, a2_lo, a2_hi);
+      rescale(o, a2_lo, a2_hi);
       wg_fence();
       wgmma_pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
       wgmma_pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
@@ -346,27 +458,58 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       wgmma_wait_all();
       reg_fence(o);
     } else {
+      nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima
+      const float m1_lo = fmaxf(m_lo, smx0[row_lo]), m1_hi = fmaxf(m_hi, smx0[row_lo + 8]);
+      const float m2_lo = fmaxf(m1_lo, mx_lo), m2_hi = fmaxf(m1_hi, mx_hi);
+      const float a1_lo = rescale_factor(m_lo, m1_lo), a1_hi = rescale_factor(m_hi, m1_hi);
+      const float a2_lo = rescale_factor(m1_lo, m2_lo), a2_hi = rescale_factor(m1_hi, m2_hi);
+      exponentiate(sc, m2_lo, m2_hi, sum_lo, sum_hi);
+      l_lo = (l_lo * a1_lo) * a2_lo + sum_lo;  // warpgroup 1 adds its sum after the factor 2^(m1 - m2)
+      l_hi = (l_hi * a1_hi) * a2_hi + sum_hi;
+      m_lo = m2_lo;
+      m_hi = m2_hi;
+      p_fragments(sc, a);
+      store_p(sp, a, row_lo, 32, t);
+      if ((t & 3) == 0) {
+        smx1[row_lo] = mx_lo;
+        smx1[row_lo + 8] = mx_hi;
+      }
+      fence_proxy_async();
+      nb_arrive<kConsumerThreads>(kBarH1Full);
+      rescale(o, a1_lo, a1_hi);
+      nb_sync<kConsumerThreads>(kBarP0Full);  // WG0's P0
       wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) wgmma_pv(o, kmajor_desc(sp, 32 * ks), mnmajor_desc(sv, 16 * ks), 1);
+      wgmma_pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
+      wgmma_pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+      wg_commit();
+      wgmma_wait_all();
+      reg_fence(o);
+      if (it + 1 < ntiles) nb_arrive<kConsumerThreads>(kBarP0Empty);
+      rescale(o, a2_lo, a2_hi);
+      wg_fence();
+      wgmma_pv_rs(o, a[0], mnmajor_desc(sv, 32));
+      wgmma_pv_rs(o, a[1], mnmajor_desc(sv, 48));
       wg_commit();
       wgmma_wait_all();
       reg_fence(o);
     }
+    // Every wgmma of this warp that reads stage s has completed and its flags were read: release the stage.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
   }
-  cp_async_wait_all();  // the trailing empty groups
+  // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).
 #pragma unroll
   for (int d = 1; d <= 2; d <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
   }
-  if ((t & 3) == 0) {  // the last tile's maxima were read before its P barrier
-    sx[wg * kHeads + row_lo] = l_lo;
-    sx[wg * kHeads + row_lo + 8] = l_hi;
+  if ((t & 3) == 0) {
+    sl[wg * kHeads + row_lo] = l_lo;
+    sl[wg * kHeads + row_lo + 8] = l_hi;
   }
-  __syncthreads();
-  store_rows(p, o, tok, split, h0 + row_lo, m_lo, m_hi, sx[row_lo] + sx[kHeads + row_lo],
-             sx[row_lo + 8] + sx[kHeads + row_lo + 8]);
+  nb_sync<kConsumerThreads>(kBarAll);
+  store_rows(p, o, tok, split, h0 + row_lo, m_lo, m_hi, sl[row_lo] + sl[kHeads + row_lo],
+             sl[row_lo + 8] + sl[kHeads + row_lo + 8]);
 }
 
 // One CTA of 128 threads per (token, head), 4 columns each: out = sum_i exp(lse_i - lse) o_i over the splits with
