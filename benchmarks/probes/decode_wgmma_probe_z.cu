@@ -177,13 +177,120 @@ __device__ __forceinline__ void convert_f8_tile(uint8_t* sb, const uint8_t* st, 
   }
 }
 
+// Variant FS (decode_wgmma_probe_z.cu's protocol comment, "Variant FS"): a stage's layout while it holds codes.
+// The codes of a tile fill the stage's upper half (bytes kCodeOffFS.. of the 73,728-byte bf16 stage) as 9 code
+// blocks: block k = code chunks 4k..4k+3 (64 B) of every row, 4,096 B at kCodeOffFS + 4,096 k, row r at 64 r.
+constexpr int kCacheBf16 = 0, kCacheF8 = 1, kCacheF8Prod = 2;  // k_decode_zt's cache kinds: Z / Z3, F, FS
+constexpr int kSlabBytes = 64 * 128, kBlockFS = kTileKeys * 64, kCodeOffFS = kTileBytes - 9 * kBlockFS, kBarProd = 6, kProdThreads = 128;
+static_assert(kCodeOffFS == 36864 && 9 * kBlockFS == kTileKeys * kD, "the codes fill the stage's upper half");
+
+// The first 1024-byte-aligned shared address at or after p, as p plus an offset (align1024 rounds as an integer,
+// which makes the compiler emit generic loads and stores through the result).
+__device__ __forceinline__ uint8_t* align1024_shared(uint8_t* p) { return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u); }
+
+// The byte offset of the code row at key `pos` through the block table (page size kPg), -1 at or past `end`.
+template <int kPg>
+__device__ __forceinline__ long long fs_row_offset(const int* bt, int pos, int end) {
+  return pos < end ? (static_cast<long long>(bt[pos / kPg]) * kPg + pos % kPg) * kD : -1ll;
+}
+
+// 16 codes (chunk q of a code block, row `row`) as bf16 into `slab`: row bytes 32q..32q+31, 16-byte positions 2q
+// and 2q + 1 swizzled by the row (the slab layout Z's descriptors read).
+__device__ __forceinline__ void fs_store_chunk(uint8_t* slab, int row, int q, const uint4& w) {
+  uint4 lo, hi;
+  e4m3x16_to_bf16(w, lo, hi);
+  uint8_t* d = slab + row * 128;
+  *reinterpret_cast<uint4*>(d + (((2 * q) ^ (row & 7)) << 4)) = lo;
+  *reinterpret_cast<uint4*>(d + (((2 * q + 1) ^ (row & 7)) << 4)) = hi;
+}
+
+// Variant FS's producer warpgroup (thread u = 0..127, warp pw, lane): per tile i, stage s = i % 2 at
+// sk0 + s * kTileBytes, after the release of tile i - 2 (empty[s]): gathers the tile's 64 code rows by cp.async
+// into the stage's code blocks (lanes 0-15 of each warp hold the byte offsets of its 16 rows, looked up one tile
+// ahead while the copies fly; lane l copies chunk q = l % 4 of every block for rows 16pw + l/4 and + 8: 18
+// cp.async; keys at or past `end` zero-filled), waits for its copies, meets the other producer warps (PROD:
+// every copy landed and visible), then converts in place, block k -> slab k (thread u: rows u/4 and u/4 + 32,
+// chunk u % 4 of every block). Slabs 0-3 lie below the codes; slab 4 covers block 0, slab 5 blocks 1-2, slab 6
+// blocks 3-4, slab 7 blocks 5-6, slab 8 blocks 7-8: so each thread reads block 4 before a PROD barrier that
+// precedes the stores of slab 4 (blocks 0-4 read by all: slabs 4-6 safe), blocks 7 and 8 before one that
+// precedes the stores of slabs 7-8. Then fence.proxy.async (the bf16 stores -> the consumers' wgmma) and full[s].
+// The sparse probe's k_sparse_s producer with the block table in place of the index list (no slot flags: keys
+// past `end` are masked by the consumers as in Z).
+template <int kPg>
+__device__ __forceinline__ void produce_fs(uint8_t* sk0, const uint8_t* codes, const int* bt, int start, int end,
+                                           int ntiles, uint64_t* full, uint64_t* empty, int pw, int lane, int u) {
+  const int q = lane & 3, gr = 16 * pw + (lane >> 2), cr = u >> 2;
+  long long my_off = lane < 16 ? fs_row_offset<kPg>(bt, start + 16 * pw + lane, end) : -1ll;
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i & 1;
+    uint8_t* stage = sk0 + s * kTileBytes;
+    uint8_t* code = stage + kCodeOffFS;
+    if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+    const long long off_a = __shfl_sync(0xffffffffu, my_off, lane >> 2);
+    const long long off_b = __shfl_sync(0xffffffffu, my_off, (lane >> 2) + 8);
+    const uint8_t* src_a = off_a >= 0 ? codes + off_a + 16 * q : codes;
+    const uint8_t* src_b = off_b >= 0 ? codes + off_b + 16 * q : codes;
+    const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;
+    const uint32_t step_a = off_a >= 0 ? 64u : 0u, step_b = off_b >= 0 ? 64u : 0u;
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      cp_async16(code + kBlockFS * k + 64 * gr + 16 * q, src_a + step_a * k, n_a);
+      cp_async16(code + kBlockFS * k + 64 * (gr + 8) + 16 * q, src_b + step_b * k, n_b);
+    }
+    cp_async_commit();
+    my_off = i + 1 < ntiles && lane < 16 ? fs_row_offset<kPg>(bt, start + (i + 1) * kTileKeys + 16 * pw + lane, end)
+                                         : -1ll;
+    cp_async_wait_all();
+    nb_sync<kProdThreads>(kBarProd);  // every producer thread's copies landed and visible
+    const uint8_t* cq = code + 64 * cr + 16 * q;  // this thread's chunk of block 0, row cr (row cr + 32: + 2,048 B)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // slabs 0-3: below the codes
+      const uint4 w0 = *reinterpret_cast<const uint4*>(cq + kBlockFS * k);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(cq + kBlockFS * k + 2048);
+      fs_store_chunk(stage + kSlabBytes * k, cr, q, w0);
+      fs_store_chunk(stage + kSlabBytes * k, cr + 32, q, w1);
+    }
+    {
+      const uint4 w0 = *reinterpret_cast<const uint4*>(cq + kBlockFS * 4);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(cq + kBlockFS * 4 + 2048);
+      nb_sync<kProdThreads>(kBarProd);  // blocks 0-4 read by every producer thread: slabs 4-6 may overwrite them
+      fs_store_chunk(stage + kSlabBytes * 4, cr, q, w0);
+      fs_store_chunk(stage + kSlabBytes * 4, cr + 32, q, w1);
+    }
+#pragma unroll
+    for (int k = 5; k < 7; ++k) {
+      const uint4 w0 = *reinterpret_cast<const uint4*>(cq + kBlockFS * k);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(cq + kBlockFS * k + 2048);
+      fs_store_chunk(stage + kSlabBytes * k, cr, q, w0);
+      fs_store_chunk(stage + kSlabBytes * k, cr + 32, q, w1);
+    }
+    {
+      const uint4 w70 = *reinterpret_cast<const uint4*>(cq + kBlockFS * 7);
+      const uint4 w71 = *reinterpret_cast<const uint4*>(cq + kBlockFS * 7 + 2048);
+      const uint4 w80 = *reinterpret_cast<const uint4*>(cq + kBlockFS * 8);
+      const uint4 w81 = *reinterpret_cast<const uint4*>(cq + kBlockFS * 8 + 2048);
+      nb_sync<kProdThreads>(kBarProd);  // blocks 5-8 read by every producer thread: slabs 7-8 may overwrite them
+      fs_store_chunk(stage + kSlabBytes * 7, cr, q, w70);
+      fs_store_chunk(stage + kSlabBytes * 7, cr + 32, q, w71);
+      fs_store_chunk(stage + kSlabBytes * 8, cr, q, w80);
+      fs_store_chunk(stage + kSlabBytes * 8, cr + 32, q, w81);
+    }
+    fence_proxy_async();  // the generic stores of the bf16 tile -> the consumers' wgmma reads
+    mbar_arrive(&full[s]);
+  }
+}
+
 // kGroups = 1: variant Z (one full barrier per stage); 3: variant Z3 (one per slab group, S k-steps 12g..12g+11
-// issued after group g's barrier). kFp8: variant F, an FP8 cache (kGroups 1): the producer fills a 2-stage ring
-// of E4M3 codes (half the bytes of a bf16 tile), both consumer warpgroups convert tile i into the one bf16 tile
-// stage at the start of step i (after a barrier: both finished step i - 1) and release the code stage right
-// away; the scores carry kv_scale in scale_log2 and the output out_scale. Everything else is the same code.
-template <int kGroups, bool kFp8 = false>
+// issued after group g's barrier). kCache: kCacheBf16 (Z, Z3), kCacheF8 (variant F, an FP8 cache, kGroups 1: the
+// producer fills a 2-stage ring of E4M3 codes (half the bytes of a bf16 tile), both consumer warpgroups convert
+// tile i into the one bf16 tile stage at the start of step i (after a barrier: both finished step i - 1) and
+// release the code stage right away) or kCacheF8Prod (variant FS: Z's bf16 ring and consumers, the producer
+// gathers the codes into the freed stage's upper half and converts them in place: produce_fs). F and FS: the
+// scores carry kv_scale in scale_log2 and the output out_scale. kPg: FS's page size (F, Z, Z3: kPage).
+// Everything else is the same code.
+template <int kGroups, int kCache = kCacheBf16, int kPg = kPage>
 __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p) {
+  constexpr bool kFp8 = kCache == kCacheF8;  // variant F: the consumers convert
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
   uint8_t* sk0 = sq + kTileBytes;                         // F: the bf16 tile stage, then the 2 code stages
@@ -214,29 +321,35 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
     const int lane = tid & 31, pw = warp - 8;
     const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
     const int* bt = p.block_table + (size_t)b * p.max_pages;
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i & 1;
-      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
-      if constexpr (kFp8) {
-        produce_f8_rows(sk0 + kTileBytes + s * kStageF8, p.codes, bt, start + i * kTileKeys, end, pw, lane);
-        cp_async_wait_all();
-        mbar_arrive(&full[s]);
-      } else if constexpr (kGroups == 1) {
-        produce_k_rows(sk0 + s * kTileBytes, cache, bt, start + i * kTileKeys, end, pw, lane);
-        cp_async_wait_all();
-        fence_proxy_async();
-        mbar_arrive(&full[s]);
-      } else {
-        produce_k_rows_grouped(sk0 + s * kTileBytes, cache, bt, start + i * kTileKeys, end, pw, lane);
-        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-        fence_proxy_async();
-        mbar_arrive(&full[3 * s]);
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        fence_proxy_async();
-        mbar_arrive(&full[3 * s + 1]);
-        cp_async_wait_all();
-        fence_proxy_async();
-        mbar_arrive(&full[3 * s + 2]);
+    if constexpr (kCache == kCacheF8Prod) {
+      // the same stages through a pointer the compiler knows is shared memory (LDS/STS for the conversion)
+      produce_fs<kPg>(align1024_shared(smem_raw) + kTileBytes, p.codes, bt, start, end, ntiles, full, empty, pw,
+                      lane, tid - 256);
+    } else {
+      for (int i = 0; i < ntiles; ++i) {
+        const int s = i & 1;
+        if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+        if constexpr (kFp8) {
+          produce_f8_rows(sk0 + kTileBytes + s * kStageF8, p.codes, bt, start + i * kTileKeys, end, pw, lane);
+          cp_async_wait_all();
+          mbar_arrive(&full[s]);
+        } else if constexpr (kGroups == 1) {
+          produce_k_rows(sk0 + s * kTileBytes, cache, bt, start + i * kTileKeys, end, pw, lane);
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(&full[s]);
+        } else {
+          produce_k_rows_grouped(sk0 + s * kTileBytes, cache, bt, start + i * kTileKeys, end, pw, lane);
+          asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+          fence_proxy_async();
+          mbar_arrive(&full[3 * s]);
+          asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+          fence_proxy_async();
+          mbar_arrive(&full[3 * s + 1]);
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(&full[3 * s + 2]);
+        }
       }
     }
     return;
@@ -434,7 +547,7 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
     sl[wg * 64 + row_lo + 8] = l_hi;
   }
   nb_sync<kPairThreads>(kBarAll);
-  if constexpr (kFp8) scale_rows(o, p.out_scale, p.out_scale);  // the codes' kv_scale, left out of V
+  if constexpr (kCache != kCacheBf16) scale_rows(o, p.out_scale, p.out_scale);  // the codes' kv_scale, left out of V
   // The same order in both warpgroups, as Y: l = l_0 + l_1.
   store_rows(p, o, b, split, h0, m_lo, m_hi, sl[row_lo] + sl[64 + row_lo], sl[row_lo + 8] + sl[64 + row_lo + 8]);
 }
@@ -447,12 +560,16 @@ struct VariantZ {
   void (*kernel)(DecodeParams);
   int smem, threads;
 };
-constexpr int kNumVariantsZ = 4;
+constexpr int kNumVariantsZ = 7;
+constexpr int kVarF = 3, kVarFS = 4, kVarFS1 = 5, kVarFS48 = 6;  // FS1 / FS48: FS at page size 1 / 48 (checked only)
 static const VariantZ kVariantsZ[kNumVariantsZ] = {
     {"Y", "Y (the probe's variant Y, lockstep)", k_decode_y, kSmemY, kThreads},
     {"Z", "Z (producer warpgroup + seesaw)", k_decode_zt<1>, kSmemZ, kThreadsZ},
     {"Z3", "Z3 (Z + S per landed slab group)", k_decode_zt<3>, kSmemZ, kThreadsZ},
-    {"F", "F (Z over an FP8 cache: consumers convert the codes)", k_decode_zt<1, true>, kSmemZ, kThreadsZ}};
+    {"F", "F (Z over an FP8 cache: consumers convert the codes)", k_decode_zt<1, kCacheF8>, kSmemZ, kThreadsZ},
+    {"FS", "FS (Z over an FP8 cache: the producer converts in place)", k_decode_zt<1, kCacheF8Prod>, kSmemZ, kThreadsZ},
+    {"FS1", "FS at page size 1", k_decode_zt<1, kCacheF8Prod, 1>, kSmemZ, kThreadsZ},
+    {"FS48", "FS at page size 48", k_decode_zt<1, kCacheF8Prod, 48>, kSmemZ, kThreadsZ}};
 
 static void launch_z(const VariantZ& v, const DecodeParams& p, int batch) {
   const dim3 grid((p.heads + kHeadsPerCta - 1) / kHeadsPerCta, p.num_splits, batch);
@@ -463,7 +580,7 @@ static void launch_z(const VariantZ& v, const DecodeParams& p, int batch) {
 // One correctness case (inputs as the probe's check_case: uniform [-1, 1] q and cache, pages shuffled, NaN in every
 // row no length reaches, outputs poisoned with NaN): Y and the variants in `vis` on the same inputs against the
 // float64 reference; then each variant's output bits compared with Y's.
-static int g_fail_z[kNumVariantsZ] = {0, 0, 0, 0};
+static int g_fail_z[kNumVariantsZ] = {};
 static void check_case_z(const std::vector<int>& vis, const char* name, int heads, int splits,
                          const std::vector<int>& lens, float scale, std::mt19937& rng) {
   const int batch = static_cast<int>(lens.size());
@@ -669,35 +786,38 @@ __global__ void k_fill_codes_e4m3(uint8_t* x, size_t n, uint32_t seed) {
   }
 }
 
-// One correctness case of F (as check_case_z: pages shuffled, rows no length reaches hold NaN codes 0x7F, outputs
-// poisoned) against the float64 reference on the values code * kv_scale.
-static void check_case_f(const char* name, int heads, int splits, const std::vector<int>& lens, float scale,
-                         float kv_scale, std::mt19937& rng) {
+// One correctness case of the FP8-cache variants in `vis` (F, FS: page size 64; FS1, FS48: their own), on the
+// same inputs: as check_case_z, pages (of `pg` rows) shuffled, rows no length reaches hold NaN codes (0x7F),
+// outputs poisoned; against the float64 reference on the values code * kv_scale (which reads a page-64 copy of
+// each request's rows); then each later variant's output bits against the first's.
+static void check_case_f(const std::vector<int>& vis, int pg, const char* name, int heads, int splits,
+                         const std::vector<int>& lens, float scale, float kv_scale, std::mt19937& rng) {
   const int batch = static_cast<int>(lens.size());
   const int max_len = *std::max_element(lens.begin(), lens.end());
-  const int max_pages = std::max(1, (max_len + kPage - 1) / kPage);
+  const int max_pages = std::max(1, (max_len + pg - 1) / pg), ref_pages = std::max(1, (max_len + kPage - 1) / kPage);
   int real_pages = 0;
-  for (int L : lens) real_pages += (L + kPage - 1) / kPage;
+  for (int L : lens) real_pages += (L + pg - 1) / pg;
   const int poison = 4, pages = real_pages + poison;
   std::vector<int> perm(real_pages);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::uniform_int_distribution<int> pick_poison(real_pages, pages - 1);
-  std::vector<int> bt(static_cast<size_t>(batch) * max_pages);
-  std::vector<uint8_t> codes(static_cast<size_t>(pages) * kPage * kD, 0x7F);
-  std::vector<float> cache(codes.size(), NAN);
+  std::vector<int> bt(static_cast<size_t>(batch) * max_pages), bt_ref(static_cast<size_t>(batch) * ref_pages);
+  std::iota(bt_ref.begin(), bt_ref.end(), 0);  // the reference's copy: request b's rows in pages b * ref_pages..
+  std::vector<uint8_t> codes(static_cast<size_t>(pages) * pg * kD, 0x7F);
+  std::vector<float> cache(static_cast<size_t>(batch) * ref_pages * kPage * kD, NAN);
   int next = 0;
   for (int b = 0; b < batch; ++b)
-    for (int pg = 0; pg < max_pages; ++pg) {
-      const bool used = pg * kPage < lens[b];
+    for (int pi = 0; pi < max_pages; ++pi) {
+      const bool used = pi * pg < lens[b];
       const int page = used ? perm[next++] : pick_poison(rng);
-      bt[static_cast<size_t>(b) * max_pages + pg] = page;
+      bt[static_cast<size_t>(b) * max_pages + pi] = page;
       if (!used) continue;
-      for (int r = 0; r < kPage && pg * kPage + r < lens[b]; ++r)
+      for (int r = 0; r < pg && pi * pg + r < lens[b]; ++r)
         for (int d = 0; d < kD; ++d) {
-          const size_t i = (static_cast<size_t>(page) * kPage + r) * kD + d;
+          const size_t i = (static_cast<size_t>(page) * pg + r) * kD + d;
           codes[i] = random_code(rng);
-          cache[i] = e4m3_value(codes[i]) * kv_scale;
+          cache[(static_cast<size_t>(b) * ref_pages * kPage + pi * pg + r) * kD + d] = e4m3_value(codes[i]) * kv_scale;
         }
     }
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
@@ -709,7 +829,7 @@ static void check_case_f(const char* name, int heads, int splits, const std::vec
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < heads; ++h) {
       const size_t row = static_cast<size_t>(b) * heads + h;
-      reference_row(&q[row * kD], cache, &bt[static_cast<size_t>(b) * max_pages], lens[b], splits, scale,
+      reference_row(&q[row * kD], cache, &bt_ref[static_cast<size_t>(b) * ref_pages], lens[b], splits, scale,
                     &ref[row * kDv], &ref_lse[row]);
     }
   DecodeParams p{};
@@ -727,40 +847,54 @@ static void check_case_f(const char* name, int heads, int splits, const std::vec
   CK(cudaMalloc(&p.lse_part, static_cast<size_t>(batch) * splits * heads * sizeof(float)));
   CK(cudaMalloc(&p.out, n_out * sizeof(__nv_bfloat16)));
   CK(cudaMalloc(&p.lse, n_lse * sizeof(float)));
-  CK(cudaMemset(p.o_part, 0xff, static_cast<size_t>(batch) * splits * heads * kDv * sizeof(float)));
-  CK(cudaMemset(p.lse_part, 0xff, static_cast<size_t>(batch) * splits * heads * sizeof(float)));
-  CK(cudaMemset(p.out, 0xff, n_out * sizeof(__nv_bfloat16)));
-  CK(cudaMemset(p.lse, 0xff, n_lse * sizeof(float)));
-  launch_z(kVariantsZ[3], p, batch);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  const std::vector<__nv_bfloat16> out = from_device(p.out, n_out);
-  const std::vector<float> lse = from_device(p.lse, n_lse);
-  double num = 0.0, den = 0.0, lse_err = 0.0;
-  int bad_empty = 0, nonfinite = 0;
-  for (int b = 0; b < batch; ++b)
-    for (int h = 0; h < heads; ++h) {
-      const size_t row = static_cast<size_t>(b) * heads + h;
-      if (lens[b] == 0) {
-        bool ok = lse[row] == -INFINITY;
-        for (int c = 0; c < kDv; ++c) ok = ok && __bfloat162float(out[row * kDv + c]) == 0.f;
-        bad_empty += !ok;
-        continue;
+  std::vector<std::vector<__nv_bfloat16>> outs;
+  std::vector<std::vector<float>> lses;
+  for (int vi : vis) {
+    CK(cudaMemset(p.o_part, 0xff, static_cast<size_t>(batch) * splits * heads * kDv * sizeof(float)));
+    CK(cudaMemset(p.lse_part, 0xff, static_cast<size_t>(batch) * splits * heads * sizeof(float)));
+    CK(cudaMemset(p.out, 0xff, n_out * sizeof(__nv_bfloat16)));
+    CK(cudaMemset(p.lse, 0xff, n_lse * sizeof(float)));
+    launch_z(kVariantsZ[vi], p, batch);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    outs.push_back(from_device(p.out, n_out));
+    lses.push_back(from_device(p.lse, n_lse));
+    const std::vector<__nv_bfloat16>& out = outs.back();
+    const std::vector<float>& lse = lses.back();
+    double num = 0.0, den = 0.0, lse_err = 0.0;
+    int bad_empty = 0, nonfinite = 0;
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < heads; ++h) {
+        const size_t row = static_cast<size_t>(b) * heads + h;
+        if (lens[b] == 0) {
+          bool ok = lse[row] == -INFINITY;
+          for (int c = 0; c < kDv; ++c) ok = ok && __bfloat162float(out[row * kDv + c]) == 0.f;
+          bad_empty += !ok;
+          continue;
+        }
+        for (int c = 0; c < kDv; ++c) {
+          const double x = __bfloat162float(out[row * kDv + c]), r = ref[row * kDv + c];
+          if (!std::isfinite(x)) ++nonfinite;
+          num += (x - r) * (x - r);
+          den += r * r;
+        }
+        if (!std::isfinite(lse[row])) ++nonfinite;
+        lse_err = std::max(lse_err, std::fabs(lse[row] - ref_lse[row]));
       }
-      for (int c = 0; c < kDv; ++c) {
-        const double x = __bfloat162float(out[row * kDv + c]), r = ref[row * kDv + c];
-        if (!std::isfinite(x)) ++nonfinite;
-        num += (x - r) * (x - r);
-        den += r * r;
-      }
-      if (!std::isfinite(lse[row])) ++nonfinite;
-      lse_err = std::max(lse_err, std::fabs(lse[row] - ref_lse[row]));
-    }
-  const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
-  const bool pass = nonfinite == 0 && bad_empty == 0 && rel < 1e-2 && lse_err < 1e-3;
-  g_fail_z[3] += !pass;
-  std::printf("F  %-50s %s  rel L2 %.3e  LSE max abs err %.3e  non-finite %d  bad empty rows %d\n", name,
-              pass ? "PASS" : "FAIL", rel, lse_err, nonfinite, bad_empty);
+    const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
+    const bool pass = nonfinite == 0 && bad_empty == 0 && rel < 1e-2 && lse_err < 1e-3;
+    g_fail_z[vi] += !pass;
+    std::printf("%-4s page %-2d %-46s %s  rel L2 %.3e  LSE max abs err %.3e  non-finite %d  bad empty rows %d\n",
+                kVariantsZ[vi].tag, pg, name, pass ? "PASS" : "FAIL", rel, lse_err, nonfinite, bad_empty);
+  }
+  for (size_t k = 1; k < vis.size(); ++k) {
+    size_t diff_out = 0, diff_lse = 0;
+    for (size_t i = 0; i < n_out; ++i)
+      diff_out += *reinterpret_cast<const uint16_t*>(&outs[0][i]) != *reinterpret_cast<const uint16_t*>(&outs[k][i]);
+    for (size_t i = 0; i < n_lse; ++i) diff_lse += std::memcmp(&lses[0][i], &lses[k][i], sizeof(float)) != 0;
+    std::printf("     %s vs %s bit for bit: %zu of %zu outputs differ, %zu of %zu LSE differ\n", kVariantsZ[vis[k]].tag,
+                kVariantsZ[vis[0]].tag, diff_out, n_out, diff_lse, n_lse);
+  }
   CK(cudaFree(const_cast<__nv_bfloat16*>(p.q)));
   CK(cudaFree(const_cast<uint8_t*>(p.codes)));
   CK(cudaFree(const_cast<int*>(p.block_table)));
@@ -771,7 +905,9 @@ static void check_case_f(const char* name, int heads, int splits, const std::vec
   CK(cudaFree(p.lse));
 }
 
-int main() {
+// Arguments: none (Y / Z checked, Z timed; F and FS checked and timed beside Z) or --with-z3 (Z3 too).
+int main(int argc, char** argv) {
+  const bool with_z3 = argc > 1 && std::strcmp(argv[1], "--with-z3") == 0;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line out at once: a later hang or trap keeps what came before
   CK(cudaSetDevice(0));
   cudaDeviceProp prop;
@@ -799,8 +935,9 @@ int main() {
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
 
-  // Z first (checked and timed with Y), then Z3: a hang or fault in Z3 leaves Z's lines printed.
+  // Z first (checked and timed with Y), then Z3 (--with-z3): a hang or fault in Z3 leaves Z's lines printed.
   for (const std::vector<int>& vis : {std::vector<int>{1}, std::vector<int>{2}}) {
+    if (vis[0] == 2 && !with_z3) continue;
     // Correctness: lengths on and off the 32/64-key edges (0, 1, 31-33, 63-65, 777, 1000, 4095, 8191), empty
     // requests, splits whose start is not 64-aligned, empty splits, one split (direct write), 1 and 2 tiles per
     // split (the seesaw's first and last tile, the P0E skips), padded heads (16 and 64 in a 64-row CTA).
@@ -827,32 +964,47 @@ int main() {
     bench_z(timed, buf, 128, 128, 8192, 1, 509.4, rng);
     bench_z(timed, buf, 16, 32, 8192, 4, 95.3, rng);
   }
-  // F: an FP8 cache (correctness against float64 on code * kv_scale; then timed beside Z's bf16 cache on the
-  // same shapes: the memory-bound 16-head shapes read half the bytes)
+  // F and FS: an FP8 cache (correctness against float64 on code * kv_scale, F and FS on the same inputs, FS at
+  // page sizes 1 and 48 too; then timed beside Z's bf16 cache on the same shapes: the memory-bound 16-head shapes
+  // read half the bytes). FS last: a hang in it leaves F's lines printed.
   {
     std::mt19937 rng(2027);
-    std::printf("\n== %s\ncorrectness vs a float64 reference on code * kv_scale (bf16 output: rel L2 < 1e-2, LSE abs "
-                "< 1e-3)\n", kVariantsZ[3].name);
-    check_case_f("H128 splits 3, L {0,1,63,100,1000,3000}", 128, 3, {0, 1, 63, 100, 1000, 3000}, 0.05f, 0.5f, rng);
-    check_case_f("H16 splits 5, L {64,33,4096,129,777,8191}", 16, 5, {64, 33, 4096, 129, 777, 8191}, 0.05f, 0.25f, rng);
-    check_case_f("H128 splits 1, L {4161,65,2000,0}", 128, 1, {4161, 65, 2000, 0}, 0.02f, 1.0f, rng);
-    check_case_f("H64 splits 32, L {31,32,2049}", 64, 32, {31, 32, 2049}, 0.05f, 0.125f, rng);
-    check_case_f("H16 splits 1, L {0,1,31,32,33,63,64,65,128,129}", 16, 1, {0, 1, 31, 32, 33, 63, 64, 65, 128, 129},
-                 0.05f, 0.5f, rng);
-    check_case_f("H128 splits 2, L {8192,4095}", 128, 2, {8192, 4095}, 0.01f, 2.0f, rng);
-    if (g_fail_z[3]) std::printf("variant F: %d correctness case(s) failed; its timing skipped\n", g_fail_z[3]);
-    std::printf("timing: Z over the bf16 cache, F over the same rows as E4M3 codes (kv_scale 1)\n");
-    bench_z({1, 3}, buf, 16, 32, 8192, 4, 95.3, rng);
-    bench_z({1, 3}, buf, 16, 128, 8192, 1, 316.7, rng);
-    bench_z({1, 3}, buf, 128, 32, 8192, 2, 133.0, rng);
-    bench_z({1, 3}, buf, 128, 128, 8192, 1, 509.4, rng);
+    std::printf("\n== %s and %s\ncorrectness vs a float64 reference on code * kv_scale (bf16 output: rel L2 < 1e-2, "
+                "LSE abs < 1e-3)\n", kVariantsZ[kVarF].name, kVariantsZ[kVarFS].name);
+    const std::vector<int> f_fs = {kVarF, kVarFS};
+    check_case_f(f_fs, 64, "H128 splits 3, L {0,1,63,100,1000,3000}", 128, 3, {0, 1, 63, 100, 1000, 3000}, 0.05f, 0.5f, rng);
+    check_case_f(f_fs, 64, "H16 splits 5, L {64,33,4096,129,777,8191}", 16, 5, {64, 33, 4096, 129, 777, 8191}, 0.05f,
+                 0.25f, rng);
+    check_case_f(f_fs, 64, "H128 splits 1, L {4161,65,2000,0}", 128, 1, {4161, 65, 2000, 0}, 0.02f, 1.0f, rng);
+    check_case_f(f_fs, 64, "H64 splits 32, L {31,32,2049}", 64, 32, {31, 32, 2049}, 0.05f, 0.125f, rng);
+    check_case_f(f_fs, 64, "H16 splits 1, L {0,1,31,32,33,63,64,65,128,129}", 16, 1,
+                 {0, 1, 31, 32, 33, 63, 64, 65, 128, 129}, 0.05f, 0.5f, rng);
+    check_case_f(f_fs, 64, "H128 splits 2, L {8192,4095}", 128, 2, {8192, 4095}, 0.01f, 2.0f, rng);
+    for (int vi : {kVarFS1, kVarFS48}) {
+      const int pg = vi == kVarFS1 ? 1 : 48;
+      check_case_f({vi}, pg, "H16 splits 1, L {0,1,47,48,49,63,64,65,129}", 16, 1, {0, 1, 47, 48, 49, 63, 64, 65, 129},
+                   0.05f, 0.5f, rng);
+      check_case_f({vi}, pg, "H128 splits 3, L {1000,33,3001,96}", 128, 3, {1000, 33, 3001, 96}, 0.05f, 0.25f, rng);
+      check_case_f({vi}, pg, "H64 splits 7, L {2049,5,777}", 64, 7, {2049, 5, 777}, 0.02f, 1.0f, rng);
+    }
+    for (int vi = kVarF; vi < kNumVariantsZ; ++vi)
+      if (g_fail_z[vi]) std::printf("variant %s: %d correctness case(s) failed; its timing skipped\n", kVariantsZ[vi].tag, g_fail_z[vi]);
+    std::printf("timing: Z over the bf16 cache, F and FS over the same rows as E4M3 codes (kv_scale 1), page 64\n");
+    bench_z({1, kVarF, kVarFS}, buf, 16, 32, 8192, 4, 95.3, rng);
+    bench_z({1, kVarF, kVarFS}, buf, 16, 128, 8192, 1, 316.7, rng);
+    bench_z({1, kVarF, kVarFS}, buf, 128, 32, 8192, 2, 133.0, rng);
+    bench_z({1, kVarF, kVarFS}, buf, 128, 128, 8192, 1, 509.4, rng);
   }
   CK(cudaFree(buf.cache));
   CK(cudaFree(buf.codes));
   CK(cudaFree(buf.q));
   CK(cudaFree(buf.flush));
-  const bool ok = g_fail_z[0] == 0 && g_fail_z[1] == 0 && g_fail_z[2] == 0 && g_fail_z[3] == 0;
-  std::printf("\n%s: Y %d, Z %d, Z3 %d, F %d correctness case(s) failed\n", ok ? "ALL PASS" : "FAIL", g_fail_z[0],
-              g_fail_z[1], g_fail_z[2], g_fail_z[3]);
+  bool ok = true;
+  std::printf("\n");
+  for (int vi = 0; vi < kNumVariantsZ; ++vi) {
+    ok = ok && g_fail_z[vi] == 0;
+    std::printf("%s %d%s", kVariantsZ[vi].tag, g_fail_z[vi], vi + 1 < kNumVariantsZ ? ", " : "");
+  }
+  std::printf(" correctness case(s) failed%s: %s\n", with_z3 ? "" : " (Z3 not run)", ok ? "ALL PASS" : "FAIL");
   return ok ? 0 : 1;
 }

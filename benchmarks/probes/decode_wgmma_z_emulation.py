@@ -1,4 +1,4 @@
-"""CPU checks of the decode probe's variants Z, Z3 and F (decode_wgmma_probe_z.cu) that need no GPU.
+"""CPU checks of the decode probe's variants Z, Z3, F and FS (decode_wgmma_probe_z.cu) that need no GPU.
 
 1. Protocol: the producer and the two consumer warpgroups as three programs of barrier operations (mbarrier
    arrive / parity wait, named-barrier bar.arrive / bar.sync with the hardware's counting: a generation completes
@@ -14,8 +14,18 @@
    factors are all 1) emulated in float32 torch against variant Y's order (both warpgroups compute m1, m2, a1, a2
    from both maxima; the a2 multiply skipped when every a2 of the CTA is 1) on random tiles with masked tails,
    rising and settled maxima: the float32 results must be bit for bit equal. (Z3's math is Z's.)
+3. Variant FS (Z's consumers; the producer gathers a tile's E4M3 codes into the freed bf16 stage's upper half
+   and converts them there in place). Its producer is k_sparse_s's op for op (the same code-block layout, thread
+   mappings and three PROD barriers; the block table in place of the index list, no slot flags), so its
+   in-place conversion and protocol are checked by sparse_wgmma_s_emulation.py's model, imported: the per-thread
+   byte ranges (every code read finds its code, no byte stored in a phase read in that or a later phase, the
+   stage ends as the slab layout), every interleaving of two producer halves and Z's two consumer warpgroups for
+   1..6 tiles, and its seven broken variants. Added here, FS's own part: produce_fs's paged gather, its source
+   and destination address per lane and copy, for page sizes 1, 48 and 64, splits starting on any 32-key
+   boundary and tails past the length (every code byte of the tile from the right cache byte or zero-filled,
+   written once), with three broken forms caught.
 
-    python3 benchmarks/probes/decode_wgmma_z_emulation.py     # a few seconds
+    python3 benchmarks/probes/decode_wgmma_z_emulation.py     # about a minute (FS's interleavings)
 """
 import sys
 
@@ -441,6 +451,93 @@ def check_numerics():
     return worst
 
 
+# ------------------------------------------------------------------------------------------------------------
+# 3. Variant FS.
+
+KD, CODE_OFF_FS, BLOCK_FS = 576, 36864, 4096
+
+
+def fs_gather(P, bt, start, end, i, page_mod=None, src_step=64, row_b=8):
+    """produce_fs's copies for tile i: {stage byte: cache byte or None (zero-filled)}, as the kernel computes
+    them (lanes 0-15 of warp pw hold rows 16pw + lane; lane l copies chunk q = l % 4 of every code block k for rows
+    16pw + l/4 and + row_b, from offset + 16q + src_step * k). page_mod, src_step, row_b: broken forms."""
+    mod = page_mod or P
+    out = {}
+    for pw in range(4):
+        my_off = []
+        for lane in range(16):
+            pos = start + 64 * i + 16 * pw + lane
+            my_off.append((bt[pos // P] * P + pos % mod) * KD if pos < end else -1)
+        for lane in range(32):
+            q, gr = lane & 3, 16 * pw + (lane >> 2)
+            for row, off in ((gr, my_off[lane >> 2]), (gr + row_b, my_off[((lane >> 2) + row_b) % 16])):
+                for k in range(9):
+                    dst = CODE_OFF_FS + BLOCK_FS * k + 64 * row + 16 * q
+                    for b in range(16):
+                        if dst + b in out:
+                            raise Hazard(f"stage byte {dst + b} written twice")
+                        out[dst + b] = off + 16 * q + src_step * k + b if off >= 0 else None
+    return out
+
+
+def check_fs_gather(**broken):
+    """Every tile of a few requests (page sizes 1, 48, 64; splits starting on 32-key boundaries; lengths off the
+    64-key edges): code byte c of tile row r at CODE_OFF + 4096 (c // 64) + 64 r + c % 64 comes from the cache
+    byte of key start + 64 i + r (through the block table), or is zero past `end`. Returns the first error."""
+    g = torch.Generator().manual_seed(10)
+    for P in (1, 48, 64):
+        for start, end in ((0, 1), (0, 130), (32, 257), (96, 200), (64 * 3 + 32, 64 * 3 + 32 + 64 * 2 + 17)):
+            pages = (end + P - 1) // P
+            bt = torch.randperm(4 * pages + 3, generator=g)[:pages].tolist()
+            for i in range((end - start + 63) // 64):
+                got = fs_gather(P, bt, start, end, i, **broken)
+                if len(got) != 64 * KD:
+                    return f"P={P} start={start} tile {i}: {len(got)} code bytes written, want {64 * KD}"
+                for r in range(64):
+                    pos = start + 64 * i + r
+                    base = (bt[pos // P] * P + pos % P) * KD if pos < end else None
+                    for c in range(0, KD, 7):
+                        want = base + c if base is not None else None
+                        a = CODE_OFF_FS + BLOCK_FS * (c // 64) + 64 * r + c % 64
+                        if got.get(a, "unwritten") != want:
+                            return f"P={P} start={start} end={end} tile {i} row {r} col {c}: {got.get(a)} != {want}"
+    return None
+
+
+def check_fs():
+    """Variant FS: S's model (imported) for the in-place conversion and the protocol, then FS's paged gather."""
+    import sparse_wgmma_s_emulation as s  # imports this module's Z programs for the consumers
+
+    bad = 0
+    errors = s.check_layout()
+    print(f"  in-place conversion, byte ranges (S's model): {'OK' if not errors else 'FAIL: ' + '; '.join(errors[:3])}")
+    bad += bool(errors)
+    for T in range(1, 7):
+        try:
+            n, finals, dl = s.check_protocol(T)
+        except (s.Hazard, AssertionError) as e:
+            print(f"  T={T}: HAZARD {e}")
+            bad += 1
+            continue
+        print(f"  T={T}: {n} states, {finals} final, {len(dl)} deadlocked")
+        bad += bool(dl) + (finals == 0)
+    print("  broken variants of the in-place protocol (S's, must all be caught):")
+    bad += s.check_mutants() != len(s.MUTANTS)
+    err = check_fs_gather()
+    print(f"  paged gather (page sizes 1, 48, 64): {'OK' if err is None else 'FAIL: ' + err}")
+    bad += err is not None
+    for name, broken in [("pos % 64 for the in-page row", {"page_mod": 64}),
+                         ("code blocks 16 B apart in the row", {"src_step": 16}),
+                         ("second row 4 below the first", {"row_b": 4})]:
+        try:
+            err = check_fs_gather(**broken)
+        except Hazard as e:
+            err = str(e)
+        print(f"  broken gather '{name}': {'caught: ' + err if err else 'NOT caught'}")
+        bad += err is None
+    return bad
+
+
 def main() -> int:
     bad = 0
     for G in (1, 3, 0):
@@ -468,6 +565,8 @@ def main() -> int:
     diff = check_numerics()
     print(f"  {40 - diff} of 40 bit for bit equal ({SKIPPED[1]} warp rescales skipped, {SKIPPED[0]} done)")
     bad += diff
+    print("variant FS (producer converts in place):")
+    bad += check_fs()
     print("ALL PASS" if bad == 0 else f"FAIL ({bad})")
     return 1 if bad else 0
 
