@@ -13,6 +13,11 @@
 // correctly rounded quotient, scale = p_amax / 448) before P·V; the codes are exact in bf16, so P·V runs on the
 // bf16 values of the codes and the scale multiplies O once at the end. Variant NOPP is the bf16 kernel without the
 // turn barriers (an ablation: what the ping-pong ordering is worth).
+// Variants TMA, TMAX, TMX8 (added after the first device run's profile: the cp.async producer warps issued ~400
+// instructions per tile and warp, as many as the two consumers' warps together, and the consumers waited for K):
+// one producer thread loads Q, K and V by TMA (3D tensor maps over [rows, heads, d], one box per 128-byte slab,
+// completing on the full barriers with expect_tx; no publication lag, so >= 2 stages suffice); TMAX also takes each
+// tile's row maxima as trees of depth 4 instead of chains of 16 FMNMX (the same values); TMX8 is TMAX with P8.
 // The key tile is the contract's P tile (prefill block_n = 64, docs/numerics.md): the running maximum is updated
 // once per 64-key tile at absolute key positions, P is rounded against it, O rescaled in tile order: the
 // reference's numbers up to float32 arithmetic (ex2 / fma order / wgmma summation order).
@@ -38,6 +43,9 @@
 //               of the tile, the last wgmma reading the stage). Tile i's release completes phase i / kStages of
 //               empty[i % kStages]; the producer fills tile i >= kStages after waiting for the release of tile
 //               i - kStages: parity (i / kStages - 1) & 1.
+//   TMA variants: fullQ / fullK[s] / fullV[s] have count 1, the producer thread's arrive.expect_tx with the bytes
+//   of its boxes, and complete when those bytes land; the producer issues tile i right after the empty wait
+//   (same parity), with no lag, and its other 127 threads exit after setmaxnreg.
 //   No phase can run ahead of its waiter: full*[s] completes again only after both consumers released the tile
 //   it holds (each releases after its full waits), and empty[s] only after the producer refilled the stage.
 // The producer publishes a tile one tile late: it issues tile i's copies (cp.async groups K_i, V_i), then waits
@@ -70,11 +78,14 @@
 // are caught.
 #include "probe_common.cuh"
 
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 
 constexpr int kBM = 128, kBN = 64, kDqk = 192, kDv = 128, kStages = 4;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + 1 producer warpgroup
@@ -98,6 +109,13 @@ struct PrefillParams {
   int heads, total_q, causal;
   float scale_log2;        // softmax_scale * log2(e)
   float p_scale, p_rscale; // P8: scale = p_amax / 448 (float32) and its correctly rounded reciprocal
+};
+
+// Variant TMA's tensor maps: X [rows, heads, D] bf16 as the 3D tensor (D, heads, rows), box (64, 1, 64) = one slab
+// [64 rows x 128 B] with the 128-byte swizzle (the layout of slab_off). Rows past the tensor's end land as zeros;
+// rows past a sequence's end inside the tensor are the next sequence's (finite: masked keys get P = 0 exactly).
+struct TmaMaps {
+  CUtensorMap q, k, v;
 };
 
 // m64n128k16 bf16 RS: A (P) from 4 registers, B (V) MN-major from shared memory.
@@ -140,6 +158,19 @@ __device__ __forceinline__ uint32_t pack_e4m3_as_bf16(float lo, float hi, float 
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(codes));
   const __half2 h = *reinterpret_cast<const __half2*>(&h2);
   return pack_bf16(__low2float(h), __high2float(h));
+}
+
+// TMA: the producer thread's expected byte count on a full barrier (its one arrival), and one box (64 features x
+// 64 rows of head h from row `row`, feature `col`) into a 1024-aligned slab, completing on `bar`.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(h), "r"(row), "r"(smem_u32(bar))
+      : "memory");
 }
 
 // A basic-block boundary that ptxas cannot remove: a branch on a value it cannot know (a row sum, never negative,
@@ -197,8 +228,11 @@ __device__ __forceinline__ int cta_tiles(int q0, int len_q, int len_k, int causa
 }
 
 // kPingPong false: the ablation without the turn barriers (both consumers issue whenever their data is there).
-template <bool kP8, bool kPingPong>
-__global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p) {
+// kTma: one producer thread loads Q, K, V by TMA (tm) instead of the producer warpgroup's cp.async.
+// kTreeMax: the row maxima of a tile as trees of depth 4 instead of two chains of 16 dependent FMNMX (the same
+// values: max is exact in any order).
+template <bool kP8, bool kPingPong, bool kTma, bool kTreeMax>
+__global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p, const __grid_constant__ TmaMaps tm) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
   uint8_t* sstage = sq + 2 * kQWgBytes;
@@ -233,17 +267,42 @@ __global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p) 
     return;
   }
   if (tid == 0) {
-    mbar_init(full_q, 128);
+    const int producers = kTma ? 1 : 128;
+    mbar_init(full_q, producers);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full_k[s], 128);
-      mbar_init(&full_v[s], 128);
+      mbar_init(&full_k[s], producers);
+      mbar_init(&full_v[s], producers);
       mbar_init(&empty[s], 8);
     }
+    if (kTma) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if constexpr (kTma) {  // thread 256 alone; tile i is published when its bytes land (no lag: >= 2 stages)
+      if (tid != 256) return;
+      for (int i = 0; i < n; ++i) {
+        const int s = i % kStages;
+        if (i >= kStages) mbar_wait(&empty[s], (i / kStages - 1) & 1);
+        if (i == 0) {
+          mbar_expect_tx(full_q, 2 * kQWgBytes);
+#pragma unroll
+          for (int c = 0; c < 6; ++c)
+            tma_slab(sq + (c / 3) * kQWgBytes + (c % 3) * 8192, &tm.q, 64 * (c % 3), h, q_begin_seq + q0 + 64 * (c / 3),
+                     full_q);
+        }
+        uint8_t* sk = sstage + s * kStageBytes;
+        const int row = k_begin_seq + i * kBN;
+        mbar_expect_tx(&full_k[s], kKBytes);
+#pragma unroll
+        for (int c = 0; c < 3; ++c) tma_slab(sk + c * 8192, &tm.k, 64 * c, h, row, &full_k[s]);
+        mbar_expect_tx(&full_v[s], kVBytes);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) tma_slab(sk + kKBytes + c * 8192, &tm.v, 64 * c, h, row, &full_v[s]);
+      }
+      return;
+    }
     const int pt = tid - 256;
     for (int i = 0; i < n; ++i) {
       const int s = i % kStages;
@@ -321,9 +380,20 @@ __global__ void __launch_bounds__(kThreads, 1) k_prefill(const PrefillParams p) 
       }
     }
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
+    if constexpr (kTreeMax) {  // 4 chains of 4 per row, then 2 levels (a full tree of 16 spills: 16 more live values)
+      float lo[4], hi[4];  // element e = 4q + 2r + b is row r's value 2q + b
 #pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      if (e & 2) mx_hi = fmaxf(mx_hi, sc[e]); else mx_lo = fmaxf(mx_lo, sc[e]);
+      for (int c = 0; c < 4; ++c) {
+        lo[c] = fmaxf(fmaxf(sc[8 * c], sc[8 * c + 1]), fmaxf(sc[8 * c + 4], sc[8 * c + 5]));
+        hi[c] = fmaxf(fmaxf(sc[8 * c + 2], sc[8 * c + 3]), fmaxf(sc[8 * c + 6], sc[8 * c + 7]));
+      }
+      mx_lo = fmaxf(fmaxf(lo[0], lo[1]), fmaxf(lo[2], lo[3]));
+      mx_hi = fmaxf(fmaxf(hi[0], hi[1]), fmaxf(hi[2], hi[3]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        if (e & 2) mx_hi = fmaxf(mx_hi, sc[e]); else mx_lo = fmaxf(mx_lo, sc[e]);
+      }
     }
 #pragma unroll
     for (int d = 1; d <= 2; d <<= 1) {
@@ -447,18 +517,48 @@ __global__ void k_fill_uniform(__nv_bfloat16* x, size_t n, uint32_t seed) {
 struct Variant {
   const char* tag;
   const char* name;
-  void (*kernel)(PrefillParams);
+  void (*kernel)(PrefillParams, TmaMaps);
   bool p8;
 };
-constexpr int kNumVariants = 3;
+constexpr int kNumVariants = 6;
 static const Variant kVariants[kNumVariants] = {
-    {"BF16", "bf16 P", k_prefill<false, true>, false},
-    {"P8", "P quantized to FP8 E4M3 in the kernel", k_prefill<true, true>, true},
-    {"NOPP", "bf16 P without the ping-pong turns (ablation)", k_prefill<false, false>, false}};
+    {"BF16", "bf16 P", k_prefill<false, true, false, false>, false},
+    {"P8", "P quantized to FP8 E4M3 in the kernel", k_prefill<true, true, false, false>, true},
+    {"NOPP", "bf16 P without the ping-pong turns (ablation)", k_prefill<false, false, false, false>, false},
+    {"TMA", "bf16 P, Q / K / V by TMA from one producer thread", k_prefill<false, true, true, false>, false},
+    {"TMAX", "TMA with the row maxima as trees", k_prefill<false, true, true, true>, false},
+    {"TMX8", "TMAX with P quantized to FP8 E4M3", k_prefill<true, true, true, true>, true}};
 
-static void launch(const Variant& v, const PrefillParams& p, int batch, int max_len_q) {
+typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiledFn g_encode = nullptr;  // cuTensorMapEncodeTiled from the driver (main)
+
+// X [rows, heads, d] bf16 as (d, heads, rows), box (64, 1, 64), 128-byte swizzle (TmaMaps).
+static CUtensorMap slab_map(const __nv_bfloat16* x, int rows, int heads, int d) {
+  CUtensorMap m;
+  std::memset(&m, 0, sizeof(m));
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(std::max(rows, 1))};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 2, static_cast<cuuint64_t>(heads) * d * 2};
+  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
+  const CUresult r = g_encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(x), dims, strides,
+                              box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
+    std::exit(2);
+  }
+  return m;
+}
+static TmaMaps make_maps(const PrefillParams& p, int total_k) {
+  return TmaMaps{slab_map(p.q, p.total_q, p.heads, kDqk), slab_map(p.k, total_k, p.heads, kDqk),
+                 slab_map(p.v, total_k, p.heads, kDv)};
+}
+
+static void launch(const Variant& v, const PrefillParams& p, const TmaMaps& maps, int batch, int max_len_q) {
   const dim3 grid((max_len_q + kBM - 1) / kBM, p.heads, batch);
-  v.kernel<<<grid, kThreads, kSmem>>>(p);
+  v.kernel<<<grid, kThreads, kSmem>>>(p, maps);
 }
 
 // E4M3 (fn) round to nearest even, saturating at 448, of a non-negative double.
@@ -507,7 +607,7 @@ static void reference_row(const float* q, const std::vector<float>& k, const std
   *lse = l > 0 ? m + std::log(l) : -INFINITY;
 }
 
-static int g_fail[kNumVariants] = {0, 0, 0};
+static int g_fail[kNumVariants] = {};
 
 // One correctness case: sequences (len_q, len_k), uniform [-1, 1] bf16 inputs, outputs poisoned with NaN; each
 // variant against the float64 contract of its own P rounding (and, for P8, the distance to the bf16 contract).
@@ -570,11 +670,12 @@ static void check_case(const char* name, int heads, bool causal, float scale, co
   const size_t n_out = (size_t)total_q * heads * kDv, n_lse = (size_t)total_q * heads;
   CK(cudaMalloc(&p.o, std::max<size_t>(n_out, 1) * sizeof(__nv_bfloat16)));
   CK(cudaMalloc(&p.lse, std::max<size_t>(n_lse, 1) * sizeof(float)));
+  const TmaMaps maps = make_maps(p, total_k);
   for (int vi = 0; vi < kNumVariants; ++vi) {
     const Variant& var = kVariants[vi];
     CK(cudaMemset(p.o, 0xff, n_out * sizeof(__nv_bfloat16)));  // NaN
     CK(cudaMemset(p.lse, 0xff, n_lse * sizeof(float)));
-    launch(var, p, batch, max_q);
+    launch(var, p, maps, batch, max_q);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     const std::vector<__nv_bfloat16> out = from_device(p.o, n_out);
@@ -651,11 +752,12 @@ static void bench(const Variant& var, const BenchBuffers& buf, int batch, int L,
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
+  const TmaMaps maps = make_maps(p, batch * L);
   std::vector<float> us;
   for (int it = 0; it < 23; ++it) {
     CK(cudaMemsetAsync(buf.flush, it & 0xff, buf.flush_bytes));
     CK(cudaEventRecord(e0));
-    launch(var, p, batch, L);
+    launch(var, p, maps, batch, L);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaGetLastError());
@@ -688,6 +790,14 @@ int main() {
     std::printf("FAIL: needs compute capability 9.0 (sm_90a)\n");
     return 2;
   }
+  void* enc = nullptr;
+  cudaDriverEntryPointQueryResult qres;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &enc, 12000, cudaEnableDefault, &qres));
+  if (qres != cudaDriverEntryPointSuccess || !enc) {
+    std::printf("FAIL: cuTensorMapEncodeTiled not found\n");
+    return 2;
+  }
+  g_encode = reinterpret_cast<EncodeTiledFn>(enc);
   for (const Variant& v : kVariants)
     CK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
 
@@ -736,8 +846,12 @@ int main() {
   CK(cudaFree(buf.o));
   CK(cudaFree(buf.lse));
   CK(cudaFree(buf.flush));
-  const bool ok = g_fail[0] == 0 && g_fail[1] == 0 && g_fail[2] == 0;
-  std::printf("\n%s: BF16 %d, P8 %d, NOPP %d correctness case(s) failed\n", ok ? "ALL PASS" : "FAIL", g_fail[0],
-              g_fail[1], g_fail[2]);
+  bool ok = true;
+  std::string fails;
+  for (int vi = 0; vi < kNumVariants; ++vi) {
+    ok = ok && g_fail[vi] == 0;
+    fails += std::string(vi ? ", " : "") + kVariants[vi].tag + " " + std::to_string(g_fail[vi]);
+  }
+  std::printf("\n%s: %s correctness case(s) failed\n", ok ? "ALL PASS" : "FAIL", fails.c_str());
   return ok ? 0 : 1;
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of the WGMMA prefill probe's bf16 ping-pong kernel (k_prefill<false, true>) at causal
-# 4 x 4096, 128 heads, on a Firecracker H200 (--clock-control none leaves the clocks alone):
+# Nsight Compute profile of one WGMMA prefill probe kernel (default: variant BF16, the cp.async ping-pong kernel) at
+# causal 4 x 4096, 128 heads, on a Firecracker H200 (--clock-control none leaves the clocks alone):
 #   MLA_COMMIT=<hash> bash benchmarks/probes/profile_prefill_probe.sh     (writes $OUT/ncu_prefill*.txt, .ncu-rep)
-# ncu matches the demangled base name, so --kernel-name k_prefill counts every variant's launches: 18 correctness
-# launches (6 cases x 3 variants, BF16 first in each) and BF16 4x4096's 3 warm-ups come first; --launch-skip 26
-# profiles that shape's 6th timed launch.
+# ncu matches the demangled base name, so --kernel-name k_prefill counts every variant's launches: 36 correctness
+# launches (6 cases x 6 variants) and BF16 4x4096's 3 warm-ups come first; LAUNCH_SKIP=44 (the default) profiles
+# that shape's 6th timed launch. Each variant times 46 launches (23 per shape), in the order BF16, P8, NOPP, TMA,
+# TMAX, TMX8: LAUNCH_SKIP=$((36 + 46 * v + 8)) profiles variant v's (0-based) 4x4096 (TMAX: 228). (The first
+# profile, at e7487f0 with 3 variants, took --launch-skip 26.)
 # Question (benchmarks/NOTES.md, "WGMMA prefill probe: results and profile"): at 49-55 % of the 840 TFLOP/s floor
 # and the ping-pong worth only 3.5 %, is the tensor pipe starved by the producer's cp.async issue, by L2 / shared
 # memory, or by the consumers' softmax between turns? Stall reasons: per warp (the WarpStateStats ratios) and per
@@ -27,13 +29,13 @@ SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section Mem
 SECTIONS+=" --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats"
 SECTIONS+=" --section SourceCounters"
 REP="$OUT/ncu_prefill"
-timeout "${NCU_TIMEOUT:-200}" "$NCU" --clock-control none --kernel-name k_prefill --launch-skip 26 --launch-count 1 \
+timeout "${NCU_TIMEOUT:-200}" "$NCU" --clock-control none --kernel-name k_prefill --launch-skip "${LAUNCH_SKIP:-44}" --launch-count 1 \
   $SECTIONS --metrics "$METRICS" -o "$REP" -f "$BIN" >"$OUT/ncu_prefill_run.txt" 2>&1
 rc=$?
 echo "rc=$rc"
 if [ ! -f "$REP.ncu-rep" ]; then  # a metric this ncu does not know fails the whole run: the sections alone
   tail -5 "$OUT/ncu_prefill_run.txt"
-  timeout "${NCU_TIMEOUT:-200}" "$NCU" --clock-control none --kernel-name k_prefill --launch-skip 26 --launch-count 1 \
+  timeout "${NCU_TIMEOUT:-200}" "$NCU" --clock-control none --kernel-name k_prefill --launch-skip "${LAUNCH_SKIP:-44}" --launch-count 1 \
     $SECTIONS -o "$REP" -f "$BIN" >"$OUT/ncu_prefill_run2.txt" 2>&1
   echo "sections only: rc=$?"
 fi

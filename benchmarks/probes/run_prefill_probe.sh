@@ -2,8 +2,8 @@
 # Build and run the WGMMA prefill probe (benchmarks/probes/prefill_wgmma_probe.cu) on an H100 / H200:
 #   MLA_COMMIT=<hash> bash benchmarks/probes/run_prefill_probe.sh | tee $OUT/prefill_probe.log
 # First the CPU protocol check (prefill_wgmma_emulation.py), then the build with ptxas's report, then the program:
-# correctness of the variants (bf16 P, FP8 P, bf16 without ping-pong) against the float64 contract, then causal timing at 4x4096 and
-# 1x16384 (128 heads). Exit status: the program's (0 when every correctness case passes), 124 when it ran past
+# correctness of the variants (bf16 P, FP8 P, bf16 without ping-pong; the TMA producer, with tree row maxima, and
+# that with FP8 P) against the float64 contract, then causal timing at 4x4096 and 1x16384 (128 heads). Exit status: the program's (0 when every correctness case passes), 124 when it ran past
 # the timeout (a hang: the barriers are the suspect, see the protocol comment at the top of the source).
 # NVCC and BIN override the compiler and the binary's path.
 set -uo pipefail
@@ -19,7 +19,7 @@ probe_kernels
 echo "ptxas: $(grep -cE 'C7510|C7512|C7514|C7520' "$BIN.ptxas.log") wgmma serialization warnings, $(grep -c C7519 "$BIN.ptxas.log") C7519"
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass "$BIN" >"$BIN.sass" 2>/dev/null || true
-  for fn in _Z9k_prefillILb0ELb1EEv13PrefillParams _Z9k_prefillILb1ELb1EEv13PrefillParams _Z9k_prefillILb0ELb0EEv13PrefillParams; do
+  for fn in $(grep -o "_Z9k_prefill[A-Za-z0-9_]*" "$BIN.ptxas.log" | sort -u); do
     awk -v f="$fn" '/Function : /{p = index($0, f) > 0} p' "$BIN.sass" >"$BIN.fn.sass"
     echo "SASS of $fn: $(grep -c 'HGMMA' "$BIN.fn.sass") HGMMA, $(grep -c 'LDGSTS' "$BIN.fn.sass") LDGSTS," \
          "$(grep -c 'WARPGROUP.DEPBAR' "$BIN.fn.sass") wgmma waits, $(grep -c 'MUFU.EX2' "$BIN.fn.sass") MUFU.EX2," \
