@@ -161,9 +161,18 @@ class _Rand:
         return torch.randperm(n, generator=self.gen, device=self.device)
 
 
-def _amax(x: torch.Tensor, fmt: str | None) -> float | None:
-    """Per-tensor amax a calibrated caller would pass for a quantized operand (None when not quantized)."""
-    return float(x.abs().max().float()) if fmt is not None and x.numel() else None
+CALIBRATED_AMAX = 4.0
+"""The per-tensor amax :func:`make_call` passes for every quantized operand, its values clamped to it: one
+constant, as a calibrated model passes, so every input set of a problem (and the compile-ahead run of its
+kind) meets the same kernel specialization (Triton kernels specialize on whether a scale is a power of two
+and on K and V sharing one); an amax measured per set changed them from set to set and recompiled mid-timing."""
+
+
+def _calibrated(x: torch.Tensor, fmt: str | None) -> tuple[torch.Tensor, float | None]:
+    """``x`` clamped to :data:`CALIBRATED_AMAX` and that amax for a quantized operand; ``(x, None)`` when not quantized."""
+    if fmt is None:
+        return x, None
+    return x.clamp(-CALIBRATED_AMAX, CALIBRATED_AMAX), CALIBRATED_AMAX
 
 
 def _decode(p: Problem, r: _Rand):
@@ -171,22 +180,22 @@ def _decode(p: Problem, r: _Rand):
     dim = p["kv_lora_rank"] + p["rope_dim"]
     max_pages = max(1, p["max_len"] // page)
     capacity = max_pages * page
-    cache = r.normal((batch * max_pages, page, dim), torch.float32)
+    kqdq, vqdq = p["k_qdq"], p["v_qdq"]
+    cache, k_amax = _calibrated(r.normal((batch * max_pages, page, dim), torch.float32), kqdq or vqdq)
     kv_scale = None
     if p["dtype"] == "float8_e4m3fn":  # an FP8 cache: the codes of those values at a calibrated scale
         kv_scale = float(cache.abs().max()) / 448 if cache.numel() else 1.0
-        values, cache = cache, (cache / kv_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        cache = (cache / kv_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
     else:
-        values = cache = cache.to(_dtype(p["dtype"]))
+        cache = cache.to(_dtype(p["dtype"]))
     table = r.perm(batch * max_pages).view(batch, max_pages).to(torch.int32)
     lens = r.ints(capacity // 2 + 1 if capacity > 1 else 1, capacity, (batch,)).to(torch.int32)
     q = r.normal((batch, p["heads"], dim), _dtype(p["q_dtype"]))
     splits = p["num_kv_splits"]
-    kqdq, vqdq = p["k_qdq"], p["v_qdq"]
     return specs.validate_decode(
         q, cache, table, lens, softmax_scale=dim ** -0.5, kv_lora_rank=p["kv_lora_rank"],
         qk_rope_head_dim=p["rope_dim"], page_size=page, num_kv_splits=splits, k_qdq=kqdq,
-        k_qdq_amax=_amax(values, kqdq), v_qdq=vqdq, v_qdq_amax=_amax(values[..., :p["kv_lora_rank"]], vqdq),
+        k_qdq_amax=k_amax if kqdq else None, v_qdq=vqdq, v_qdq_amax=k_amax if vqdq else None,
         p_qdq=p["p_qdq"], p_qdq_amax=1.0, return_lse="lse" in p.features, out_dtype=_dtype(p["out_dtype"]),
         kv_scale=kv_scale)
 
@@ -200,14 +209,14 @@ def _prefill(p: Problem, r: _Rand):
     else:
         k_lens = [total_k // batch + (1 if i < total_k % batch else 0) for i in range(batch)]
         cu_k = torch.tensor([0] + [sum(k_lens[:i + 1]) for i in range(batch)], dtype=torch.int32, device=r.device)
-    q = r.normal((batch * len_q, heads, p["qk_dim"]), dtype)
-    k = r.normal((total_k, kv_heads, p["qk_dim"]), dtype)
-    v = r.normal((total_k, kv_heads, p["v_dim"]), dtype)
+    q, q_amax = _calibrated(r.normal((batch * len_q, heads, p["qk_dim"]), dtype), p["q_quant"])
+    k, k_amax = _calibrated(r.normal((total_k, kv_heads, p["qk_dim"]), dtype), p["k_quant"])
+    v, v_amax = _calibrated(r.normal((total_k, kv_heads, p["v_dim"]), dtype), p["v_quant"])
     m = p["sparsity_m"] or 4
     return specs.validate_prefill(
         q, k, v, cu_q, cu_k, len_q, None, bool(p["causal"]), "lse" in p.features,
         q_quant=p["q_quant"], k_quant=p["k_quant"], p_quant=p["p_quant"], v_quant=p["v_quant"],
-        q_amax=_amax(q, p["q_quant"]), k_amax=_amax(k, p["k_quant"]), p_amax=1.0, v_amax=_amax(v, p["v_quant"]),
+        q_amax=q_amax, k_amax=k_amax, p_amax=1.0, v_amax=v_amax,
         sparsity_n=m // 2 if p["sparsity_m"] else 0, sparsity_m=m, dense_sink_tokens=0, dense_recent_tokens=64,
         block_m=64, block_n=p["block_n"])
 

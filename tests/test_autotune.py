@@ -171,6 +171,25 @@ def test_inputs_rebuild_exactly_their_problem():
         inputs.make_call(_decode_problem(32, max_len=8), "cpu")  # a 16-token page cannot make an 8-token bucket
 
 
+def test_inputs_of_a_quantized_problem_share_one_calibration_across_sets():
+    """Every input set passes the same amax (Triton kernels specialize on the scales: a per-set amax recompiled
+    mid-timing, 2-3 s per candidate on the H200) and holds no value above it."""
+    decode = Problem.make("decode", "cpu", {"lse"}, dtype="bfloat16", q_dtype="bfloat16", out_dtype="bfloat16",
+                          heads=4, kv_lora_rank=64, rope_dim=16, page_size=16, num_kv_splits=4, k_qdq="fp8",
+                          v_qdq="nvfp4", p_qdq="fp8", batch=2, max_len=256)
+    prefill = Problem.make("prefill", "cpu", {"lse"}, dtype="bfloat16", heads=4, kv_heads=4, qk_dim=48, v_dim=32,
+                           causal=1, q_quant="fp8", k_quant="fp8", p_quant=None, v_quant="nvfp4", block_n=32,
+                           sparsity_m=0, batch=2, max_seqlen_q=32, total_k=64)
+    for problem, operands in ((decode, {"k_amax": "latent_cache", "v_amax": "latent_cache"}),
+                              (prefill, {"q_amax": "q", "k_amax": "k", "v_amax": "v"})):
+        calls = [inputs.make_call(problem, "cpu", seed) for seed in range(6)]
+        for amax, tensor in operands.items():
+            assert {getattr(c, amax) for c in calls} == {inputs.CALIBRATED_AMAX}
+            assert all(float(getattr(c, tensor).abs().max()) <= inputs.CALIBRATED_AMAX for c in calls)
+    plain = inputs.make_call(_decode_problem(4, p_qdq=None), "cpu")
+    assert plain.k_amax is None and plain.v_amax is None
+
+
 def test_auto_splits_are_checked_against_the_reference_at_the_same_count(monkeypatch, tmp_path):
     """With P quantized the split count changes results: a tuned count is judged against the reference at that count."""
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path))
