@@ -1,4 +1,6 @@
 """Autotuner: timing every (backend, config), rejecting fast-but-wrong backends, lookup order, modes, capture."""
+import time
+
 import pytest
 import torch
 
@@ -169,6 +171,13 @@ def test_inputs_rebuild_exactly_their_problem():
         assert inputs.call_nbytes(call) > 0
     with pytest.raises(inputs.ProblemInputsError):
         inputs.make_call(_decode_problem(32, max_len=8), "cpu")  # a 16-token page cannot make an 8-token bucket
+
+
+def test_a_long_call_is_timed_in_three_samples_not_seven():
+    """Over ~1.4 ms a call gets fewer samples (at least 3, ~10 ms in all): 3 warm-up calls + 3 samples of one call."""
+    calls = []
+    m = tuner.measure(lambda c: (calls.append(c), time.sleep(0.03)), [0], torch.device("cpu"), warmup=3, repeats=7)
+    assert len(calls) == 6 and m.us >= 30_000 and m.timing == "eager"
 
 
 def test_inputs_of_a_quantized_problem_share_one_calibration_across_sets():

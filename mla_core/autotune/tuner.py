@@ -47,13 +47,18 @@ DEFAULT_MODE = "cached"
 REFERENCE = REFERENCE_BACKEND
 SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
 """Decode split counts tried when the caller passed ``num_kv_splits="auto"`` and a backend's configs name none."""
-PRUNE_FACTOR = 3.0
+PRUNE_FACTOR = 1.5
 PRUNE_SLACK_US = 200.0
 """A candidate whose warm-up call (timed with a sync, so it includes launch latency: hence the slack)
 takes over ``PRUNE_FACTOR * best + PRUNE_SLACK_US``, ``best`` the fastest warm-up call of the candidates
 measured so far (like with like: a graph-timed median would leave out the host time a warm-up call
 includes), is not measured further: a slow backend (the reference on a large shape) then costs three
-calls, not a full measurement."""
+calls, not a full measurement. 1.5x (3x before): no winner's timed median has been that far from its
+warm-up call's ratio to the best, and on the millisecond prefill shapes of a warm-up the slack no longer
+dominates, so the factor decides how many candidates are timed in full."""
+LONG_CALL_SAMPLES_S = 0.01
+"""Fewer samples for long calls: at least 3 and enough to time ~10 ms in all, at most ``repeats`` (a
+14 ms prefill needs no 7 samples of one replay each to rank candidates apart by more than its noise)."""
 MAX_INPUT_SETS = 32
 """Most copies of the inputs rotated through while timing (small shapes; large ones overflow L2 alone)."""
 TIMINGS = env.TUNE_TIMINGS
@@ -322,7 +327,8 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
     estimate exceeds it stops here (:class:`SlowerThanCutoff`), so a slow backend costs a few calls,
     not a full measurement. On a GPU (``timing`` ``auto`` or ``graph``) the next calls, about
     ``target_s`` of them by the estimate and at least one per input set, are captured into a CUDA graph
-    whose replays are timed with CUDA events, ``repeats`` samples of ~``target_s`` each; when capture
+    whose replays are timed with CUDA events, ``repeats`` samples of ~``target_s`` each (fewer for long
+    calls, :data:`LONG_CALL_SAMPLES_S`); when capture
     fails, ``graph`` raises :class:`GraphCaptureError` and ``auto`` times eager calls instead. Eager
     timing (``eager``, the fallback, the CPU): ``repeats`` samples of enough back-to-back calls to last
     about ``target_s`` (CUDA events on a GPU, perf_counter on the CPU). ``spent["first_call_s"]`` (when
@@ -351,6 +357,7 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
             per_call = min(per_call, time.perf_counter() - start)
         if cutoff_us is not None and per_call * 1e6 > cutoff_us:
             raise SlowerThanCutoff(per_call * 1e6)
+        repeats = min(repeats, max(3, math.ceil(LONG_CALL_SAMPLES_S / max(per_call, 1e-7))))
         inner = max(1, min(200, round(target_s / max(per_call, 1e-7))))
         why_not_graph = None
         if _graphs(device) and timing != "eager":
