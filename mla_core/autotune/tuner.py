@@ -53,9 +53,9 @@ PRUNE_SLACK_US = 200.0
 takes over ``PRUNE_FACTOR * best + PRUNE_SLACK_US``, ``best`` the fastest warm-up call of the candidates
 measured so far (like with like: a graph-timed median would leave out the host time a warm-up call
 includes), is not measured further: a slow backend (the reference on a large shape) then costs three
-calls, not a full measurement. 1.5x (3x before): no winner's timed median has been that far from its
-warm-up call's ratio to the best, and on the millisecond prefill shapes of a warm-up the slack no longer
-dominates, so the factor decides how many candidates are timed in full."""
+calls, not a full measurement. 1.5x (3x before): on the millisecond prefill shapes of a warm-up a call's
+host time is small against its GPU time, so a candidate half again slower than the best in warm-up is
+not a contender; on short calls the 200 us slack, not the factor, decides."""
 LONG_CALL_SAMPLES_S = 0.01
 """Fewer samples for long calls: at least 3 and enough to time ~10 ms in all, at most ``repeats`` (a
 14 ms prefill needs no 7 samples of one replay each to rank candidates apart by more than its noise)."""
