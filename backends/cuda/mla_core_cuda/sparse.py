@@ -1,7 +1,7 @@
 """Launcher of the CUDA FP8 top-k sparse decode (csrc/mla_sparse_wgmma.cu): buffers, split count, configs.
 
 It serves :func:`mla_core.sparse_mla_fp8_decode` on MATE's 576-byte rows (FP8 query and cache, per-tensor scales in
-``bmm1_scale`` / ``bmm2_scale``) for heads a multiple of 64 (two warpgroups per 64 heads); the musa_fp8 and
+``bmm1_scale`` / ``bmm2_scale``) for heads a multiple of 64 (one CTA per 64 heads); the musa_fp8 and
 reference backends run the rest (656-byte fp8_ds_mla rows, other head counts). Numerics: docs/sparse.md (Q·K of
 exact bf16 products on tensor cores with float32 accumulation, exact softmax in float32, P rounded to bf16 for P·V).
 """
