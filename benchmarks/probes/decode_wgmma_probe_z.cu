@@ -180,7 +180,12 @@ __device__ __forceinline__ void convert_f8_tile(uint8_t* sb, const uint8_t* st, 
 // Variant FS (decode_wgmma_probe_z.cu's protocol comment, "Variant FS"): a stage's layout while it holds codes.
 // The codes of a tile fill the stage's upper half (bytes kCodeOffFS.. of the 73,728-byte bf16 stage) as 9 code
 // blocks: block k = code chunks 4k..4k+3 (64 B) of every row, 4,096 B at kCodeOffFS + 4,096 k, row r at 64 r.
-constexpr int kCacheBf16 = 0, kCacheF8 = 1, kCacheF8Prod = 2;  // k_decode_zt's cache kinds: Z / Z3, F, FS
+// k_decode_zt's cache kinds: Z / Z3, F, FS; and two timing-only diagnostics of FS whose outputs are not checked
+// (wrong by construction): FSnc leaves the conversion out (the consumers read whatever bf16 the stage holds), FSd
+// arrives on full[s] before the conversion and converts after it, under the consumers' step (a race: the
+// emulator's "full arrived before the conversion" mutant). FSnc bounds an FP8 cache whose conversion is free; FSd
+// keeps the conversion's issue and shared-memory traffic but takes it off the consumers' path.
+constexpr int kCacheBf16 = 0, kCacheF8 = 1, kCacheF8Prod = 2, kCacheF8ProdNoConvert = 3, kCacheF8ProdEarlyFull = 4;
 constexpr int kSlabBytes = 64 * 128, kBlockFS = kTileKeys * 64, kCodeOffFS = kTileBytes - 9 * kBlockFS, kBarProd = 6, kProdThreads = 128;
 static_assert(kCodeOffFS == 36864 && 9 * kBlockFS == kTileKeys * kD, "the codes fill the stage's upper half");
 
@@ -215,8 +220,8 @@ __device__ __forceinline__ void fs_store_chunk(uint8_t* slab, int row, int q, co
 // precedes the stores of slab 4 (blocks 0-4 read by all: slabs 4-6 safe), blocks 7 and 8 before one that
 // precedes the stores of slabs 7-8. Then fence.proxy.async (the bf16 stores -> the consumers' wgmma) and full[s].
 // The sparse probe's k_sparse_s producer with the block table in place of the index list (no slot flags: keys
-// past `end` are masked by the consumers as in Z).
-template <int kPg>
+// past `end` are masked by the consumers as in Z). kCache: kCacheF8Prod, or one of FS's timing-only diagnostics.
+template <int kPg, int kCache>
 __device__ __forceinline__ void produce_fs(uint8_t* sk0, const uint8_t* codes, const int* bt, int start, int end,
                                            int ntiles, uint64_t* full, uint64_t* empty, int pw, int lane, int u) {
   const int q = lane & 3, gr = 16 * pw + (lane >> 2), cr = u >> 2;
@@ -242,6 +247,12 @@ __device__ __forceinline__ void produce_fs(uint8_t* sk0, const uint8_t* codes, c
                                          : -1ll;
     cp_async_wait_all();
     nb_sync<kProdThreads>(kBarProd);  // every producer thread's copies landed and visible
+    if constexpr (kCache == kCacheF8ProdNoConvert) {  // diagnostic FSnc
+      fence_proxy_async();
+      mbar_arrive(&full[s]);
+      continue;
+    }
+    if constexpr (kCache == kCacheF8ProdEarlyFull) mbar_arrive(&full[s]);  // diagnostic FSd
     const uint8_t* cq = code + 64 * cr + 16 * q;  // this thread's chunk of block 0, row cr (row cr + 32: + 2,048 B)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {  // slabs 0-3: below the codes
@@ -276,7 +287,7 @@ __device__ __forceinline__ void produce_fs(uint8_t* sk0, const uint8_t* codes, c
       fs_store_chunk(stage + kSlabBytes * 8, cr + 32, q, w81);
     }
     fence_proxy_async();  // the generic stores of the bf16 tile -> the consumers' wgmma reads
-    mbar_arrive(&full[s]);
+    if constexpr (kCache == kCacheF8Prod) mbar_arrive(&full[s]);
   }
 }
 
@@ -321,9 +332,9 @@ __global__ void __launch_bounds__(kThreadsZ, 1) k_decode_zt(const DecodeParams p
     const int lane = tid & 31, pw = warp - 8;
     const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
     const int* bt = p.block_table + (size_t)b * p.max_pages;
-    if constexpr (kCache == kCacheF8Prod) {
+    if constexpr (kCache >= kCacheF8Prod) {
       // the same stages through a pointer the compiler knows is shared memory (LDS/STS for the conversion)
-      produce_fs<kPg>(align1024_shared(smem_raw) + kTileBytes, p.codes, bt, start, end, ntiles, full, empty, pw,
+      produce_fs<kPg, kCache>(align1024_shared(smem_raw) + kTileBytes, p.codes, bt, start, end, ntiles, full, empty, pw,
                       lane, tid - 256);
     } else {
       for (int i = 0; i < ntiles; ++i) {
@@ -560,8 +571,9 @@ struct VariantZ {
   void (*kernel)(DecodeParams);
   int smem, threads;
 };
-constexpr int kNumVariantsZ = 7;
+constexpr int kNumVariantsZ = 9;
 constexpr int kVarF = 3, kVarFS = 4, kVarFS1 = 5, kVarFS48 = 6;  // FS1 / FS48: FS at page size 1 / 48 (checked only)
+constexpr int kVarFSnc = 7, kVarFSd = 8;                       // timing-only diagnostics (never checked)
 static const VariantZ kVariantsZ[kNumVariantsZ] = {
     {"Y", "Y (the probe's variant Y, lockstep)", k_decode_y, kSmemY, kThreads},
     {"Z", "Z (producer warpgroup + seesaw)", k_decode_zt<1>, kSmemZ, kThreadsZ},
@@ -569,7 +581,10 @@ static const VariantZ kVariantsZ[kNumVariantsZ] = {
     {"F", "F (Z over an FP8 cache: consumers convert the codes)", k_decode_zt<1, kCacheF8>, kSmemZ, kThreadsZ},
     {"FS", "FS (Z over an FP8 cache: the producer converts in place)", k_decode_zt<1, kCacheF8Prod>, kSmemZ, kThreadsZ},
     {"FS1", "FS at page size 1", k_decode_zt<1, kCacheF8Prod, 1>, kSmemZ, kThreadsZ},
-    {"FS48", "FS at page size 48", k_decode_zt<1, kCacheF8Prod, 48>, kSmemZ, kThreadsZ}};
+    {"FS48", "FS at page size 48", k_decode_zt<1, kCacheF8Prod, 48>, kSmemZ, kThreadsZ},
+    {"FSnc", "FS without the conversion (timing only)", k_decode_zt<1, kCacheF8ProdNoConvert>, kSmemZ, kThreadsZ},
+    {"FSd", "FS with full arrived before the conversion (timing only)", k_decode_zt<1, kCacheF8ProdEarlyFull>, kSmemZ,
+     kThreadsZ}};
 
 static void launch_z(const VariantZ& v, const DecodeParams& p, int batch) {
   const dim3 grid((p.heads + kHeadsPerCta - 1) / kHeadsPerCta, p.num_splits, batch);
@@ -987,13 +1002,15 @@ int main(int argc, char** argv) {
       check_case_f({vi}, pg, "H128 splits 3, L {1000,33,3001,96}", 128, 3, {1000, 33, 3001, 96}, 0.05f, 0.25f, rng);
       check_case_f({vi}, pg, "H64 splits 7, L {2049,5,777}", 64, 7, {2049, 5, 777}, 0.02f, 1.0f, rng);
     }
-    for (int vi = kVarF; vi < kNumVariantsZ; ++vi)
+    for (int vi = kVarF; vi <= kVarFS48; ++vi)
       if (g_fail_z[vi]) std::printf("variant %s: %d correctness case(s) failed; its timing skipped\n", kVariantsZ[vi].tag, g_fail_z[vi]);
-    std::printf("timing: Z over the bf16 cache, F and FS over the same rows as E4M3 codes (kv_scale 1), page 64\n");
-    bench_z({1, kVarF, kVarFS}, buf, 16, 32, 8192, 4, 95.3, rng);
-    bench_z({1, kVarF, kVarFS}, buf, 16, 128, 8192, 1, 316.7, rng);
-    bench_z({1, kVarF, kVarFS}, buf, 128, 32, 8192, 2, 133.0, rng);
-    bench_z({1, kVarF, kVarFS}, buf, 128, 128, 8192, 1, 509.4, rng);
+    std::printf("timing: Z over the bf16 cache, F and FS over the same rows as E4M3 codes (kv_scale 1), page 64; "
+                "FSnc and FSd: FS's timing-only diagnostics (no conversion; full before the conversion)\n");
+    const std::vector<int> timed = {1, kVarF, kVarFS, kVarFSnc, kVarFSd};
+    bench_z(timed, buf, 16, 32, 8192, 4, 95.3, rng);
+    bench_z(timed, buf, 16, 128, 8192, 1, 316.7, rng);
+    bench_z(timed, buf, 128, 32, 8192, 2, 133.0, rng);
+    bench_z(timed, buf, 128, 128, 8192, 1, 509.4, rng);
   }
   CK(cudaFree(buf.cache));
   CK(cudaFree(buf.codes));
@@ -1001,9 +1018,9 @@ int main(int argc, char** argv) {
   CK(cudaFree(buf.flush));
   bool ok = true;
   std::printf("\n");
-  for (int vi = 0; vi < kNumVariantsZ; ++vi) {
+  for (int vi = 0; vi <= kVarFS48; ++vi) {
     ok = ok && g_fail_z[vi] == 0;
-    std::printf("%s %d%s", kVariantsZ[vi].tag, g_fail_z[vi], vi + 1 < kNumVariantsZ ? ", " : "");
+    std::printf("%s %d%s", kVariantsZ[vi].tag, g_fail_z[vi], vi < kVarFS48 ? ", " : "");
   }
   std::printf(" correctness case(s) failed%s: %s\n", with_z3 ? "" : " (Z3 not run)", ok ? "ALL PASS" : "FAIL");
   return ok ? 0 : 1;
