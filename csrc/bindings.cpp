@@ -1,7 +1,7 @@
 // pybind11 bindings of the CUDA kernels (mla_decode.cu: mma.sync decode, mla_decode_wgmma.cu: WGMMA decode,
-// mla_sparse_wgmma.cu: FP8 top-k sparse decode). The Python side (backends/cuda/mla_core_cuda) validates the call and
-// allocates every tensor; this layer only reads pointers and strides and launches on the current stream (so
-// CUDA-graph capture records the launches).
+// mla_sparse_wgmma.cu: FP8 top-k sparse decode, mla_prefill_wgmma.cu: varlen prefill and its FP8 QDQ pre-pass).
+// The Python side (backends/cuda/mla_core_cuda) validates the call and allocates every tensor; this layer only
+// reads pointers and strides and launches on the current stream (so CUDA-graph capture records the launches).
 #include <torch/extension.h>
 
 #include <c10/cuda/CUDAStream.h>
@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "mla_decode.h"
+#include "mla_prefill.h"
 #include "mla_sparse.h"
 
 namespace {
@@ -196,6 +197,80 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda sparse decode launch failed: ", cudaGetErrorString(err));
 }
 
+// The varlen prefill on WGMMA (mla_prefill_wgmma.cu): q [total_q, heads, 192], k [total_k, kv_heads, 192],
+// v [total_k, kv_heads, 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_q / cu_k
+// [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
+// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient).
+void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_q,
+                   const torch::Tensor& cu_k, int64_t max_seqlen_q, torch::Tensor out, std::optional<torch::Tensor> lse,
+                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale) {
+  const auto bf16 = torch::kBFloat16;
+  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
+              "mla_core cuda prefill: tensors must be on CUDA");
+  TORCH_CHECK(q.scalar_type() == bf16 && k.scalar_type() == bf16 && v.scalar_type() == bf16 &&
+                  out.scalar_type() == bf16, "q, k, v and out must be bfloat16");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1, "q must be [total_q, heads, 192], last dim contiguous");
+  TORCH_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1, "k must be [total_k, kv_heads, 192], last dim contiguous");
+  TORCH_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
+              "v must be [total_k, kv_heads, 128], last dim contiguous");
+  TORCH_CHECK(cu_q.scalar_type() == torch::kInt && cu_k.scalar_type() == torch::kInt && cu_q.is_contiguous() &&
+                  cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
+              "cu_q and cu_k must be contiguous int32 [batch + 1]");
+  TORCH_CHECK(out.is_contiguous() && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 128,
+              "out must be contiguous [total_q, heads, 128]");
+  mla_core_cuda::PrefillParams p{};
+  p.q = static_cast<const uint16_t*>(q.data_ptr());
+  p.k = static_cast<const uint16_t*>(k.data_ptr());
+  p.v = static_cast<const uint16_t*>(v.data_ptr());
+  p.q_stride_t = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.k_stride_t = k.stride(0);
+  p.k_stride_h = k.stride(1);
+  p.v_stride_t = v.stride(0);
+  p.v_stride_h = v.stride(1);
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
+  p.heads = static_cast<int>(q.size(1));
+  p.kv_heads = static_cast<int>(k.size(1));
+  p.batch = static_cast<int>(cu_q.numel() - 1);
+  p.max_seqlen_q = static_cast<int>(std::min<int64_t>(max_seqlen_q, INT32_MAX));
+  p.cu_q = cu_q.data_ptr<int32_t>();
+  p.cu_k = cu_k.data_ptr<int32_t>();
+  p.causal = causal ? 1 : 0;
+  p.scale_log2 = static_cast<float>(scale_log2);
+  p.out_scale = static_cast<float>(out_scale);
+  p.p_fmt = static_cast<int>(p_fmt);
+  p.p_scale = static_cast<float>(p_scale);
+  p.p_rscale = static_cast<float>(p_rscale);
+  p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  p.lse = nullptr;
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == torch::kFloat && lse->is_contiguous() &&
+                    lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
+    p.lse = lse->data_ptr<float>();
+  }
+  TORCH_CHECK(mla_core_cuda::prefill_wgmma_supported(p),
+              "the WGMMA prefill needs heads a multiple of kv_heads, non-empty q and k, and data and token / head "
+              "strides 16-byte aligned (TMA); got strides q ", q.strides(), ", k ", k.strides(), ", v ", v.strides());
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = mla_core_cuda::launch_prefill_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda prefill launch failed: ", cudaGetErrorString(err));
+}
+
+// The prefill's FP8 QDQ pre-pass: out = bf16(e4m3(x / scale)) elementwise, x and out contiguous bf16 of one size
+// (a multiple of 8), 16-byte aligned.
+void fp8_codes_bf16(const torch::Tensor& x, torch::Tensor out, double scale) {
+  TORCH_CHECK(x.is_cuda() && out.is_cuda() && x.scalar_type() == torch::kBFloat16 &&
+                  out.scalar_type() == torch::kBFloat16 && x.is_contiguous() && out.is_contiguous() &&
+                  x.numel() == out.numel(), "x and out must be contiguous bf16 CUDA tensors of one size");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = mla_core_cuda::launch_fp8_codes_bf16(
+      static_cast<const uint16_t*>(x.data_ptr()), reinterpret_cast<uint16_t*>(out.data_ptr()), x.numel(),
+      static_cast<float>(scale), c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda fp8 codes launch failed (16-byte aligned, a multiple of 8 elements "
+              "needed): ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -216,4 +291,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("indices"), pybind11::arg("valid_lens"),
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("scale_log2"), pybind11::arg("bmm2_scale"));
+  m.def("prefill_wgmma", &prefill_wgmma,
+        "Varlen MLA prefill on WGMMA, q/k 192, v 128 bf16 (see backends/cuda/mla_core_cuda/prefill.py)",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cu_q"), pybind11::arg("cu_k"),
+        pybind11::arg("max_seqlen_q"), pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("causal"),
+        pybind11::arg("scale_log2"), pybind11::arg("out_scale"), pybind11::arg("p_fmt"), pybind11::arg("p_scale"),
+        pybind11::arg("p_rscale"));
+  m.def("fp8_codes_bf16", &fp8_codes_bf16, "FP8 E4M3 codes of x / scale as bf16 values (the prefill's QDQ pre-pass)",
+        pybind11::arg("x"), pybind11::arg("out"), pybind11::arg("scale"));
 }

@@ -25,7 +25,7 @@ def _problem(**kw):
 def test_registered_and_capabilities():
     backend = mla_core.get_backend("cuda")
     cap = backend.capabilities["decode"]
-    assert set(backend.capabilities) == {"decode", "sparse_decode"}  # sparse: tests/test_cuda_sparse.py
+    assert set(backend.capabilities) == {"decode", "sparse_decode", "prefill"}  # tests/test_cuda_{sparse,prefill}.py
     assert cap.why_not(_problem()) == []
     assert cap.why_not(_problem(heads=128, k_qdq="nvfp4", v_qdq="fp8", p_qdq="nvfp4", page_size=1)) == []
     assert cap.why_not(_problem(dtype="float16", q_dtype="float16", out_dtype="float32")) == []

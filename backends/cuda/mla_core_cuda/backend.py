@@ -30,14 +30,18 @@ def device_reason() -> str | None:
 
 class CudaBackend(mla_core.Backend):
     name = "cuda"
-    version = "0.2 (sm_90a, mma.sync + wgmma)"  # the shipped H200 choices carry this string: change both together
+    version = "0.3 (sm_90a, mma.sync + wgmma, wgmma prefill)"  # the shipped H200 choices carry this string: change both together
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
+    PRIORITY_PREFILL = 220
+    """Prefill: above triton (200), below cuDNN's 250 where cuDNN serves the problem (bf16 dense batches, and ragged
+    ones where torch keeps its cuDNN graph): the WGMMA probe measured 1.38-1.43x triton's speed (bf16 and the fp8
+    P recipe) and 0.95-1.02x cuDNN's (benchmarks/NOTES.md, "cuda prefill: the TMA kernel in the library")."""
     """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
     replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed")."""
     device_types = frozenset({"cuda"})
     description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
-                   "decode, FP8 top-k sparse decode")
+                   "decode, FP8 top-k sparse decode, varlen prefill (q/k 192, v 128)")
     capabilities = {
         "decode": OpCapability(
             limits={"dtype": frozenset({"bfloat16", "float16"}), "q_dtype": frozenset({"bfloat16", "float16"}),
@@ -55,6 +59,15 @@ class CudaBackend(mla_core.Backend):
             notes="sm_90 (H100/H200) only, WGMMA; MATE's 576-byte FP8 rows (FP8 query) only (656-byte fp8_ds_mla "
                   "rows: musa_fp8, reference); heads a multiple of 64 (others: musa_fp8); q_len 1..4; any top-k "
                   "multiple of 64"),
+        "prefill": OpCapability(
+            limits={"dtype": frozenset({"bfloat16"}), "qk_dim": frozenset({192}), "v_dim": frozenset({128}),
+                    "block_n": frozenset({64}), "q_quant": frozenset({None, "fp8"}),
+                    "k_quant": frozenset({None, "fp8"}), "v_quant": frozenset({None, "fp8"}),
+                    "p_quant": frozenset({None, "fp8"})},
+            features=frozenset({"lse", "gqa"}),
+            notes="sm_90 (H100/H200) only, WGMMA + TMA; bf16 q/k 192 (128 + 64 RoPE), v 128; varlen, causal "
+                  "(bottom-right) and non-causal, any len_q / len_k, GQA; P tile block_n 64; P in bf16 or FP8; "
+                  "Q/K/V FP8 as a QDQ pre-pass to codes; no NVFP4, no N:M sparsity"),
     }
 
     def priority_for(self, problem) -> int:
@@ -63,6 +76,8 @@ class CudaBackend(mla_core.Backend):
         the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x);
         else 180."""
         from . import decode
+        if problem.op == "prefill":
+            return self.PRIORITY_PREFILL
         if problem.op != "decode" or not decode.wgmma_covers(problem):
             return self.priority
         if problem["heads"] > 16 or (problem.get("num_kv_splits") == "auto" and problem.get("batch", 1) >= 8):
@@ -75,6 +90,16 @@ class CudaBackend(mla_core.Backend):
             return reason
         _, reason = build.load_or_reason()
         return reason
+
+    def why_not(self, problem) -> list[str]:
+        reasons = super().why_not(problem)
+        if problem.op != "prefill" or (reasons and reasons[0].startswith("unavailable")):
+            return reasons
+        from . import prefill
+        # the limits' generic lines replaced by the kernel's reasons (what it is written for, who runs the rest)
+        generic = ("dtype=", "qk_dim=", "v_dim=", "block_n=", "q_quant=", "k_quant=", "v_quant=", "p_quant=")
+        return ([r for r in reasons if not r.startswith(generic) and "nm_sparsity" not in r]
+                + prefill.why_not(problem))
 
     def build(self, verbose: bool = False) -> str | None:
         """``mla-core build``: build the kernels now (or find the cached build); no GPU needed, only nvcc.
@@ -91,6 +116,9 @@ class CudaBackend(mla_core.Backend):
         if problem.op == "sparse_decode":
             from . import sparse
             return sparse.configs(problem)
+        if problem.op == "prefill":
+            from . import prefill
+            return prefill.configs(problem)
         from . import decode
         return decode.configs(problem)
 
@@ -109,3 +137,7 @@ class CudaBackend(mla_core.Backend):
     def sparse_decode(self, call, config):
         from . import sparse
         return sparse.run(self._module(), call, config)
+
+    def prefill(self, call, config):
+        from . import prefill
+        return prefill.run(self._module(), call, config)

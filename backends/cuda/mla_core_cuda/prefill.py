@@ -1,0 +1,146 @@
+"""Launcher of the CUDA varlen prefill (csrc/mla_prefill_wgmma.cu): what it covers, scales, buffers, the QDQ pre-pass.
+
+The kernel serves :func:`mla_core.mla_prefill` at MLA's prefill shapes: bf16 q / k [tokens, heads, 192] and v
+[tokens, kv_heads, 128], any batch of ``cu_seqlens`` (len_q and len_k per sequence free: causal is bottom-right,
+queries the suffix of their key span), GQA, LSE, the P tile ``block_n = 64`` (docs/numerics.md), P unquantized
+(rounded to bf16) or ``p_quant="fp8"``. Q / K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``:
+E4M3 codes of ``x / scale``, the IEEE quotient, stored as bf16 values, which hold every code exactly) followed by
+the kernel on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
+definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
+:func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands, N:M sparsity, other dtypes and head dims are
+refused by :func:`why_not` (triton and the reference run them).
+
+Tensor maps are built per call from the tensors' strides; a view TMA cannot address (data or a token / head stride
+not a multiple of 16 bytes) is copied first. Nothing is read on the host: a call can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mla_core import numerics
+from mla_core.specs import PrefillCall
+
+QK_DIM, V_DIM, P_TILE = 192, 128, 64
+QUANT = frozenset({None, "fp8"})
+EXACT_DIV_FREE_RANGE = (1e-12 / 2688, 5e20 / 448)
+"""P's FP8 scales for which the kernel divides without a division instruction (the decode kernel's proven range:
+docs/decisions.md); outside it the kernel takes the IEEE division (``p_fmt`` 2)."""
+
+_REFUSED = {
+    "dtype": "the kernel's tensor-core products and TMA maps are bf16 (fp16 / fp32: triton)",
+    "qk_dim": "the kernel is written for MLA's q/k width 192 = 128 + 64 RoPE (three 128-byte slabs per row)",
+    "v_dim": "the kernel is written for MLA's v width 128 (one m64n128 accumulator per warpgroup)",
+    "block_n": "the P tile (docs/numerics.md) is the kernel's 64-key tile; another block_n rounds P against other "
+               "maxima (triton, reference)",
+    "quant": "NVFP4 operands are not run (FP8 only: QDQ pre-pass for Q / K / V, in-kernel rounding for P); "
+             "triton runs NVFP4",
+    "nm_sparsity": "N:M sparsity ranks scores inside key groups, which this kernel does not (triton runs it)",
+}
+
+
+def why_not(problem) -> list[str]:
+    """Reasons, with the why, this kernel cannot run a prefill ``problem`` (empty: it can)."""
+    reasons = []
+    if problem.get("dtype") != "bfloat16":
+        reasons.append(f"dtype={problem.get('dtype')}: {_REFUSED['dtype']}")
+    if problem.get("qk_dim") != QK_DIM:
+        reasons.append(f"qk_dim={problem.get('qk_dim')}: {_REFUSED['qk_dim']}")
+    if problem.get("v_dim") != V_DIM:
+        reasons.append(f"v_dim={problem.get('v_dim')}: {_REFUSED['v_dim']}")
+    if problem.get("block_n") != P_TILE:
+        reasons.append(f"block_n={problem.get('block_n')}: {_REFUSED['block_n']}")
+    for name in ("q_quant", "k_quant", "v_quant", "p_quant"):
+        if problem.get(name) not in QUANT:
+            reasons.append(f"{name}={problem.get(name)}: {_REFUSED['quant']}")
+    if "nm_sparsity" in problem.features:
+        reasons.append(f"nm_sparsity: {_REFUSED['nm_sparsity']}")
+    return reasons
+
+
+def configs(problem) -> list[dict]:
+    """One launch shape (128 query rows per CTA, 64-key tiles, 4 stages): nothing to tune."""
+    return [{}]
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (as the kernel holds it)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _f32_reciprocal(x: float) -> float:
+    """The correctly rounded float32 reciprocal of float32 ``x`` (one IEEE float32 division)."""
+    one = torch.ones((), dtype=torch.float32)
+    return float(one / torch.tensor(x, dtype=torch.float32))
+
+
+def _tma_ready(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when TMA can address it (data and the token / head strides 16-byte multiples), else a contiguous
+    16-byte aligned copy."""
+    if x.data_ptr() % 16 == 0 and all(s > 0 and (2 * s) % 16 == 0 for s in x.stride()[:2]):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def fp8_codes(module, x: torch.Tensor, amax: float | None) -> tuple[torch.Tensor, float]:
+    """(codes, scale): ``x``'s FP8 E4M3 codes of ``x / scale`` as bf16 values (``scale = amax / 448``, float32)."""
+    scale = _f32(numerics.fp8_scale(amax))
+    src = x.contiguous()
+    if src.data_ptr() % 16:
+        src = src.clone(memory_format=torch.contiguous_format)
+    codes = torch.empty(src.shape, dtype=torch.bfloat16, device=x.device)
+    module.fp8_codes_bf16(src, codes, scale)
+    return codes, scale
+
+
+def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate an output the kernel fully writes (tests replace this to poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def run(module, call: PrefillCall, config: dict):
+    """Prefill with the built extension ``module``.
+
+    Returns ``(out [total_q, heads, 128] bf16, lse [heads, total_q] float32 natural log, or None)``.
+    """
+    q, k, v = call.q, call.k, call.v
+    total_q, heads, _ = q.shape
+    total_k, kv_heads = k.shape[0], k.shape[1]
+    if q.dtype != torch.bfloat16 or q.shape[2] != QK_DIM or v.shape[2] != V_DIM or call.block_n != P_TILE:
+        raise ValueError(f"cuda prefill: needs bf16, q/k width {QK_DIM}, v width {V_DIM} and block_n {P_TILE} "
+                         f"(got {q.dtype}, {q.shape[2]}, {v.shape[2]}, {call.block_n})")
+    if any(f not in QUANT for f in (call.q_quant, call.k_quant, call.v_quant, call.p_quant)):
+        raise ValueError("cuda prefill: FP8 or no quantization only")
+    device = q.device
+    out = _new_output((total_q, heads, V_DIM), torch.bfloat16, device)
+    lse = _new_output((heads, total_q), torch.float32, device) if call.return_lse else None
+    batch = call.cu_seqlens_q.shape[0] - 1
+    if total_q == 0 or batch == 0 or call.max_seqlen_q == 0:
+        return out, lse
+    if total_k == 0:  # no sequence has a key: every row is empty
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+    scale_qk = out_scale = 1.0
+    if call.q_quant == "fp8":
+        q, s = fp8_codes(module, q, call.q_amax)
+        scale_qk *= s
+    if call.k_quant == "fp8":
+        k, s = fp8_codes(module, k, call.k_amax)
+        scale_qk *= s
+    if call.v_quant == "fp8":
+        v, s = fp8_codes(module, v, call.v_amax)
+        out_scale *= s
+    p_fmt, p_scale = 0, 1.0
+    if call.p_quant == "fp8":
+        p_scale = _f32(numerics.fp8_scale(call.p_amax))
+        p_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= p_scale <= EXACT_DIV_FREE_RANGE[1] else 2
+        out_scale = _f32(out_scale) * p_scale
+    cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
+    cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
+    module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
+                         call.causal, _f32(call.softmax_scale) * _f32(scale_qk) * math.log2(math.e),
+                         _f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale))
+    return out, lse

@@ -1,0 +1,50 @@
+// Varlen MLA prefill for sm_90a (mla_prefill_wgmma.cu): the launch parameters shared by the kernels and the PyTorch
+// binding (bindings.cpp). Plain data only, so the .cu file compiles without PyTorch headers.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace mla_core_cuda {
+
+struct PrefillParams {
+  // q [total_q, heads, 192], k [total_k, kv_heads, 192], v [total_k, kv_heads, 128] bf16 (raw bits): the last
+  // dimension contiguous, the data and the token / head strides (elements) 16-byte aligned (TMA's rule).
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h;
+  int64_t total_q, total_k;
+  int heads, kv_heads, batch, max_seqlen_q;
+  // cu_q / cu_k [batch + 1] int32 cumulative lengths; each range is clamped into 0..total (a decreasing entry gives
+  // an empty sequence), so nothing outside q / k / v / out is touched whatever their values.
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int causal;  // bottom-right: query i of len_q sees keys j <= i + len_k - len_q
+  float scale_log2;  // softmax_scale * (Q and K's per-tensor factors) * log2(e): scores in the log2 domain
+  float out_scale;   // O's factor: V's per-tensor factor times P's FP8 scale (1 without quantization)
+  // P fake quantization: 0 = P rounded to bf16; 1 = FP8 E4M3 codes of P / p_scale (p_rscale the correctly rounded
+  // reciprocal; the quotient division-free, exact for p_scale in the decode kernel's proven range) ; 2 = the same
+  // codes through the IEEE division (any p_scale).
+  int p_fmt;
+  float p_scale, p_rscale;
+  // out [total_q, heads, 128] bf16 (raw bits), contiguous; lse [heads, total_q] float32 natural log (-inf: no visible
+  // key), contiguous, or null.
+  uint16_t* out;
+  float* lse;
+};
+
+// Whether the kernel covers `params`: heads >= 1 and a multiple of kv_heads, total_q and total_k >= 1 and below 2^31,
+// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt 0..2.
+bool prefill_wgmma_supported(const PrefillParams& params);
+
+// The prefill kernel on `stream` (tensor maps encoded on the host from the pointers and strides; no -lcuda: the
+// driver's encoder is looked up through the runtime); the first CUDA error or cudaSuccess.
+cudaError_t launch_prefill_wgmma(const PrefillParams& params, cudaStream_t stream);
+
+// FP8 E4M3 codes of x / scale (the correctly rounded quotient, saturating at +-448, nearest even), written as bf16
+// values (exact: an E4M3 value has 4 significant bits): out[i] = e4m3(x[i] / scale). x and out bf16 (raw bits),
+// n elements, both contiguous and 16-byte aligned, n a multiple of 8.
+cudaError_t launch_fp8_codes_bf16(const uint16_t* x, uint16_t* out, int64_t n, float scale, cudaStream_t stream);
+
+}  // namespace mla_core_cuda

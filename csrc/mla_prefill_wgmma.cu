@@ -1,0 +1,556 @@
+// Varlen MLA prefill on Hopper WGMMA (sm_90a) at MLA's prefill shapes: bf16 q / k [tokens, heads, 192] (128 + 64
+// RoPE), v [tokens, heads, 128], cu_seqlens, causal (bottom-right: queries are the suffix of their key span) or not,
+// GQA (query head h reads kv head h / (heads / kv_heads)), LSE [heads, total_q]. Numerics: docs/numerics.md, the
+// reference backend's prefill: 64-key P tiles at absolute key positions (block_n 64), the running maximum updated
+// once per tile, P = 2^(s·scale·log2 e - m) rounded to bf16 (or to FP8 E4M3 codes of P / p_scale, p_fmt 1-2) for
+// P·V, the row sum of the float32 P, O = Σ_t 2^(m_t - m_last) P_t·V_t / l, LSE = (m + log2 l)·ln 2; up to float32
+// arithmetic (ex2.approx, wgmma summation order). Fake-quantized Q / K / V arrive as FP8 codes in bf16 (exact;
+// launch_fp8_codes_bf16 below), their per-tensor factors folded into scale_log2 and out_scale.
+//
+// Schedule (FlashAttention-3's structure; measured as variant TMA / TMX8 of benchmarks/probes/prefill_wgmma_probe.cu):
+// one CTA of 384 threads per (128 query rows, head, sequence), longest (causal) blocks first:
+//   - producer warp 8 (warps 9-11 exit after setmaxnreg): lane 0 loads Q [128 x 192] once and each 64-key tile's
+//     K [64 x 192] and V [64 x 128] by TMA (3D tensor maps (d, heads, tokens), one box per 128-byte slab with the
+//     128-byte swizzle) into a 4-stage ring, completing on the full barriers with expect_tx. Rows past the tensors'
+//     end land as zeros; rows past a sequence's end inside them are the next sequence's: K's are masked to -inf
+//     before the maximum, and V's rows of the tile holding the sequence's last key (the CTA's last tile) are zeroed
+//     by warp 8 after they land and before the consumers read them (P = 0 there, but 0 · Inf = NaN);
+//   - consumer warpgroups 0 and 1 (rows 0-63 / 64-127 of the block) take turns on the tensor cores (ping-pong):
+//     a turn issues S(j) = Q·K(j)ᵀ (12 x wgmma m64n64k16, both from shared memory) and P(j-1)·V(j-1) (4 x
+//     m64n128k16, P from registers: the S accumulator converts in place; V read MN-major), so one warpgroup's
+//     softmax runs under the other's wgmmas and under its own P·V.
+//
+// Synchronization (checked over every interleaving by benchmarks/probes/prefill_wgmma_emulation.py, TMA variant):
+//   fullQ, fullK[s], fullV[s]  mbarriers, count 1: the producer's arrive.expect_tx with its boxes' bytes; tile i
+//                              completes phase i / 4 of stage i % 4's (consumers wait with parity (i / 4) & 1).
+//   empty[s]                   count 8: lane 0 of each consumer warp after the wgmma.wait_group covering the
+//                              tile's P·V (its last read of the stage); the producer refills stage s with tile
+//                              i >= 4 after phase i / 4 - 1.
+//   tailV                      count 32: warp 8's lanes, each after zeroing its share of the last tile's V rows
+//                              past the sequence's end and fence.proxy.async; the consumers wait on it instead of
+//                              fullV for that tile.
+//   named barriers 1 (TURN0: WG1 -> WG0) and 2 (TURN1: WG0 -> WG1) over the 256 consumer threads order the turns:
+//   WG1 arrives at TURN0 once before its first turn and after each turn but its last; WG0 syncs TURN0 before each
+//   of its turns and arrives at TURN1 after each; WG1 syncs TURN1 before each of its turns.
+// Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
+
+#include "hopper.cuh"
+#include "mla_prefill.h"
+
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "mla_prefill_wgmma.cu is written for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
+#endif
+
+namespace mla_core_cuda {
+namespace {
+
+constexpr int kBM = 128, kBN = 64, kDqk = 192, kDv = 128, kStages = 4;
+constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
+constexpr int kProducerRegs = 80, kConsumerRegs = 208;  // setmaxnreg: 80 + 2 x 208 <= 3 x 168
+constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kPairThreads = 256;
+constexpr int kSlab = 64 * 128;                         // one [64 rows x 128 B] slab
+constexpr int kQWgBytes = 64 * kDqk * 2;                // one consumer's Q rows: 3 slabs
+constexpr int kKBytes = kBN * kDqk * 2;                 // K tile: 3 slabs
+constexpr int kVBytes = kBN * kDv * 2;                  // V tile: 2 slabs (row-major: the MN-major operand)
+constexpr int kStageBytes = kKBytes + kVBytes;          // 40,960
+constexpr int kBars = 2 + 3 * kStages;                  // fullQ, tailV, fullK[4], fullV[4], empty[4]
+constexpr int kSmemBytes = 2 * kQWgBytes + kStages * kStageBytes + kBars * 8 + 1024;  // + 1024-alignment slack
+constexpr int kMaxDevices = 64;                         // devices whose shared-memory attribute is remembered
+constexpr int kMaxGridZ = 65535;                        // sequences per launch (grid z)
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
+
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+// K-major operand (64-row slabs), start `byte_off` bytes in: SBO 1024 (8 rows x 128 B), LBO unused (16).
+__device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s) { return make_desc(smem_u32(s), 16u, 1024u); }
+// V [64 keys x 128] row-major as the MN-major operand: LBO = one slab (the next 64 columns), SBO 1024 (8 keys).
+__device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s) { return make_desc(smem_u32(s), kSlab, 1024u); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The wgmma products, bf16 x bf16 -> f32. S: m64n64k16, A = Q and B = K rows, both K-major (`accumulate` 0: D = A B).
+// P V: m64n128k16, A = P from registers (the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8, c..),
+// a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = row_lo, c = 16 ks + 2 (t % 4): S's accumulator layout), B = V
+// MN-major (imm-trans-b 1); always accumulates.
+#define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
+__device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : MLA_F16(0), MLA_F16(16)
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_pv_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n"
+      : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#undef MLA_F16
+#undef MLA_F4
+
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two quotients to their E4M3 codes as bf16 values, packed (low half = lo): the hardware's round-to-nearest-even,
+// saturating conversion; E4M3 -> f16 is exact, f16 -> f32 -> bf16 too (4 significant bits, exponents 2^-9..2^8).
+__device__ __forceinline__ uint32_t e4m3_as_bf16x2(float q_lo, float q_hi) {
+  uint16_t codes;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(codes) : "f"(q_hi), "f"(q_lo));
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(codes));
+  const __half2 h = *reinterpret_cast<const __half2*>(&h2);
+  return bf16x2_bits(__low2float(h), __high2float(h));
+}
+// P's codes, kP 1: the correctly rounded quotient p / scale without a division (Markstein: q = p·r, q + fma(-q,
+// scale, p)·r, r the correctly rounded 1 / scale; exact for the decode kernel's proven scale range); kP 2: IEEE.
+template <int kP>
+__device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, float rscale) {
+  if constexpr (kP == 1) {
+    const float q_lo0 = lo * rscale, q_hi0 = hi * rscale;
+    return e4m3_as_bf16x2(fmaf(fmaf(-q_lo0, scale, lo), rscale, q_lo0), fmaf(fmaf(-q_hi0, scale, hi), rscale, q_hi0));
+  } else {
+    return e4m3_as_bf16x2(__fdiv_rn(lo, scale), __fdiv_rn(hi, scale));
+  }
+}
+
+// TMA: the producer's expected byte count on a full barrier (its one arrival), and one box (64 features x 64 rows of
+// head h from token `row`, feature `col`) into a 1024-aligned slab, completing on `bar`.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(h), "r"(row), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// A basic-block boundary ptxas cannot remove (a branch on a row sum, never negative): without it ptxas hoisted the
+// wait for P·V(j-1) above the softmax of tile j, which then no longer ran under the warpgroup's own P·V.
+__device__ __forceinline__ void block_boundary(float never_negative) {
+  if (never_negative < 0.f) asm volatile("trap;");
+}
+
+// Rows of an m64n128 accumulator scaled: the thread's row r by a_lo, its row r + 8 (j % 4 >= 2) by a_hi.
+__device__ __forceinline__ void scale_rows64(float (&o)[64], float a_lo, float a_hi) {
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
+}
+
+// [start, end) of sequence b in a packed tensor of `total` rows, clamped (sequence_ranges in the reference).
+__device__ __forceinline__ void seq_range(const int32_t* cu, int b, int64_t total, int& start, int& len) {
+  const int64_t a = min(max(static_cast<int64_t>(cu[b]), int64_t{0}), total);
+  const int64_t e = min(max(static_cast<int64_t>(cu[b + 1]), a), total);
+  start = static_cast<int>(a);
+  len = static_cast<int>(e - a);
+}
+
+// The CTA's tile count (the same for both consumers): keys up to the last visible key of the block's last row.
+__device__ __forceinline__ int cta_tiles(int q0, int len_q, int len_k, int causal) {
+  if (len_k <= 0) return 0;
+  if (!causal) return (len_k + kBN - 1) / kBN;
+  const int last_key = min(len_k - 1, min(q0 + kBM, len_q) - 1 + (len_k - len_q));
+  return last_key < 0 ? 0 : last_key / kBN + 1;
+}
+
+template <int kP>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_kernel(const PrefillParams p, const __grid_constant__ TmaMaps tm, int b0) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sq = align1024(smem_raw);
+  uint8_t* sstage = sq + 2 * kQWgBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sstage + kStages * kStageBytes);
+  uint64_t* full_q = bars;
+  uint64_t* tail_v = bars + 1;
+  uint64_t* full_k = bars + 2;
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty = full_v + kStages;
+
+  const int tid = threadIdx.x;
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+  const int h = blockIdx.y, b = b0 + blockIdx.z;
+  const int hk = h / (p.heads / p.kv_heads);
+  const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+  int q_begin_seq, len_q, k_begin_seq, len_k;
+  seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
+  seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
+  const int q0 = mb * kBM;
+  if (q0 >= len_q) return;
+  const int n = cta_tiles(q0, len_q, len_k, p.causal);
+  const int t = tid & 127, wg = warp >> 2, lane = tid & 31;
+  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // this thread's rows: row_lo, row_lo + 8 of its warpgroup
+  const int qrow_lo = q0 + 64 * wg + row_lo;           // position in the sequence
+  if (n == 0) {  // no visible key for any row of the block: output 0, LSE -inf
+    if (wg < 2) {
+      for (int r = 0; r < 2; ++r) {
+        const int qr = qrow_lo + 8 * r;
+        if (qr >= len_q) continue;
+        uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
+        for (int c = 2 * (t & 3); c < kDv; c += 8) *reinterpret_cast<uint32_t*>(orow + c) = 0u;
+        if ((t & 3) == 0 && p.lse) p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = -INFINITY;
+      }
+    }
+    return;
+  }
+  const int tail_keys = len_k - (n - 1) * kBN;  // keys of the CTA's last tile that exist (< 64: V rows to zero)
+  if (tid == 0) {
+    mbar_init(full_q, 1);
+    mbar_init(tail_v, 32);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= 8) {  // the producer warpgroup: warp 8 alone stays
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp != 8) return;
+    if (lane == 0) {  // tile i is published when its bytes land (no lag: >= 2 stages suffice)
+      for (int i = 0; i < n; ++i) {
+        const int s = i % kStages;
+        if (i >= kStages) mbar_wait(&empty[s], (i / kStages - 1) & 1);
+        if (i == 0) {
+          mbar_expect_tx(full_q, 2 * kQWgBytes);
+#pragma unroll
+          for (int c = 0; c < 6; ++c)
+            tma_slab(sq + (c / 3) * kQWgBytes + (c % 3) * kSlab, &tm.q, 64 * (c % 3), h, q_begin_seq + q0 + 64 * (c / 3),
+                     full_q);
+        }
+        uint8_t* sk = sstage + s * kStageBytes;
+        const int row = k_begin_seq + i * kBN;
+        mbar_expect_tx(&full_k[s], kKBytes);
+#pragma unroll
+        for (int c = 0; c < 3; ++c) tma_slab(sk + c * kSlab, &tm.k, 64 * c, hk, row, &full_k[s]);
+        mbar_expect_tx(&full_v[s], kVBytes);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) tma_slab(sk + kKBytes + c * kSlab, &tm.v, 64 * c, hk, row, &full_v[s]);
+      }
+    }
+    __syncwarp();
+    if (tail_keys < kBN) {  // the last tile's V rows past the sequence's end: zeros before any consumer reads them
+      const int s = (n - 1) % kStages;
+      mbar_wait(&full_v[s], ((n - 1) / kStages) & 1);
+      uint8_t* sv = sstage + s * kStageBytes + kKBytes;
+      for (int idx = lane; idx < (kBN - tail_keys) * 16; idx += 32) {  // 16 chunks of 16 B per row: 8 per slab
+        const int r = tail_keys + (idx >> 4), c = idx & 15;
+        *reinterpret_cast<uint4*>(sv + (c >> 3) * kSlab + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();
+      mbar_arrive(tail_v);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+
+  const uint8_t* sqw = sq + wg * kQWgBytes;
+  const int my_turn = wg == 0 ? kBarTurn0 : kBarTurn1, other_turn = wg == 0 ? kBarTurn1 : kBarTurn0;
+  const int off = len_k - len_q;       // causal: row qr sees keys <= qr + off
+  const int first_row = q0 + 64 * wg;  // the warpgroup's first row: a tile needs a mask past its limit
+  float o[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] = 0.f;
+  float sc[32];
+  uint32_t pa[4][4];                         // P of the previous tile: the RS A fragments of 4 k16 steps
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running maxima, log2 units (scores x scale_log2)
+  float l_lo = 0.f, l_hi = 0.f;              // row sums: this thread's 16 of each row's 64 columns per tile
+
+  // Descriptors built once per operand; each k-step adds its byte offset / 16 to the start-address field (shared
+  // addresses stay below 2^18: the add never carries out of the field).
+  const uint64_t dq = kmajor_desc(sqw);
+  const uint64_t dk0 = kmajor_desc(sstage), dv0 = mnmajor_desc(sstage + kKBytes);
+  // S(j) into sc: 12 k16 steps over the 192 features (32 B each inside a slab, one slab per 128 B).
+  auto issue_s = [&](int j) {
+    const uint64_t dk = dk0 + static_cast<uint64_t>((j % kStages) * (kStageBytes >> 4));
+#pragma unroll
+    for (int ks = 0; ks < kDqk / 16; ++ks) {
+      const uint32_t byte = ((ks * 32) >> 7) * kSlab + ((ks * 32) & 127);
+      wgmma_s(sc, dq + (byte >> 4), dk + (byte >> 4), ks > 0);
+    }
+    wg_commit();
+  };
+  // O += P(j)·V(j): 4 k16 steps over the tile's 64 keys (16 rows of 128 B each).
+  auto issue_pv = [&](int j) {
+    const uint64_t dv = dv0 + static_cast<uint64_t>((j % kStages) * (kStageBytes >> 4));
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_pv_rs(o, pa[ks], dv + static_cast<uint64_t>(ks * 16 * 128 / 16));
+    wg_commit();
+  };
+  // Online softmax of S(j) (in sc): mask (tail / diagonal tiles only), running max per 64-key tile, P = 2^(x - m)
+  // in sc (float32), row sums; returns O's rescale factors for this tile.
+  auto softmax = [&](int j, float& a_lo, float& a_hi) {
+    const int key0 = j * kBN;
+    const bool need_mask = key0 + kBN > len_k || (p.causal && key0 + kBN - 1 > first_row + off);
+    if (need_mask) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const int key = key0 + 8 * (e >> 2) + 2 * (t & 3) + (e & 1);
+        const int qr = qrow_lo + 8 * ((e >> 1) & 1);
+        if (key >= len_k || (p.causal && key > qr + off)) sc[e] = -INFINITY;
+      }
+    }
+    // row maxima as 4 chains of 4 per row, then 2 levels (element e = 4q + 2r + b is row r's value 2q + b)
+    float lo[4], hi[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      lo[c] = fmaxf(fmaxf(sc[8 * c], sc[8 * c + 1]), fmaxf(sc[8 * c + 4], sc[8 * c + 5]));
+      hi[c] = fmaxf(fmaxf(sc[8 * c + 2], sc[8 * c + 3]), fmaxf(sc[8 * c + 6], sc[8 * c + 7]));
+    }
+    float mx_lo = fmaxf(fmaxf(lo[0], lo[1]), fmaxf(lo[2], lo[3]));
+    float mx_hi = fmaxf(fmaxf(hi[0], hi[1]), fmaxf(hi[2], hi[3]));
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
+    }
+    // max commutes with the (positive) scale: the running max of scaled scores is max(m, rowmax·scale)
+    const float mn_lo = fmaxf(m_lo, mx_lo * p.scale_log2), mn_hi = fmaxf(m_hi, mx_hi * p.scale_log2);
+    const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+    a_lo = ex2(m_lo - mu_lo);
+    a_hi = ex2(m_hi - mu_hi);
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      const float x = ex2(fmaf(sc[e], p.scale_log2, -((e & 2) ? mu_hi : mu_lo)));
+      sc[e] = x;
+      if (e & 2) sum_hi += x; else sum_lo += x;
+    }
+    l_lo = l_lo * a_lo + sum_lo;
+    l_hi = l_hi * a_hi + sum_hi;
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+  };
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kP == 0)
+          pa[ks][i] = bf16x2_bits(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1]);
+        else
+          pa[ks][i] = p_codes<kP>(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1], p.p_scale, p.p_rscale);
+      }
+  };
+  auto release = [&](int j) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[j % kStages]);
+  };
+
+  // Tile 0: S alone in the first turn.
+  mbar_wait(full_q, 0);
+  if (wg == 1) nb_arrive<kPairThreads>(kBarTurn0);
+  mbar_wait(&full_k[0], 0);
+  nb_sync<kPairThreads>(my_turn);
+  wg_fence();
+  issue_s(0);
+  if (wg == 0 || n > 1) nb_arrive<kPairThreads>(other_turn);
+  wg_wait<0>();
+  reg_fence(sc);
+  {
+    float a_lo, a_hi;
+    softmax(0, a_lo, a_hi);  // O is 0: no rescale
+  }
+  pack_p();
+
+  for (int j = 1; j < n; ++j) {
+    const int s = j % kStages, sp = (j - 1) % kStages;
+    mbar_wait(&full_k[s], (j / kStages) & 1);
+    mbar_wait(&full_v[sp], ((j - 1) / kStages) & 1);
+    nb_sync<kPairThreads>(my_turn);
+    wg_fence();
+    issue_s(j);
+    issue_pv(j - 1);
+    if (wg == 0 || j < n - 1) nb_arrive<kPairThreads>(other_turn);
+    wg_wait<1>();  // S(j) done; P·V(j-1) may still run
+    reg_fence(sc);
+    float a_lo, a_hi;
+    softmax(j, a_lo, a_hi);
+    block_boundary(l_lo);
+    wg_wait<0>();  // P·V(j-1) done: stage j-1 is free, O and the A fragments may be written
+    reg_fence(o);
+    release(j - 1);
+    // x·1 = x: a warp whose 16 rows all keep their maximum skips the multiply (no bit changes)
+    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);
+    pack_p();
+  }
+  if (tail_keys < kBN)
+    mbar_wait(tail_v, 0);  // the last tile's V with its rows past the sequence's end zeroed
+  else
+    mbar_wait(&full_v[(n - 1) % kStages], ((n - 1) / kStages) & 1);
+  wg_fence();
+  issue_pv(n - 1);
+  wg_wait<0>();
+  reg_fence(o);
+  release(n - 1);
+
+  // Row sums over the quad (the 4 threads of a row), normalization, LSE (natural log).
+#pragma unroll
+  for (int d = 1; d <= 2; d <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
+  }
+  const float inv_lo = l_lo > 0.f ? p.out_scale * rcp_approx(l_lo) : 0.f;
+  const float inv_hi = l_hi > 0.f ? p.out_scale * rcp_approx(l_hi) : 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qr = qrow_lo + 8 * r;
+    if (qr >= len_q) continue;
+    const float inv = r ? inv_hi : inv_lo;
+    uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
+#pragma unroll
+    for (int j = 2 * r; j < 64; j += 4) {  // j, j+1: columns 8(j/4) + 2(t%4) + {0, 1} of row r
+      const int col = 8 * (j >> 2) + 2 * (t & 3);
+      *reinterpret_cast<uint32_t*>(orow + col) = bf16x2_bits(o[j] * inv, o[j + 1] * inv);
+    }
+    if ((t & 3) == 0 && p.lse) {
+      const float l = r ? l_hi : l_lo, m = r ? m_hi : m_lo;
+      p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = l > 0.f ? (m + lg2_approx(l)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// Eight elements per thread: out = bf16(e4m3(x / scale)), the IEEE quotient.
+__global__ void fp8_codes_kernel(const uint4* x, uint4* out, int64_t n8, float scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+    const uint4 w = x[i];
+    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+    uint32_t res[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&in[c]);
+      res[c] = e4m3_as_bf16x2(__fdiv_rn(__low2float(v), scale), __fdiv_rn(__high2float(v), scale));
+    }
+    out[i] = make_uint4(res[0], res[1], res[2], res[3]);
+  }
+}
+
+typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver, looked up once (null when the driver has none).
+EncodeTiledFn encoder() {
+  static EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult res;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res) != cudaSuccess ||
+        res != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// X [rows, heads, d] bf16 with token / head strides (elements) as the 3D tensor (d, heads, rows), box (64, 1, 64) =
+// one [64 rows x 128 B] slab with the 128-byte swizzle (the consumers' slab layout); rows past `rows` read as zeros.
+bool slab_map(CUtensorMap* m, EncodeTiledFn encode, const uint16_t* x, int64_t rows, int heads, int d,
+              int64_t stride_t, int64_t stride_h) {
+  std::memset(m, 0, sizeof(*m));
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_h) * 2, static_cast<cuuint64_t>(stride_t) * 2};
+  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(x), dims, strides, box, estr,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <int kP>
+cudaError_t launch(const PrefillParams& p, const TmaMaps& maps, cudaStream_t stream) {
+  static bool attribute_set[kMaxDevices] = {};  // once per device (not a stream operation: capture-safe)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !attribute_set[device]) {
+    err = cudaFuncSetAttribute(prefill_kernel<kP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) attribute_set[device] = true;
+  }
+  const unsigned blocks = static_cast<unsigned>((std::min<int64_t>(p.max_seqlen_q, p.total_q) + kBM - 1) / kBM);
+  for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
+    const dim3 grid(blocks, static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(kMaxGridZ, p.batch - b0)));
+    prefill_kernel<kP><<<grid, kThreads, kSmemBytes, stream>>>(p, maps, b0);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+bool prefill_wgmma_supported(const PrefillParams& p) {
+  const int64_t strides[6] = {p.q_stride_t, p.q_stride_h, p.k_stride_t, p.k_stride_h, p.v_stride_t, p.v_stride_h};
+  for (int64_t s : strides)
+    if (s <= 0 || s % 8 != 0 || s >= (int64_t{1} << 38)) return false;  // TMA: 16-byte multiples below 2^40 bytes
+  return p.heads >= 1 && p.kv_heads >= 1 && p.heads % p.kv_heads == 0 && p.heads <= 65535 && p.batch >= 1 &&
+         p.max_seqlen_q >= 1 && p.total_q >= 1 && p.total_k >= 1 && p.total_q < (int64_t{1} << 31) &&
+         p.total_k < (int64_t{1} << 31) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && p.out &&
+         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 2;
+}
+
+cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
+  if (!prefill_wgmma_supported(p)) return cudaErrorInvalidValue;
+  const EncodeTiledFn encode = encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  TmaMaps maps;
+  if (!slab_map(&maps.q, encode, p.q, p.total_q, p.heads, kDqk, p.q_stride_t, p.q_stride_h) ||
+      !slab_map(&maps.k, encode, p.k, p.total_k, p.kv_heads, kDqk, p.k_stride_t, p.k_stride_h) ||
+      !slab_map(&maps.v, encode, p.v, p.total_k, p.kv_heads, kDv, p.v_stride_t, p.v_stride_h))
+    return cudaErrorInvalidValue;
+  switch (p.p_fmt) {
+    case 0: return launch<0>(p, maps, stream);
+    case 1: return launch<1>(p, maps, stream);
+    default: return launch<2>(p, maps, stream);
+  }
+}
+
+cudaError_t launch_fp8_codes_bf16(const uint16_t* x, uint16_t* out, int64_t n, float scale, cudaStream_t stream) {
+  if (n % 8 != 0 || !aligned16(x) || !aligned16(out)) return cudaErrorInvalidValue;
+  const int64_t n8 = n / 8;
+  if (n8 == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n8 + 255) / 256, 132 * 16));
+  fp8_codes_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(out), n8,
+                                               scale);
+  return cudaGetLastError();
+}
+
+}  // namespace mla_core_cuda

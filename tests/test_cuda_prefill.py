@@ -1,0 +1,350 @@
+"""The cuda backend's varlen prefill (csrc/mla_prefill_wgmma.cu, backends/cuda/mla_core_cuda/prefill.py).
+
+CPU: what the backend declares and refuses (with the reasons), its priority and configs, and the launcher's
+arguments (scales folded for the FP8 recipes, the division-free range, TMA-ready views) through a recording stand-in
+for the extension. GPU (``pytest -m gpu``): against the reference backend on fresh random inputs, outputs in
+NaN-filled buffers (an unwritten element fails), with the triton tests' tolerances (out rel-L2 < 1e-2, LSE within
+1e-4 + 1e-5 |lse|); lengths on the 64-key and 128-row tile edges (mla_core.testing.shapes), empty sequences, causal
+with a cached prefix (and len_q > len_k), non-causal, GQA, LSE, P in FP8 and the full FP8 recipe, strided and
+misaligned views, K / V rows holding NaN and Inf between sequences (the kernel's TMA reads past a sequence's end),
+CUDA-graph capture; the QDQ pre-pass's codes equal mla_core.numerics' FP8 QDQ bit for bit.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import sys
+
+import pytest
+import torch
+
+import mla_core
+from mla_core import numerics, specs
+from mla_core.testing.shapes import boundary_lengths, causal_boundary_pairs
+from mla_core_cuda import build
+from mla_core_cuda import prefill as cuda_prefill
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from reference_math import rel_l2, same_lse  # noqa: E402
+
+TOL = 1e-2
+LSE_ATOL, LSE_RTOL = 1e-4, 1e-5
+FP8 = dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "fp8")
+AMAX = dict(q_amax=3.5, k_amax=4.0, v_amax=3.0, p_amax=1.0)
+
+
+def _problem(device="cuda", features=("lse",), **kw):
+    base = dict(dtype="bfloat16", heads=128, kv_heads=128, qk_dim=192, v_dim=128, causal=1, q_quant=None,
+                k_quant=None, p_quant=None, v_quant=None, block_n=64, sparsity_m=0, batch=4, max_seqlen_q=4096,
+                total_k=16384)
+    base.update(kw)
+    return mla_core.Problem.make("prefill", device, set(features), **base)
+
+
+def make_inputs(seqs, heads, kv_heads, *, seed=0, device="cuda", strided=False):
+    """Packed bf16 q [total_q, heads, 192], k [total_k, kv_heads, 192], v [.., 128] (standard normal), cu_seqlens,
+    max_seqlen_q. ``strided``: q a view of wider rows, k and v views into one [total_k, kv_heads, 320] buffer."""
+    g = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(s[0] for s in seqs), sum(s[1] for s in seqs)
+    q = torch.randn(total_q, heads, 192 + (64 if strided else 0), generator=g)[..., :192]
+    kv = torch.randn(total_k, kv_heads, 320, generator=g)
+    k, v = kv[..., :192], kv[..., 192:]
+    if not strided:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = (t.to(device=device, dtype=torch.bfloat16) for t in (q, k, v))
+    if strided:  # .to() made them dense: rebuild the views on the device
+        qw = torch.zeros(total_q, heads, 256, dtype=torch.bfloat16, device=device)
+        qw[..., :192] = q
+        kvw = torch.empty(total_k, kv_heads, 320, dtype=torch.bfloat16, device=device)
+        kvw[..., :192], kvw[..., 192:] = k, v
+        q, k, v = qw[..., :192], kvw[..., :192], kvw[..., 192:]
+    cu_q = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32)
+    cu_k = torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32)
+    return [q, k, v, cu_q.to(device), cu_k.to(device), max([s[0] for s in seqs] + [0])]
+
+
+def run_pair(inputs, causal=True, **kw):
+    """(cuda out, lse), (reference out, lse) for the same call."""
+    ref = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference", **kw)
+    out = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="cuda", **kw)
+    return out, ref
+
+
+def check(out, ref, tol=TOL):
+    assert out[0].shape == ref[0].shape and out[0].dtype == ref[0].dtype == torch.bfloat16
+    assert out[1].shape == ref[1].shape and out[1].dtype == torch.float32
+    err = rel_l2(out[0], ref[0])
+    assert err < tol, f"relative L2 {err:.3g} >= {tol}"
+    finite = torch.isfinite(ref[1])
+    scale = ref[1][finite].abs().max().item() if finite.any() else 0.0
+    assert same_lse(out[1], ref[1], LSE_ATOL + LSE_RTOL * scale)
+    empty = ref[1] == float("-inf")  # [heads, total_q]: rows with no visible key are exactly 0
+    assert torch.all(out[0].transpose(0, 1)[empty] == 0)
+    return err
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+
+
+def test_declared_and_refused():
+    backend = mla_core.get_backend("cuda")
+    cap = backend.capabilities["prefill"]
+    assert cap.why_not(_problem()) == [] and cuda_prefill.why_not(_problem()) == []
+    assert cuda_prefill.why_not(_problem(causal=0, kv_heads=16, features=("lse", "gqa"), **FP8)) == []
+    assert cap.why_not(_problem(kv_heads=16, features=("lse", "gqa"))) == []
+    cases = {"dtype": dict(dtype="float16"), "qk_dim": dict(qk_dim=576), "v_dim": dict(v_dim=512),
+             "block_n": dict(block_n=128), "q_quant": dict(q_quant="nvfp4"), "p_quant": dict(p_quant="nvfp4"),
+             "v_quant": dict(v_quant="nvfp4")}
+    for name, kw in cases.items():
+        reasons = cuda_prefill.why_not(_problem(**kw))
+        assert len(reasons) == 1 and reasons[0].startswith(f"{name}=") and ":" in reasons[0], reasons
+        assert any(r.startswith(f"{name}=") for r in cap.why_not(_problem(**kw)))
+    reasons = cuda_prefill.why_not(_problem(features=("lse", "nm_sparsity"), sparsity_m=4))
+    assert len(reasons) == 1 and "N:M" in reasons[0]
+    assert "prefill" in backend.info()["ops"]
+
+
+def test_why_not_explains(monkeypatch):
+    """On a machine where the backend is available, why_not gives the kernel's reasons instead of the limits' lines."""
+    backend = mla_core.get_backend("cuda")
+    monkeypatch.setattr(type(backend), "unavailable_reason", lambda self: None)
+    monkeypatch.setattr(type(backend), "device_reasons", lambda self, problem: [])
+    assert backend.why_not(_problem()) == []
+    reasons = backend.why_not(_problem(qk_dim=576, v_dim=512, features=("lse", "nm_sparsity"), sparsity_m=4))
+    assert len(reasons) == 3 and all(":" in r for r in reasons)
+    assert any("written for MLA's q/k width 192" in r for r in reasons) and any("N:M" in r for r in reasons)
+
+
+def test_priority_and_configs():
+    backend = mla_core.get_backend("cuda")
+    assert backend.priority_for(_problem()) == backend.PRIORITY_PREFILL
+    assert 200 < backend.PRIORITY_PREFILL < 250  # above triton, below cuDNN's dense / capturable path
+    assert backend.configs(_problem()) == [{}]
+    assert backend.validate_config(_problem(), {}) == []
+    assert "wgmma prefill" in backend.version
+
+
+def test_sources_built():
+    assert "mla_prefill_wgmma.cu" in build.SOURCES and "mla_prefill.h" in build.HEADERS
+
+
+class _Recorder:
+    """Stands in for the extension: records the launch and the pre-pass (codes = the values' fp8 QDQ / scale)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def fp8_codes_bf16(self, x, out, scale):
+        out.copy_(numerics.round_e4m3(numerics.divide(x.float(), scale)))
+        self.calls.append(("codes", scale))
+
+    def prefill_wgmma(self, *args):
+        self.calls.append(("prefill", args))
+
+
+def _call(inputs, **kw):
+    args = dict(q_quant=None, k_quant=None, p_quant=None, v_quant=None, q_amax=None, k_amax=None, p_amax=1.0,
+                v_amax=None, sparsity_n=0, sparsity_m=4, dense_sink_tokens=0, dense_recent_tokens=64, block_m=64,
+                block_n=64)
+    args.update(kw)
+    return specs.validate_prefill(*inputs, None, True, True, **args)[1]
+
+
+def _f32(x):
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def test_launch_arguments_bf16():
+    inputs = make_inputs([(5, 9), (0, 3)], 2, 1, device="cpu")
+    rec = _Recorder()
+    out, lse = cuda_prefill.run(rec, _call(inputs), {})
+    assert out.shape == (5, 2, 128) and out.dtype == torch.bfloat16 and lse.shape == (2, 5)
+    (kind, args), = rec.calls
+    q, k, v, cu_q, cu_k, max_q, o, l, causal, scale_log2, out_scale, p_fmt, p_scale, p_rscale = args
+    assert q is inputs[0] and k is inputs[1] and v is inputs[2]  # dense, aligned: no copies
+    assert cu_q.dtype == torch.int32 and max_q == 5 and o is out and l is lse and causal is True
+    assert scale_log2 == pytest.approx(192 ** -0.5 * math.log2(math.e), rel=1e-6)
+    assert (out_scale, p_fmt, p_scale) == (1.0, 0, 1.0)
+
+
+def test_launch_arguments_fp8_recipe():
+    inputs = make_inputs([(5, 9)], 2, 2, device="cpu")
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, **FP8, **AMAX), {})
+    scales = [s for kind, s in rec.calls if kind == "codes"]
+    assert scales == [_f32(3.5 / 448), _f32(4.0 / 448), _f32(3.0 / 448)]
+    args = rec.calls[-1][1]
+    q, k, v = args[:3]
+    assert q.dtype == torch.bfloat16 and torch.equal(q.float() * scales[0], numerics.qdq_fp8(inputs[0], 3.5))
+    assert torch.equal(v.float() * scales[2], numerics.qdq_fp8(inputs[2], 3.0))
+    scale_log2, out_scale, p_fmt, p_scale, p_rscale = args[9:]
+    assert scale_log2 == pytest.approx(192 ** -0.5 * scales[0] * scales[1] * math.log2(math.e), rel=1e-6)
+    assert p_fmt == 1 and p_scale == _f32(1 / 448)
+    assert p_rscale == float(torch.tensor(1.0) / torch.tensor(p_scale))  # the float32 quotient: 447.99997
+    assert out_scale == pytest.approx(scales[2] * p_scale, rel=1e-7)
+
+
+def test_p_scale_outside_the_division_free_range_takes_ieee_division():
+    inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, p_quant="fp8", p_amax=1e-20), {})
+    assert rec.calls[-1][1][11] == 2
+
+
+def test_views_tma_cannot_address_are_copied():
+    x = torch.zeros(10, 4, 200, dtype=torch.bfloat16)
+    view = x[..., :192]
+    assert cuda_prefill._tma_ready(view) is view  # strides 800 / 400 bytes: TMA reads it in place
+    odd = torch.zeros(10, 4, 197, dtype=torch.bfloat16)[..., :192]  # 394-byte head stride
+    copy = cuda_prefill._tma_ready(odd)
+    assert copy is not odd and copy.is_contiguous() and torch.equal(copy, odd)
+    shifted = torch.zeros(10 * 4 * 192 + 1, dtype=torch.bfloat16)[1:].view(10, 4, 192)  # data 2 bytes off
+    assert cuda_prefill._tma_ready(shifted).data_ptr() % 16 == 0
+
+
+def test_launcher_refuses_what_it_does_not_cover():
+    inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
+    inputs[:3] = [t.half() for t in inputs[:3]]
+    with pytest.raises(ValueError, match="bf16"):
+        cuda_prefill.run(None, _call(inputs), {})
+    inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
+    with pytest.raises(ValueError, match="FP8"):
+        cuda_prefill.run(None, _call(inputs, v_quant="nvfp4"), {})
+
+
+def test_no_keys_at_all_gives_empty_rows():
+    inputs = make_inputs([(4, 0), (2, 0)], 2, 2, device="cpu")
+    out, lse = cuda_prefill.run(None, _call(inputs), {})  # nothing launched
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every output the cuda kernel gets starts as NaN."""
+    monkeypatch.setattr(cuda_prefill, "_new_output",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+
+
+gpu = pytest.mark.gpu
+LENGTHS = boundary_lengths([64, 128], limit=257)  # 0, 1, 63..65, 127..129, 255..257
+
+
+@gpu
+def test_gpu_backend_available():
+    backend = mla_core.get_backend("cuda")
+    assert backend.unavailable_reason() is None
+    assert backend.why_not(_problem()) == []
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_boundary_lengths(poisoned_outputs, causal):
+    seqs = [(n, n) for n in LENGTHS] + [(5, 0), (0, 7)]
+    check(*run_pair(make_inputs(seqs, 4, 4, seed=int(causal)), causal=causal))
+
+
+@gpu
+def test_gpu_cached_prefix_and_gqa(poisoned_outputs):
+    """Causal with len_q < len_k (the query tile's last key on a key-tile edge), len_q > len_k (rows with no key),
+    8 heads over 2 kv heads."""
+    seqs = list(causal_boundary_pairs(128, 64)) + [(1, 1000), (300, 2000), (200, 129), (65, 1), (130, 64)]
+    check(*run_pair(make_inputs(seqs, 8, 2, seed=3), causal=True))
+    check(*run_pair(make_inputs(seqs[-6:], 8, 2, seed=4), causal=False))
+
+
+@gpu
+@pytest.mark.parametrize("recipe", ["p_fp8", "fp8"])
+def test_gpu_fp8(poisoned_outputs, recipe):
+    kw = dict(p_quant="fp8", p_amax=0.75) if recipe == "p_fp8" else dict(FP8, **AMAX)
+    inputs = make_inputs([(129, 129), (64, 300), (1, 65), (0, 9)], 4, 2, seed=5)
+    out, ref = run_pair(inputs, causal=True, **kw)
+    check(out, ref)
+    plain = mla_core.mla_prefill(*inputs, causal=True, backend="cuda")
+    assert rel_l2(out[0], plain) > 2e-2  # the rounding is there
+
+
+@gpu
+def test_gpu_mla_heads_and_lengths(poisoned_outputs):
+    """128 heads, a sequence of 1,100 keys, the fp8 recipe and bf16."""
+    inputs = make_inputs([(1100, 1100), (300, 700)], 128, 128, seed=6)
+    check(*run_pair(inputs, causal=True))
+    check(*run_pair(inputs, causal=True, **FP8, **AMAX))
+
+
+@gpu
+def test_gpu_nan_and_inf_rows_between_sequences(poisoned_outputs):
+    """A sequence with keys but no queries holds NaN / Inf K and V rows right after sequences whose last tile is
+    partial (the kernel's TMA boxes read them); a sequence with queries but no keys holds NaN Q rows."""
+    seqs = [(100, 100), (0, 50), (70, 130), (3, 0), (64, 65), (0, 40), (1, 1)]
+    inputs = make_inputs(seqs, 4, 4, seed=7)
+    q, k, v = inputs[:3]
+    k[100:150, :, ::2], k[100:150, :, 1::2] = float("nan"), float("inf")
+    v[100:150, :, ::2], v[100:150, :, 1::2] = float("-inf"), float("nan")
+    q[170:173] = float("nan")
+    k[345:385], v[345:385] = float("inf"), float("nan")
+    for causal in (True, False):
+        out, ref = run_pair(inputs, causal=causal)
+        assert not out[0].isnan().any() and not out[1].isnan().any()
+        check(out, ref)
+
+
+@gpu
+def test_gpu_strided_and_misaligned_views(poisoned_outputs):
+    seqs = [(70, 200), (128, 128)]
+    inputs = make_inputs(seqs, 4, 2, seed=8, strided=True)
+    assert not inputs[1].is_contiguous()
+    check(*run_pair(inputs, causal=True))
+    q = inputs[0]
+    flat = torch.empty(q.numel() + 1, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1:].view(q.shape)  # data 2 bytes past a 16-byte boundary: copied first
+    shifted.copy_(q)
+    check(*run_pair([shifted] + inputs[1:], causal=True))
+
+
+@gpu
+def test_gpu_without_lse_and_int64_cu_seqlens():
+    inputs = make_inputs([(65, 130), (3, 3)], 2, 2, seed=9)
+    ref = mla_core.mla_prefill(*inputs, backend="reference")
+    inputs[3], inputs[4] = inputs[3].long(), inputs[4].long()
+    out = mla_core.mla_prefill(*inputs, backend="cuda")
+    assert rel_l2(out, ref) < TOL
+
+
+@gpu
+def test_gpu_qdq_prepass_codes_equal_the_numerics_definition():
+    """fp8_codes_bf16's codes times the float32 scale are mla_core.numerics.qdq_fp8 bit for bit: ties, the
+    saturation at 448, subnormal codes, Inf (clamped) and NaN included."""
+    module, reason = build.load_or_reason()
+    assert module is not None, reason
+    g = torch.Generator().manual_seed(10)
+    x = torch.cat([torch.randn(4096, generator=g) * 3, torch.randn(1024, generator=g) * 1e-3,
+                   torch.tensor([448.0, 464.0, 480.0, -1e4, 2.0 ** -10, 3 * 2.0 ** -10, float("inf"),
+                                 float("-inf"), float("nan"), 0.0, -0.0, 17.0, 18.0, 19.0, 20.0, 0.6875])])
+    x = torch.nn.functional.pad(x, (0, -x.numel() % 8)).to(torch.bfloat16).cuda()
+    for amax in (None, 448.0, 3.0, 26.88):
+        codes, scale = cuda_prefill.fp8_codes(module, x, amax)
+        got = codes.float() * torch.tensor(scale, dtype=torch.float32, device="cuda")
+        want = numerics.qdq_fp8(x, amax)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
+@gpu
+def test_gpu_cuda_graph_capture(poisoned_outputs):
+    inputs = make_inputs([(300, 300), (10, 77)], 4, 4, seed=11)
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference")
+    eager = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            got = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cuda")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    check(got, ref)
