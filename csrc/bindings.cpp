@@ -138,7 +138,8 @@ void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torc
 }
 
 // The FP8 top-k sparse decode on WGMMA (mla_sparse_wgmma.cu): query [batch, q_len, heads, 576] and cache [rows, 576]
-// float8_e4m3fn (contiguous, 16-byte aligned), indices [batch, q_len, top_k] int32, valid_lens [batch] int32,
+// float8_e4m3fn, or a bf16 query and cache [rows, 656] uint8 / float8_e4m3fn (fp8_ds_mla rows: the cache's width
+// picks the layout); contiguous, 16-byte aligned; indices [batch, q_len, top_k] int32, valid_lens [batch] int32,
 // out [batch, q_len, heads, 512] bf16 and lse (batch * q_len * heads float32), both contiguous.
 void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& indices,
                          const torch::Tensor& valid_lens, torch::Tensor out, torch::Tensor lse,
@@ -147,11 +148,18 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
   const auto fp8 = torch::kFloat8_e4m3fn;
   TORCH_CHECK(query.is_cuda() && cache.is_cuda() && indices.is_cuda() && valid_lens.is_cuda() && out.is_cuda() &&
                   lse.is_cuda(), "mla_core cuda sparse decode: tensors must be on CUDA");
-  TORCH_CHECK(query.scalar_type() == fp8 && cache.scalar_type() == fp8, "query and cache must be float8_e4m3fn");
+  TORCH_CHECK(cache.dim() == 2 && (cache.size(1) == 576 || cache.size(1) == 656) && cache.is_contiguous(),
+              "cache must be contiguous [rows, 576] or [rows, 656]");
+  const bool ds_mla = cache.size(1) == 656;
+  if (ds_mla) {
+    TORCH_CHECK(query.scalar_type() == torch::kBFloat16 &&
+                    (cache.scalar_type() == torch::kUInt8 || cache.scalar_type() == fp8),
+                "656-byte rows need a bf16 query and a uint8 / float8_e4m3fn cache");
+  } else {
+    TORCH_CHECK(query.scalar_type() == fp8 && cache.scalar_type() == fp8, "query and cache must be float8_e4m3fn");
+  }
   TORCH_CHECK(query.dim() == 4 && query.size(3) == 576 && query.is_contiguous(),
               "query must be contiguous [batch, q_len, heads, 576]");
-  TORCH_CHECK(cache.dim() == 2 && cache.size(1) == 576 && cache.is_contiguous(),
-              "cache must be contiguous [rows, 576]");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(query.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0, "query and cache must be 16-byte aligned");
   const int64_t batch = query.size(0), q_len = query.size(1), heads = query.size(2);
@@ -168,6 +176,7 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
   mla_core_cuda::SparseDecodeParams p{};
   p.query = static_cast<const uint8_t*>(query.data_ptr());
   p.cache = static_cast<const uint8_t*>(cache.data_ptr());
+  p.ds_mla = ds_mla;
   p.rows = cache.size(0);
   p.indices = indices.data_ptr<int32_t>();
   p.valid_lens = valid_lens.data_ptr<int32_t>();
@@ -287,7 +296,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"));
   m.def("sparse_decode_wgmma", &sparse_decode_wgmma,
-        "FP8 top-k sparse MLA decode on WGMMA, 576-byte rows (see backends/cuda/mla_core_cuda/sparse.py)",
+        "FP8 top-k sparse MLA decode on WGMMA, 576- or 656-byte rows (see backends/cuda/mla_core_cuda/sparse.py)",
         pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("indices"), pybind11::arg("valid_lens"),
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("scale_log2"), pybind11::arg("bmm2_scale"));

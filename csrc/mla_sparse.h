@@ -1,5 +1,6 @@
-// FP8 top-k sparse MLA decode for sm_90a (mla_sparse_wgmma.cu): the launch parameters shared by the kernel and the
-// PyTorch binding (bindings.cpp). Plain data only, so the .cu file compiles without PyTorch headers.
+// FP8 top-k sparse MLA decode for sm_90a (mla_sparse_wgmma.cu; MATE's 576-byte or fp8_ds_mla's 656-byte rows): the
+// launch parameters shared by the kernel and the PyTorch binding (bindings.cpp). Plain data only, so the .cu file
+// compiles without PyTorch headers.
 #pragma once
 
 #include <cstdint>
@@ -8,10 +9,13 @@
 namespace mla_core_cuda {
 
 struct SparseDecodeParams {
-  // query [tokens = batch * q_len, heads, 576] E4M3 codes, contiguous, 16-byte aligned.
+  // query [tokens = batch * q_len, heads, 576] E4M3 codes (ds_mla: bf16), contiguous, 16-byte aligned.
   const uint8_t* query;
-  // cache [rows, 576] E4M3 codes (MATE's rows: 512 latent + 64 RoPE values), contiguous, 16-byte aligned.
+  // cache [rows, 576] E4M3 codes (MATE's rows: 512 latent + 64 RoPE values), or with ds_mla [rows, 656]
+  // fp8_ds_mla rows (512 E4M3 codes, 4 float32 scales, 64 bf16 RoPE values; docs/sparse.md); contiguous,
+  // 16-byte aligned.
   const uint8_t* cache;
+  bool ds_mla;
   int64_t rows;
   // indices [tokens, top_k] int32 cache rows (-1 = none); valid_lens [batch] int32: slots at or past
   // clamp(valid_lens[b], 0, top_k) are not keys, nor is an index outside 0..rows-1 (never read).

@@ -1,7 +1,7 @@
-// FP8 top-k sparse MLA decode on Hopper WGMMA (sm_90a), DeepSeek-V3.2 on MATE's 576-byte rows: E4M3 query
-// [batch, q_len, heads, 576] and cache rows [rows, 576] (512 latent + 64 RoPE values; the per-tensor scale folded
-// into bmm1_scale / bmm2_scale), int32 indices [batch, q_len, top_k] (-1 = none), valid lengths per request.
-// Numerics: docs/sparse.md (the reference backend's definition), up to float32 summation order.
+// FP8 top-k sparse MLA decode on Hopper WGMMA (sm_90a), DeepSeek-V3.2 on MATE's 576-byte rows (fp8_ds_mla's 656-byte
+// rows: below): E4M3 query [batch, q_len, heads, 576] and cache rows [rows, 576] (512 latent + 64 RoPE values; the
+// per-tensor scale folded into bmm1_scale / bmm2_scale), int32 indices [batch, q_len, top_k] (-1 = none), valid
+// lengths per request. Numerics: docs/sparse.md (the reference backend's definition), up to float32 summation order.
 //
 // One CTA of three warpgroups per (query token and group of 64 heads, split) walks its split's valid slots in
 // tiles of 64 (a split is a run of whole tiles; tile i in bf16 stage i % 2), the decode kernel's schedule
@@ -25,6 +25,22 @@
 //     O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (m64n256k16, V = the tile's first 512 columns read MN-major; each
 //     warpgroup's own P half from registers, the other's from the shared P slab). A multiply by a factor that is
 //     exactly 1 for all 16 rows of a warp is skipped (x * 1 = x: no bit changes).
+//
+// fp8_ds_mla (the kernel's kDs variant; FlashMLA's / vLLM's 656-byte rows: bytes 0..511 E4M3 codes, 512..527 four
+// float32 scales, scale j for values 128j..128j+127, 528..655 the 64 RoPE values in bf16; bf16 query), the same
+// schedule and protocol with these differences:
+//   - the producer gathers each row's 32 code chunks as 8 code blocks at kCodeOffDs (slabs 4-7's bytes) and
+//     converts them in place (slab 4 overlaps blocks 0-1, 5 blocks 2-3, 6 blocks 4-5, 7 blocks 6-7: PROD barriers
+//     after blocks 4-5 and after blocks 6-7 are read), copies the 8 RoPE chunks straight into slab 8 and the 16
+//     scale bytes into the stage's [64 slots][4] float32 scales (in Q's slab 8, free: Q's RoPE values are kept
+//     as RS A fragments in registers, 16 per thread);
+//   - S keeps the block scale outside the dot: the RoPE part (4 RS k16 steps) into s, block j's 8 k16 steps into
+//     acc[j % 2], s += scale_j[key] acc once block j's group completed (wait_group 1: the next block runs);
+//   - P V per 128-column scale block (m64n128k16, A from registers): warpgroup w's blocks 2w, 2w + 1 take
+//     bf16(P scale_j[key]) of its own keys and of the other warpgroup's, which it reads as float32 P: warpgroup
+//     0's from the P slab, warpgroup 1's from the stage's RoPE slab, which both S products have read once MX0
+//     has passed (8 KB each, by thread: the other's thread t holds the same accumulator positions). Row sums stay
+//     on the float32 P.
 // Output o / l * bmm2_scale in bf16, LSE (m + log2 l) ln 2; a token with no valid slot gets 0 and -inf. With
 // several splits each writes float32 partials and the combine kernel merges them by log-sum-exp (a split without a
 // valid slot has LSE -inf and weight 0).
@@ -44,8 +60,11 @@
 //   Per tile: WG0: S0; maxima; arrive MX0; P0; [i > 0: sync P0E]; write P0; arrive P0F; O a1; P0 V0 (RS);
 //             sync H1F; a2; O a2; P1 V1 (SS); release.   WG1: S1; sync MX0; P1; write P1 + maxima; arrive H1F;
 //             O a1; sync P0F; P0 V0 (SS); [i < T - 1: arrive P0E]; O a2; P1 V1 (RS); release.
-// The protocol and the in-place conversion's byte ranges were checked over every interleaving for 1-6 tiles
-// (benchmarks/probes/sparse_wgmma_s_emulation.py) and measured as variant S of the sparse probe
+//   fp8_ds_mla: the same barriers in the same places (PROD's second and third generations as above); P0 / P1 are
+//   float32 (P1 in the stage's RoPE slab: written after MX0, read by WG0 after H1F, before either releases the
+//   stage), both P V halves RS, and WG1 arrives P0E once P0 is in its registers (before its P0 V0).
+// The 576-byte protocol and in-place conversion's byte ranges were checked over every interleaving for 1-6 tiles
+// (benchmarks/probes/sparse_wgmma_s_emulation.py; not the fp8_ds_mla variant's) and measured as variant S of the sparse probe
 // (benchmarks/probes/sparse_wgmma_probe.cu; benchmarks/NOTES.md). Layout, descriptors and ordering rules:
 // docs/cuda.md ("Hopper building blocks, verified").
 
@@ -66,16 +85,20 @@ namespace {
 
 constexpr int kHeads = 64;                 // heads per CTA: the wgmma M
 constexpr int kKeys = 64;                  // slots per tile
-constexpr int kRow = 576;                  // bytes of a cache row / query row (E4M3 codes)
+constexpr int kDim = 576;                  // values of a query / key row: 512 latent + 64 RoPE
+constexpr int kRowDs = 656;                // bytes of an fp8_ds_mla cache row (MATE's rows: kDim codes)
+constexpr int kDsScales = 512, kDsRope = 528;  // fp8_ds_mla: byte offsets of the 4 float32 scales, the bf16 RoPE
 constexpr int kNope = 512;                 // V width
-constexpr int kChunks = kRow / 16;         // 16-byte chunks of codes per row
+constexpr int kChunks = kDim / 16;         // 16-byte chunks of codes per 576-byte row
 constexpr int kConsumerThreads = 256;      // two consumer warpgroups (warps 0-7)
 constexpr int kThreads = 384;              // + the producer warpgroup (warps 8-11)
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the launch share)
 constexpr int kSlab = kKeys * 128;         // one [64 rows x 128 B] slab
 constexpr int kTileBytes = 9 * kSlab;      // a [64 x 576] bf16 operand: 9 slabs (Q, a stage)
 constexpr int kCodeBlock = kKeys * 64;     // a code block: 4 chunks of every row
-constexpr int kCodeOff = kTileBytes - kKeys * kRow;  // the codes' place in a stage: its upper 36,864 B
+constexpr int kCodeOff = kTileBytes - kKeys * kDim;  // the codes' place in a stage: its upper 36,864 B
+constexpr int kCodeOffDs = 4 * kSlab;      // fp8_ds_mla: 8 code blocks over slabs 4-7 (the RoPE goes to slab 8)
+constexpr int kOffScales = 8 * kSlab;      // fp8_ds_mla: [2 stages][64 slots][4] float32 scales in Q's slab 8
 constexpr int kOffP = 3 * kTileBytes,      // Q, two stages
               kOffX = kOffP + kSlab,       // floats: [64] half 0's maxima, [64] half 1's, [2][64] final row sums
               kOffValid = kOffX + 4 * kHeads * 4,   // [2 stages][64 slots] validity flags
@@ -88,6 +111,8 @@ constexpr int kMaxDevices = 64;            // devices whose shared-memory attrib
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 static_assert(kCodeOff == 36864 && kCodeOff + 9 * kCodeBlock == kTileBytes, "the codes fill a stage's upper half");
+static_assert(kCodeOffDs + 8 * kCodeBlock == 8 * kSlab && 2 * kKeys * 16 <= kSlab,
+              "fp8_ds_mla: the codes end where the RoPE slab starts; both stages' scales fit in Q's slab 8");
 static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 * 9,
               "mbarriers 8-aligned; producer thread u converts rows u / 4 and u / 4 + 32, chunk u % 4 of 9 blocks");
 
@@ -108,7 +133,12 @@ __device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s, uint32_t kbyte
 __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) {
   return make_desc(smem_u32(s) + k0 * 128u, kSlab, 1024u);
 }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending committed wgmma groups of this warpgroup are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -145,33 +175,75 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], const uint32_t (&a)
       : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+// fp8_ds_mla: S's RoPE part with A = Q's RoPE fragments from registers (the layout of pv_rs's a), B = K rows
+// (K-major); P V over one 128-column scale block, the accumulator o[kOff .. kOff + 63] (kOff 0: the warpgroup's
+// first 128 columns, 64: its next 128), A = P times the block's scales from registers.
+__device__ __forceinline__ void wgmma_s_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : MLA_F16(0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
+template <int kOff>
+__device__ __forceinline__ void wgmma_pv128_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n"
+      : MLA_F16(kOff), MLA_F16(kOff + 16), MLA_F16(kOff + 32), MLA_F16(kOff + 48)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 #undef MLA_F16
 #undef MLA_F4
 
+// kDs: the fp8_ds_mla variant (656-byte rows, bf16 query); else MATE's 576-byte rows and an E4M3 query.
+template <bool kDs>
+constexpr int kRowBytes = kDs ? kRowDs : kDim;
+
 // The byte offset of slot `slot`'s cache row, or -1 when the slot is not a key: at or past `end`, index < 0 or
 // >= the cache's row count.
+template <bool kDs>
 __device__ __forceinline__ int64_t slot_offset(const SparseDecodeParams& p, const int32_t* idx, int slot, int end) {
   if (slot >= end) return -1;
   const int64_t row = idx[slot];
-  return row >= 0 && row < p.rows ? row * kRow : -1;
+  return row >= 0 && row < p.rows ? row * kRowBytes<kDs> : -1;
 }
 
 // Producer warp pw (lane l): the tile's rows 16 pw .. 16 pw + 15 by cp.async into the stage's code blocks, one
 // group committed; `off` (lanes 0-15: row 16 pw + l's offset from slot_offset) also gives the stage's flags. Lane l
 // copies chunk l % 4 of every block for rows 16 pw + l / 4 and 16 pw + l / 4 + 8 (conflict-free 16-byte stores).
+// fp8_ds_mla (kDs): 8 code blocks at kCodeOffDs; lane l also copies RoPE chunks 2 (l % 4) and 2 (l % 4) + 1 of
+// both rows straight into slab 8 (bf16, swizzled as the slab) and, for l % 4 < 2, the scales of row a (0) or b (1)
+// into `scales` ([64 slots][4] float32).
+template <bool kDs>
 __device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, int64_t off, uint8_t* stage, uint8_t* valid,
-                                            int pw, int lane) {
+                                            uint8_t* scales, int pw, int lane) {
   if (lane < 16) valid[16 * pw + lane] = off >= 0;
   const int q = lane & 3, row = 16 * pw + (lane >> 2);
   const int64_t off_a = __shfl_sync(0xffffffffu, off, lane >> 2), off_b = __shfl_sync(0xffffffffu, off, (lane >> 2) + 8);
-  const uint8_t* src_a = off_a >= 0 ? p.cache + off_a + 16 * q : p.cache;
-  const uint8_t* src_b = off_b >= 0 ? p.cache + off_b + 16 * q : p.cache;
+  const uint8_t* row_a = off_a >= 0 ? p.cache + off_a : p.cache;
+  const uint8_t* row_b = off_b >= 0 ? p.cache + off_b : p.cache;
   const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;  // 0: zero-filled, nothing read
-  uint8_t* dst = stage + kCodeOff + 64 * row + 16 * q;
+  const auto at = [](const uint8_t* r, uint32_t n, int byte) { return n ? r + byte : r; };
+  uint8_t* dst = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * row + 16 * q;
 #pragma unroll
-  for (int k = 0; k < 9; ++k) {  // chunk 4k + q of the row: bytes 64 k + 16 q
-    cp_async16(dst + kCodeBlock * k, src_a + (n_a ? 64 * k : 0), n_a);
-    cp_async16(dst + kCodeBlock * k + 64 * 8, src_b + (n_b ? 64 * k : 0), n_b);
+  for (int k = 0; k < (kDs ? 8 : 9); ++k) {  // chunk 4k + q of the row: bytes 64 k + 16 q
+    cp_async16(dst + kCodeBlock * k, at(row_a, n_a, 64 * k + 16 * q), n_a);
+    cp_async16(dst + kCodeBlock * k + 64 * 8, at(row_b, n_b, 64 * k + 16 * q), n_b);
+  }
+  if constexpr (kDs) {
+    uint8_t* rope = stage + 8 * kSlab;
+#pragma unroll
+    for (int c = 2 * q; c < 2 * q + 2; ++c) {
+      cp_async16(rope + slab_off(row, 16 * c) , at(row_a, n_a, kDsRope + 16 * c), n_a);
+      cp_async16(rope + slab_off(row + 8, 16 * c), at(row_b, n_b, kDsRope + 16 * c), n_b);
+    }
+    if (q < 2) {
+      const int r = row + 8 * q;
+      cp_async16(scales + 16 * r, q ? at(row_b, n_b, kDsScales) : at(row_a, n_a, kDsScales), q ? n_b : n_a);
+    }
   }
   cp_async_commit();
 }
@@ -189,9 +261,13 @@ __device__ __forceinline__ void store_bf16_chunk(uint8_t* slab, int row, int q, 
 // Producer thread u (0..127) converts the stage's landed codes in place (block k -> slab k): rows u / 4 and
 // u / 4 + 32, chunk u % 4 of every block. The caller's PROD barrier after the copies landed comes first; the two
 // here order the reads of the blocks a slab overlaps before its stores (header comment).
+// fp8_ds_mla (kDs): 8 blocks at kCodeOffDs (slabs 4-7's bytes; the RoPE slab is already in place): slab 4 overlaps
+// blocks 0-1, slab 5 blocks 2-3, slab 6 blocks 4-5, slab 7 blocks 6-7, so blocks 4-5 are read before a PROD barrier
+// that precedes slabs 4-5 (blocks 0-5 then read by all: slab 6 is safe), blocks 6-7 before one that precedes slab 7.
+template <bool kDs>
 __device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
   const int r = u >> 2, q = u & 3;
-  const uint8_t* code = stage + kCodeOff + 64 * r + 16 * q;  // block 0, row r; row r + 32 at + 2,048 B
+  const uint8_t* code = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * r + 16 * q;  // block 0, row r; r + 32: +2,048 B
   const auto load = [code](int k, int half) {
     return *reinterpret_cast<const uint4*>(code + kCodeBlock * k + half * 32 * 64);
   };
@@ -200,6 +276,21 @@ __device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
     const uint4 w0 = load(k, 0), w1 = load(k, 1);
     store_bf16_chunk(stage + kSlab * k, r, q, w0);
     store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+  }
+  if constexpr (kDs) {
+    const uint4 w40 = load(4, 0), w41 = load(4, 1), w50 = load(5, 0), w51 = load(5, 1);
+    nb_sync<kProducerThreads>(kBarProd);  // blocks 0-5 read by every producer thread: slabs 4-6 may overwrite them
+    store_bf16_chunk(stage + kSlab * 4, r, q, w40);
+    store_bf16_chunk(stage + kSlab * 4, r + 32, q, w41);
+    store_bf16_chunk(stage + kSlab * 5, r, q, w50);
+    store_bf16_chunk(stage + kSlab * 5, r + 32, q, w51);
+    const uint4 w60 = load(6, 0), w61 = load(6, 1), w70 = load(7, 0), w71 = load(7, 1);
+    store_bf16_chunk(stage + kSlab * 6, r, q, w60);
+    store_bf16_chunk(stage + kSlab * 6, r + 32, q, w61);
+    nb_sync<kProducerThreads>(kBarProd);  // blocks 6-7 read by every producer thread: slab 7 may overwrite them
+    store_bf16_chunk(stage + kSlab * 7, r, q, w70);
+    store_bf16_chunk(stage + kSlab * 7, r + 32, q, w71);
+    return;
   }
   const uint4 w40 = load(4, 0), w41 = load(4, 1);
   nb_sync<kProducerThreads>(kBarProd);  // blocks 0-4 read by every producer thread: slabs 4-6 may overwrite them
@@ -220,12 +311,22 @@ __device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
 }
 
 // The CTA's 64 query rows (heads h0..h0+63 of token `tok`) as bf16 slabs, by 16-byte loads (consumer threads).
+// fp8_ds_mla (kDs): the bf16 query's 512 latent values copied into slabs 0-7 (its RoPE values: load_qrope).
+template <bool kDs>
 __device__ __forceinline__ void load_query(uint8_t* sq, const SparseDecodeParams& p, int64_t tok, int h0) {
-  const uint8_t* src = p.query + (tok * p.heads + h0) * kRow;
+  if constexpr (kDs) {
+    const uint8_t* src = p.query + (tok * p.heads + h0) * (2 * kDim);
+    for (int i = threadIdx.x; i < kHeads * kNope / 8; i += kConsumerThreads) {
+      const int r = i / (kNope / 8), c = i % (kNope / 8);
+      *reinterpret_cast<uint4*>(sq + slab_off(r, 16 * c)) = *reinterpret_cast<const uint4*>(src + r * 2 * kDim + 16 * c);
+    }
+    return;
+  }
+  const uint8_t* src = p.query + (tok * p.heads + h0) * kDim;
   for (int i = threadIdx.x; i < kHeads * kChunks; i += kConsumerThreads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 lo, hi;
-    e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(src + r * kRow + 16 * c), lo, hi);
+    e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(src + r * kDim + 16 * c), lo, hi);
     *reinterpret_cast<uint4*>(sq + slab_off(r, 32 * c)) = lo;
     *reinterpret_cast<uint4*>(sq + slab_off(r, 32 * c + 16)) = hi;
   }
@@ -321,11 +422,77 @@ __device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], 
   }
 }
 
+// fp8_ds_mla helpers. Scales: the stage's [64 slots][4] float32, scale j of a slot for its values 128j..128j+127.
+// This thread's Q RoPE values (rows row_lo, row_lo + 8 of the CTA's heads, columns 512..575) as the m64k16 A
+// fragments of the four k16 steps (pv_rs's layout), by 4-byte loads from the bf16 query.
+__device__ __forceinline__ void load_qrope(const SparseDecodeParams& p, int64_t tok, int h0, int row_lo, int t,
+                                           uint32_t (&qr)[4][4]) {
+  const uint32_t* lo = reinterpret_cast<const uint32_t*>(p.query) + ((tok * p.heads + h0 + row_lo) * kDim + kNope) / 2;
+  const uint32_t* hi = lo + 8 * kDim / 2;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const int c = (16 * ks + 2 * (t & 3)) / 2;  // column pair
+    qr[ks][0] = lo[c];
+    qr[ks][1] = hi[c];
+    qr[ks][2] = lo[c + 4];
+    qr[ks][3] = hi[c + 4];
+  }
+}
+// s += scale_j[key] * acc over this thread's 16 scores (S accumulator layout, keys key0 + 8 (n / 4) + 2 (t % 4) +
+// n % 2): block j's partial dot of exact products, the scale outside it.
+__device__ __forceinline__ void add_scaled(float (&s)[16], const float (&acc)[16], const float* scales, int key0,
+                                           int j, int t) {
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    const int key = key0 + 8 * (n >> 2) + 2 * (t & 3) + (n & 1);
+    s[n] = fmaf(scales[4 * key + j], acc[n], s[n]);
+  }
+}
+// P (16 float32 of the S accumulator layout, keys key0..key0 + 31) times block j's scales of their keys, rounded
+// to bf16, as the two m64k16 A fragments (p_fragments' order).
+__device__ __forceinline__ void scaled_fragments(const float (&e)[16], const float* scales, int key0, int j, int t,
+                                                 uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = 8 * ks + 2 * i, key = key0 + 8 * (n >> 2) + 2 * (t & 3);
+      a[ks][i] = bf16x2_bits(e[n] * scales[4 * key + j], e[n + 1] * scales[4 * (key + 1) + j]);
+    }
+}
+// A warpgroup's float32 P (16 per thread, accumulator layout) to / from 8 KB of shared memory by thread: the other
+// warpgroup's thread t holds the same positions of the other 32 keys (conflict-free 16-byte accesses).
+__device__ __forceinline__ void store_p32(uint8_t* dst, const float (&e)[16], int t) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    *reinterpret_cast<float4*>(dst + 16 * (128 * i + t)) = make_float4(e[4 * i], e[4 * i + 1], e[4 * i + 2], e[4 * i + 3]);
+}
+__device__ __forceinline__ void load_p32(const uint8_t* src, float (&e)[16], int t) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 v = *reinterpret_cast<const float4*>(src + 16 * (128 * i + t));
+    e[4 * i] = v.x;
+    e[4 * i + 1] = v.y;
+    e[4 * i + 2] = v.z;
+    e[4 * i + 3] = v.w;
+  }
+}
+// P V over this warpgroup's two scale blocks for keys k0..k0 + 31 (two k16 steps): a[b] = P times block 2w + b's
+// scales, V's columns 128b.. of the warpgroup's slabs (o[64 b ..]).
+__device__ __forceinline__ void pv_scaled(float (&o)[128], const uint32_t (&a)[2][2][4], const uint8_t* sv, int k0) {
+  wgmma_pv128_rs<0>(o, a[0][0], mnmajor_desc(sv, k0));
+  wgmma_pv128_rs<0>(o, a[0][1], mnmajor_desc(sv, k0 + 16));
+  wgmma_pv128_rs<64>(o, a[1][0], mnmajor_desc(sv + 2 * kSlab, k0));
+  wgmma_pv128_rs<64>(o, a[1][1], mnmajor_desc(sv + 2 * kSlab, k0 + 16));
+}
+
+template <bool kDs>
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const SparseDecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = shared_align1024(smem_raw);
   uint8_t* sk0 = sq + kTileBytes;                       // stage s at sk0 + s * kTileBytes
-  uint8_t* sp = sq + kOffP;                             // P [64 heads x 64 keys], one swizzled slab
+  uint8_t* sp = sq + kOffP;                             // P [64 heads x 64 keys], one swizzled slab (kDs: WG0's P)
+  uint8_t* sscale = sq + kOffScales;                    // kDs: [2 stages][64 slots][4] float32 scales
   float* smx0 = reinterpret_cast<float*>(sq + kOffX);   // [64] half 0's row maxima (WG0 -> WG1)
   float* smx1 = smx0 + kHeads;                          // [64] half 1's row maxima (WG1 -> WG0)
   float* sl = smx1 + kHeads;                            // [2][64] final row sums
@@ -361,16 +528,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     const int pw = warp - 8;
     const int32_t* idx = p.indices + tok * p.top_k;
     // Lane l < 16: the offset of row 16 pw + l of the next tile, looked up while this tile's copies fly.
-    int64_t off = lane < 16 ? slot_offset(p, idx, start + 16 * pw + lane, end) : -1;
+    int64_t off = lane < 16 ? slot_offset<kDs>(p, idx, start + 16 * pw + lane, end) : -1;
     for (int i = 0; i < ntiles; ++i) {
       const int s = i & 1;
       uint8_t* stage = sk0 + s * kTileBytes;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
-      gather_tile(p, off, stage, sval + kKeys * s, pw, lane);
-      off = i + 1 < ntiles && lane < 16 ? slot_offset(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end) : -1;
+      gather_tile<kDs>(p, off, stage, sval + kKeys * s, sscale + 16 * kKeys * s, pw, lane);
+      off = i + 1 < ntiles && lane < 16 ? slot_offset<kDs>(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end) : -1;
       cp_async_wait_all();
       nb_sync<kProducerThreads>(kBarProd);  // every producer thread's copies landed and visible
-      convert_in_place(stage, tid - kConsumerThreads);
+      convert_in_place<kDs>(stage, tid - kConsumerThreads);
       fence_proxy_async();  // the converted tile is a wgmma operand
       mbar_arrive(&full[s]);
     }
@@ -379,7 +546,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   const int wg = warp >> 2, t = tid & 127;
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // the thread's accumulator rows: row_lo, row_lo + 8
-  load_query(sq, p, tok, h0);
+  load_query<kDs>(sq, p, tok, h0);
+  uint32_t qr[4][4];  // kDs: Q's RoPE values as A fragments (its slab 8 holds the scales)
+  if constexpr (kDs) load_qrope(p, tok, h0, row_lo, t, qr);
   fence_proxy_async();  // Q is a wgmma operand
   nb_sync<kConsumerThreads>(kBarAll);
 
@@ -389,8 +558,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;  // l: this warpgroup's keys, 8 of 32 per thread
   for (int it = 0; it < ntiles; ++it) {
     const int s = it & 1;
-    const uint8_t* sk = sk0 + s * kTileBytes;
+    uint8_t* sk = sk0 + s * kTileBytes;
     const uint8_t* sv = sk + wg * 4 * kSlab;  // this warpgroup's V columns 256w..256w+255: slabs 4w..4w+3
+    const float* ssc = reinterpret_cast<const float*>(sscale + 16 * kKeys * s);  // kDs: the tile's scales
 
     float sc[16];
 #pragma unroll
@@ -399,11 +569,37 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     mbar_wait(&full[s], (it >> 1) & 1);
     wg_fence();
     const uint8_t* kw = sk + wg * 32 * 128;  // rows 32w.. of every slab (the same swizzle phase)
+    if constexpr (kDs) {
+      // s = q_rope . k_rope + sum_j scale_j (q_j . codes_j): the RoPE part into sc, block j's 8 k16 steps into
+      // acc[j % 2], each block added with its scale once its group completed while the next one runs.
+      float acc[2][16];
 #pragma unroll
-    for (int ks = 0; ks < kRow / 16; ++ks) wgmma_s(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
-    wg_commit();
-    wgmma_wait_all();
-    reg_fence(sc);
+      for (int ks = 0; ks < 4; ++ks) wgmma_s_rs(sc, qr[ks], kmajor_desc(kw, kNope * 2 + 32 * ks), ks > 0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j > 0) wg_fence();  // acc[j % 2] was read by add_scaled
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks)
+          wgmma_s(acc[j & 1], kmajor_desc(sq, 256 * j + 32 * ks), kmajor_desc(kw, 256 * j + 32 * ks), ks > 0);
+        wg_commit();
+        if (j > 0) {
+          wgmma_wait<1>();
+          reg_fence(sc);
+          reg_fence(acc[(j - 1) & 1]);
+          add_scaled(sc, acc[(j - 1) & 1], ssc, 32 * wg, j - 1, t);
+        }
+      }
+      wgmma_wait<0>();
+      reg_fence(sc);
+      reg_fence(acc[1]);
+      add_scaled(sc, acc[1], ssc, 32 * wg, 3, t);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kDim / 16; ++ks) wgmma_s(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
+      wg_commit();
+      wgmma_wait_all();
+      reg_fence(sc);
+    }
 
     const uint8_t* flag = sval + kKeys * s + 32 * wg;
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
@@ -420,7 +616,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
     }
 
-    uint32_t a[2][4];  // this warpgroup's P half as the RS A operand
+    // a: a P half as the RS A operand (kDs: a[b] = P times the scales of the warpgroup's block 2w + b; else a[0]).
+    uint32_t a[2][2][4];
     float sum_lo, sum_hi;
     if (wg == 0) {
       if ((t & 3) == 0) {
@@ -431,15 +628,28 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       const float m1_lo = fmaxf(m_lo, mx_lo), m1_hi = fmaxf(m_hi, mx_hi);
       const float a1_lo = rescale_factor(m_lo, m1_lo), a1_hi = rescale_factor(m_hi, m1_hi);
       exponentiate(sc, m1_lo, m1_hi, sum_lo, sum_hi);
-      p_fragments(sc, a);
+      if constexpr (kDs) {
+        scaled_fragments(sc, ssc, 0, 0, t, a[0]);
+        scaled_fragments(sc, ssc, 0, 1, t, a[1]);
+      } else {
+        p_fragments(sc, a[0]);
+      }
       if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous tile read the slab
-      store_p(sp, a, row_lo, 0, t);
-      fence_proxy_async();
+      if constexpr (kDs) {
+        store_p32(sp, sc, t);  // float32 P0: WG1 scales it by its blocks' scales
+      } else {
+        store_p(sp, a[0], row_lo, 0, t);
+        fence_proxy_async();
+      }
       nb_arrive<kConsumerThreads>(kBarP0Full);
       rescale(o, a1_lo, a1_hi);
       wg_fence();
-      wgmma_pv_rs(o, a[0], mnmajor_desc(sv, 0));
-      wgmma_pv_rs(o, a[1], mnmajor_desc(sv, 16));
+      if constexpr (kDs) {
+        pv_scaled(o, a, sv, 0);
+      } else {
+        wgmma_pv_rs(o, a[0][0], mnmajor_desc(sv, 0));
+        wgmma_pv_rs(o, a[0][1], mnmajor_desc(sv, 16));
+      }
       wg_commit();
       nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
       const float m2_lo = fmaxf(m1_lo, smx1[row_lo]), m2_hi = fmaxf(m1_hi, smx1[row_lo + 8]);
@@ -451,14 +661,24 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       wgmma_wait_all();
       reg_fence(o);
       rescale(o, a2_lo, a2_hi);
+      if constexpr (kDs) {  // WG1's float32 P1 (in the stage's RoPE slab) times the scales of blocks 0, 1
+        float e1[16];
+        load_p32(sk + 8 * kSlab, e1, t);
+        scaled_fragments(e1, ssc, 32, 0, t, a[0]);
+        scaled_fragments(e1, ssc, 32, 1, t, a[1]);
+      }
       wg_fence();
-      wgmma_pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
-      wgmma_pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
+      if constexpr (kDs) {
+        pv_scaled(o, a, sv, 32);
+      } else {
+        wgmma_pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
+        wgmma_pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
+      }
       wg_commit();
       wgmma_wait_all();
       reg_fence(o);
     } else {
-      nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima
+      nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima (and its S done: kDs overwrites the RoPE slab)
       const float m1_lo = fmaxf(m_lo, smx0[row_lo]), m1_hi = fmaxf(m_hi, smx0[row_lo + 8]);
       const float m2_lo = fmaxf(m1_lo, mx_lo), m2_hi = fmaxf(m1_hi, mx_hi);
       const float a1_lo = rescale_factor(m_lo, m1_lo), a1_hi = rescale_factor(m_hi, m1_hi);
@@ -468,27 +688,54 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       l_hi = (l_hi * a1_hi) * a2_hi + sum_hi;
       m_lo = m2_lo;
       m_hi = m2_hi;
-      p_fragments(sc, a);
-      store_p(sp, a, row_lo, 32, t);
+      if constexpr (kDs) {
+        store_p32(sk + 8 * kSlab, sc, t);  // float32 P1 over the RoPE slab, which both S products have read
+      } else {
+        p_fragments(sc, a[0]);
+        store_p(sp, a[0], row_lo, 32, t);
+      }
       if ((t & 3) == 0) {
         smx1[row_lo] = mx_lo;
         smx1[row_lo + 8] = mx_hi;
       }
-      fence_proxy_async();
+      if constexpr (!kDs) fence_proxy_async();
       nb_arrive<kConsumerThreads>(kBarH1Full);
       rescale(o, a1_lo, a1_hi);
       nb_sync<kConsumerThreads>(kBarP0Full);  // WG0's P0
-      wg_fence();
-      wgmma_pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
-      wgmma_pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
-      wg_commit();
-      wgmma_wait_all();
-      reg_fence(o);
-      if (it + 1 < ntiles) nb_arrive<kConsumerThreads>(kBarP0Empty);
+      if constexpr (kDs) {  // WG0's float32 P0 times the scales of blocks 2, 3
+        float e0[16];
+        load_p32(sp, e0, t);
+        scaled_fragments(e0, ssc, 0, 2, t, a[0]);
+        scaled_fragments(e0, ssc, 0, 3, t, a[1]);
+        if (it + 1 < ntiles) nb_arrive<kConsumerThreads>(kBarP0Empty);  // P0 is in registers
+        wg_fence();
+        pv_scaled(o, a, sv, 0);
+        wg_commit();
+        wgmma_wait_all();
+        reg_fence(o);
+      } else {
+        wg_fence();
+        wgmma_pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
+        wgmma_pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+        wg_commit();
+        wgmma_wait_all();
+        reg_fence(o);
+        if (it + 1 < ntiles) nb_arrive<kConsumerThreads>(kBarP0Empty);
+      }
       rescale(o, a2_lo, a2_hi);
+      if constexpr (kDs) {  // this warpgroup's P1 back from the RoPE slab, times the scales of blocks 2, 3
+        float e1[16];
+        load_p32(sk + 8 * kSlab, e1, t);
+        scaled_fragments(e1, ssc, 32, 2, t, a[0]);
+        scaled_fragments(e1, ssc, 32, 3, t, a[1]);
+      }
       wg_fence();
-      wgmma_pv_rs(o, a[0], mnmajor_desc(sv, 32));
-      wgmma_pv_rs(o, a[1], mnmajor_desc(sv, 48));
+      if constexpr (kDs) {
+        pv_scaled(o, a, sv, 32);
+      } else {
+        wgmma_pv_rs(o, a[0][0], mnmajor_desc(sv, 32));
+        wgmma_pv_rs(o, a[0][1], mnmajor_desc(sv, 48));
+      }
       wg_commit();
       wgmma_wait_all();
       reg_fence(o);
@@ -557,17 +804,18 @@ cudaError_t launch_sparse_decode_wgmma(const SparseDecodeParams& p, cudaStream_t
   const int64_t tokens = static_cast<int64_t>(p.batch) * p.q_len;
   if (tokens == 0) return cudaSuccess;
   // Once per device (not a stream operation: capture-safe).
-  static bool attribute_set[kMaxDevices] = {};
+  static bool attribute_set[2][kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !attribute_set[device]) {
-    err = cudaFuncSetAttribute(sparse_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const auto kernel = p.ds_mla ? sparse_decode_kernel<true> : sparse_decode_kernel<false>;
+  if (device >= kMaxDevices || !attribute_set[p.ds_mla][device]) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
-    if (device < kMaxDevices) attribute_set[device] = true;
+    if (device < kMaxDevices) attribute_set[p.ds_mla][device] = true;
   }
   const dim3 grid(static_cast<unsigned>(tokens * (p.heads / kHeads)), static_cast<unsigned>(p.num_splits));
-  sparse_decode_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
   sparse_combine_kernel<<<static_cast<unsigned>(tokens * p.heads), 128, 0, stream>>>(p);

@@ -1,12 +1,14 @@
 """The cuda backend's FP8 top-k sparse decode (csrc/mla_sparse_wgmma.cu, backends/cuda/mla_core_cuda/sparse.py).
 
-CPU: what the backend declares and refuses (heads not a multiple of 64, 656-byte rows, another device, no sm_90),
-its configs and split choice. GPU (``pytest -m gpu``): against the reference backend on fresh random inputs with
+CPU: what the backend declares and refuses (heads not a multiple of 64, another device, no sm_90), its configs and
+split choice. GPU (``pytest -m gpu``): against the reference backend on fresh random inputs with
 the musa_fp8 tests' tolerances (out rel-L2 < 1e-2, LSE rel-L2 < 1e-5 over finite rows, empty rows exactly 0 /
 -inf), outputs in NaN-filled buffers; cache rows no valid slot names hold NaN codes and the slot just past each
 length names one (tests/musa_fp8_inputs.py), so a kernel that reads a slot it must not fails. Shapes: lengths 0, 1,
 63, 64, 65, top_k; -1 holes over whole and half tiles; indices past the cache; q_len 1..4; 64 / 128 / 192 heads;
-both cache shapes; every split count (including splits left empty); both LSE layouts; misaligned views.
+both cache shapes; every split count (including splits left empty); both LSE layouts; misaligned views. Both row
+layouts: MATE's 576-byte rows (FP8 query) and fp8_ds_mla's 656-byte rows (bf16 query, per-block scales spread over
+1e-2..1e2, so a scale applied to the wrong block, key or product moves the result far past the tolerances).
 """
 from __future__ import annotations
 
@@ -51,7 +53,10 @@ def test_declared_and_refused():
             assert cap.why_not(_problem(heads=heads, q_len=q_len)) == []
     assert any("heads" in r and "step 64" in r for r in cap.why_not(_problem(heads=96)))
     assert any("heads" in r for r in cap.why_not(_problem(heads=16)))
-    assert any("kv_layout" in r for r in cap.why_not(_problem(kv_layout="fp8_ds_mla")))
+    for heads in (64, 128):
+        for q_len in (1, 2):
+            assert cap.why_not(_problem(heads=heads, q_len=q_len, kv_layout="fp8_ds_mla")) == []
+    assert any("heads" in r for r in cap.why_not(_problem(heads=96, kv_layout="fp8_ds_mla")))
     assert any("q_len" in r for r in cap.why_not(_problem(q_len=5)))
     assert any("device=cpu" in r for r in backend.device_reasons(_problem(device="cpu")))
     assert "sparse_decode" in backend.info()["ops"]
@@ -94,17 +99,17 @@ def test_launcher_refuses_what_it_does_not_cover():
     case = sparse_inputs(1, 1, 16, 64, [64], layout="fp8_ds_mla")
     _, call = specs.validate_sparse_decode(case["query"], case["kv_cache"], 128, 512, 64, case["indices"],
                                            case["seq_lens"], 64, None, 0.05, 1.0, None, True, None)
-    with pytest.raises(ValueError, match="576-byte"):
+    with pytest.raises(ValueError, match="heads a multiple of 64"):
         cuda_sparse.run(None, call, {})
 
 
 # ------------------------------------------------------------------------------------------------ GPU
 
 
-def _case(batch, q_len, heads, top_k, lengths, *, rows=4096, four_d=False, seed=0, minus_one=0.1):
+def _case(batch, q_len, heads, top_k, lengths, *, rows=4096, four_d=False, seed=0, minus_one=0.1, layout="fp8"):
     page_size = 64
-    return sparse_inputs(batch, q_len, heads, top_k, lengths, pages=rows // page_size, page_size=page_size,
-                         seed=seed, four_d=four_d, device="cuda", minus_one=minus_one)
+    return sparse_inputs(batch, q_len, heads, top_k, lengths, layout=layout, pages=rows // page_size,
+                         page_size=page_size, seed=seed, four_d=four_d, device="cuda", minus_one=minus_one)
 
 
 def _poisoned(batch, q_len, heads, lse_flat):
@@ -137,7 +142,7 @@ def _run_cuda(case, bmm1, bmm2=1.0, lse_flat=True):
 def test_gpu_backend_available_and_chosen():
     backend = mla_core.get_backend("cuda")
     assert backend.why_not(_problem()) == []
-    assert backend.why_not(_problem(kv_layout="fp8_ds_mla"))
+    assert backend.why_not(_problem(kv_layout="fp8_ds_mla")) == []
 
 
 @pytest.mark.gpu
@@ -154,13 +159,29 @@ def test_gpu_boundary_lengths(q_len, heads, four_d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("four_d", [False, True])
+def test_gpu_ds_mla_boundary_lengths(q_len, heads, four_d):
+    """656-byte rows: the 32 / 64 tile edges, -1 holes over a whole tile and a tile's second half, an empty row."""
+    top_k = 256
+    case = _case(len(LENGTHS) + 1, q_len, heads, top_k, LENGTHS + [top_k], four_d=four_d, seed=q_len + heads + 50,
+                 layout="fp8_ds_mla")
+    case["indices"][-1, 0, 64:128] = -1
+    case["indices"][-1, -1, 160:192] = -1
+    case["indices"][3, 0, :] = -1
+    _check(case, _run_cuda(case, 0.05, lse_flat=four_d), 0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
 @pytest.mark.parametrize("config", [{}, {"num_splits": 1}, {"num_splits": 2}, {"num_splits": 4}, {"num_splits": 8},
                                     {"num_splits": 32}])
-def test_gpu_every_split_count(config):
+def test_gpu_every_split_count(config, layout):
     """Top-k 2048 with lengths that leave splits empty (65 slots: 2 tiles), and top-k 192 (3 tiles) at 8 splits."""
     backend = mla_core.get_backend("cuda")
     for top_k, lengths in ((2048, [2048, 1000, 0, 65]), (192, [192, 130, 64])):
-        case = _case(len(lengths), 1, 128, top_k, lengths, rows=32768, seed=7)
+        case = _case(len(lengths), 1, 128, top_k, lengths, rows=32768, seed=7, layout=layout)
         out, lse = _poisoned(len(lengths), 1, 128, lse_flat=False)
         problem, call = specs.validate_sparse_decode(case["query"], case["kv_cache"], 128, 512, 64, case["indices"],
                                                      case["seq_lens"], top_k, out, 0.05, 1.0, lse, True, None)
@@ -168,11 +189,12 @@ def test_gpu_every_split_count(config):
 
 
 @pytest.mark.gpu
-def test_gpu_indices_outside_the_cache_are_not_keys(monkeypatch):
+@pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
+def test_gpu_indices_outside_the_cache_are_not_keys(monkeypatch, layout):
     """Within the valid length, indices past the cache (rows, rows + 5, 2^31 - 1) and negative ones other than -1
     are skipped, never read (content checks off: the public op would refuse them in full mode)."""
     monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
-    case = _case(3, 2, 64, 128, [128, 100, 65], seed=11)
+    case = _case(3, 2, 64, 128, [128, 100, 65], seed=11, layout=layout)
     rows = case["rows"]
     case["indices"][0, 0, 5] = rows
     case["indices"][0, 1, 70] = rows + 5
@@ -183,26 +205,29 @@ def test_gpu_indices_outside_the_cache_are_not_keys(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
 @pytest.mark.parametrize("bmm1,bmm2", [(0.01, 1.0), (0.3, 0.5), (576 ** -0.5 * 4, 2.0)])
-def test_gpu_deepseek_size(bmm1, bmm2):
+def test_gpu_deepseek_size(bmm1, bmm2, layout):
     """32k-token cache, top-k 2048, q_len 2, 128 heads; and 192 heads (three head groups)."""
-    case = _case(4, 2, 128, 2048, [2048, 1, 1500, 0], rows=32768, seed=3, minus_one=0.05)
+    case = _case(4, 2, 128, 2048, [2048, 1, 1500, 0], rows=32768, seed=3, minus_one=0.05, layout=layout)
     _check(case, _run_cuda(case, bmm1, bmm2), bmm1, bmm2)
-    case = _case(2, 1, 192, 512, [512, 300], rows=8192, seed=4)
+    case = _case(2, 1, 192, 512, [512, 300], rows=8192, seed=4, layout=layout)
     _check(case, _run_cuda(case, bmm1, bmm2, lse_flat=False), bmm1, bmm2)
 
 
 @pytest.mark.gpu
-def test_gpu_misaligned_views():
+@pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
+def test_gpu_misaligned_views(layout):
     """Query and cache views starting off a 16-byte boundary and an out buffer off a 4-byte one give the same
     result (the launcher copies them aligned)."""
-    case = _case(2, 1, 64, 128, [128, 77], seed=5)
+    case = _case(2, 1, 64, 128, [128, 77], seed=5, layout=layout)
     want = _run_cuda(case, 0.1)
     moved = dict(case)
     for name in ("query", "kv_cache"):
         t = case[name]
-        raw = torch.empty(t.numel() + 1, dtype=torch.uint8, device="cuda")
-        moved[name] = raw[1:].view(t.dtype).view(t.shape).copy_(t)
+        size = t.element_size()  # one element off the allocation's start
+        raw = torch.empty((t.numel() + 1) * size, dtype=torch.uint8, device="cuda")
+        moved[name] = raw[size:].view(t.dtype).view(t.shape).copy_(t)
         assert moved[name].data_ptr() % 16
     raw = torch.full((want[0].numel() + 1,), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = raw[1:].view(want[0].shape)
@@ -212,9 +237,10 @@ def test_gpu_misaligned_views():
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_capture_without_host_sync(monkeypatch):
+@pytest.mark.parametrize("layout", ["fp8", "fp8_ds_mla"])
+def test_gpu_cuda_graph_capture_without_host_sync(monkeypatch, layout):
     monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
-    case = _case(2, 2, 128, 128, [128, 50], seed=9)
+    case = _case(2, 2, 128, 128, [128, 50], seed=9, layout=layout)
     meta = mla_core.get_sparse_decode_metadata(case["query"], case["seq_lens"], 128)
     out, lse = _poisoned(2, 2, 128, lse_flat=False)
 

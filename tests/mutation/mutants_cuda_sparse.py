@@ -3,7 +3,7 @@ one plausible bug tests/test_cuda_sparse.py's GPU tests must notice. ``old`` occ
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda_sparse.py`` judges every mutant with its ``tests`` selection
 (the runner: gpu_mutants.py; builds reused from ``$MUTANT_WORK``); ``--prepare`` only builds (a device script starts
-it beside the main build and runs the tests later).
+it beside the main build and runs the tests later). ``SPARSE_MUTANTS=ds`` judges only the fp8_ds_mla ones.
 """
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ SELECTION = ("-m gpu tests/test_cuda_sparse.py::test_gpu_boundary_lengths[False-
              "tests/test_cuda_sparse.py::test_gpu_every_split_count "
              "tests/test_cuda_sparse.py::test_gpu_indices_outside_the_cache_are_not_keys")
 """Fast cases covering the length edges, holes, both cache shapes, every split count and indices past the cache."""
+DS_SELECTION = ("-m gpu tests/test_cuda_sparse.py::test_gpu_ds_mla_boundary_lengths[False-128-2] "
+                "tests/test_cuda_sparse.py::test_gpu_ds_mla_boundary_lengths[True-64-1] "
+                "tests/test_cuda_sparse.py::test_gpu_every_split_count[config1-fp8_ds_mla] "
+                "tests/test_cuda_sparse.py::test_gpu_every_split_count[config3-fp8_ds_mla] "
+                "tests/test_cuda_sparse.py::test_gpu_indices_outside_the_cache_are_not_keys[fp8_ds_mla]")
+"""The same edges on 656-byte fp8_ds_mla rows (one split of 32 tiles: both stages reused)."""
 
 MUTANTS = [
     dict(file="csrc/mla_sparse_wgmma.cu",
@@ -57,10 +63,53 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="flag ignored by the producer: a zero-filled slot (-1, past the length or the cache) scores 0, a key"),
     dict(file="csrc/mla_sparse_wgmma.cu",
-         old="slot_offset(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end)",
-         new="slot_offset(p, idx, start + i * kKeys + 16 * pw + lane, end)",
+         old="slot_offset<kDs>(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end)",
+         new="slot_offset<kDs>(p, idx, start + i * kKeys + 16 * pw + lane, end)",
          tests=[SELECTION], gpu=True,
          why="next tile's lookup at the current tile: every tile after the first gathers its predecessor's rows"),
+    # fp8_ds_mla (656-byte rows): scales, RoPE, Q's RoPE fragments, P times the block scale (ds=True)
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="    s[n] = fmaf(scales[4 * key + j], acc[n], s[n]);",
+         new="    s[n] = fmaf(scales[4 * key], acc[n], s[n]);",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="wrong scale index in S: every block's partial dot times block 0's scale"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="kDsScales = 512, kDsRope = 528;",
+         new="kDsScales = 512, kDsRope = 512;",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="wrong RoPE offset: the key's RoPE values read from the scale bytes and the next 112"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="    qr[ks][2] = lo[c + 4];",
+         new="    qr[ks][2] = lo[c];",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="wrong Q RoPE fragment: columns c + 8, c + 9 of the low row replaced by c, c + 1"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="        scaled_fragments(sc, ssc, 0, 1, t, a[1]);",
+         new="        scaled_fragments(sc, ssc, 0, 0, t, a[1]);",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="wrong P*scale block: warpgroup 0's own P for V's block 1 scaled by block 0's scales"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="e[n + 1] * scales[4 * (key + 1) + j]",
+         new="e[n + 1] * scales[4 * key + j]",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="wrong P*scale key: the odd key's P scaled by its even neighbour's scale"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="        scaled_fragments(e0, ssc, 0, 3, t, a[1]);",
+         new="        scaled_fragments(e0, ssc, 32, 3, t, a[1]);",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="warpgroup 1 scales warpgroup 0's P by the scales of its own keys (32..63) for block 3"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="reinterpret_cast<const float*>(sscale + 16 * kKeys * s);",
+         new="reinterpret_cast<const float*>(sscale);",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="consumers read stage 0's scales for every tile: odd tiles use their predecessor's"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="    nb_sync<kProducerThreads>(kBarProd);  // blocks 6-7 read by every producer thread: slab 7 may overwrite "
+             "them\n",
+         new="",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="fp8_ds_mla conversion's last PROD barrier dropped: slab 7 stored over blocks 6-7 another thread may "
+             "not have read"),
 ]
 
 
@@ -72,5 +121,6 @@ if __name__ == "__main__":
 
     import gpu_mutants
     work = Path(os.environ.get("MUTANT_WORK", "/tmp/mla_core_sparse_mutants"))
-    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: shlex.split(m["tests"][0]), work=work,
+    chosen = [m for m in MUTANTS if m.get("ds")] if os.environ.get("SPARSE_MUTANTS") == "ds" else MUTANTS
+    raise SystemExit(gpu_mutants.run(chosen, lambda m: shlex.split(m["tests"][0]), work=work,
                                      prepare_only="--prepare" in sys.argv))

@@ -53,12 +53,12 @@ class CudaBackend(mla_core.Backend):
                   "q in the cache dtype (bf16/fp16); no FP8 KV cache (float8_e4m3fn + kv_scale: reference and "
                   "triton)"),
         "sparse_decode": OpCapability(
-            limits={"kv_layout": frozenset({"fp8"}), "heads": range(64, 1025, 64), "q_len": range(1, 5),
-                    "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
+            limits={"kv_layout": frozenset({"fp8", "fp8_ds_mla"}), "heads": range(64, 1025, 64),
+                    "q_len": range(1, 5), "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
             features=frozenset({"lse"}),
-            notes="sm_90 (H100/H200) only, WGMMA; MATE's 576-byte FP8 rows (FP8 query) only (656-byte fp8_ds_mla "
-                  "rows: musa_fp8, reference); heads a multiple of 64 (others: musa_fp8); q_len 1..4; any top-k "
-                  "multiple of 64"),
+            notes="sm_90 (H100/H200) only, WGMMA; MATE's 576-byte FP8 rows (FP8 query) and FlashMLA's / vLLM's "
+                  "656-byte fp8_ds_mla rows (bf16 query); heads a multiple of 64 (others: musa_fp8); q_len 1..4; "
+                  "any top-k multiple of 64"),
         "prefill": OpCapability(
             limits={"dtype": frozenset({"bfloat16"}), "qk_dim": frozenset({192}), "v_dim": frozenset({128}),
                     "block_n": frozenset({64}), "q_quant": frozenset({None, "fp8"}),

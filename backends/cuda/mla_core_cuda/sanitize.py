@@ -6,8 +6,9 @@ Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``) on pag
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself). Then the FP8 sparse decode
-(``sparse`` alone: only it) on a cache of NaN codes except the rows valid slots name, with -1 slots, slots past
-each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto splits.
+(``sparse`` alone: only it), 576- and 656-byte rows, on a cache of NaN bytes except the rows valid slots name, with
+-1 slots, slots past each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto
+splits.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
     return ok
 
 
-def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0):
+def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0, ds_mla=False):
+    from mla_core.layouts import pack_fp8_ds_mla
     from mla_core.specs import validate_sparse_decode
 
     from . import build, sparse
@@ -61,21 +63,26 @@ def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0):
     rows = 1000
     idx = torch.randint(0, rows - 1, (len(lengths), q_len, top_k), generator=g, device="cuda", dtype=torch.int32)
     idx[torch.rand(idx.shape, generator=g, device="cuda") < 0.1] = -1
-    cache = torch.full((rows, 576), 0x7F, dtype=torch.uint8, device="cuda")  # NaN codes
+    width = 656 if ds_mla else 576
+    cache = torch.full((rows, width), 0xFF, dtype=torch.uint8, device="cuda")  # NaN codes (scales, RoPE values)
     for b, n in enumerate(lengths):
         sel = idx[b, :, :n]
-        cache[sel[sel >= 0].long()] = torch.randint(0, 0x7E, (1, 576), generator=g, device="cuda", dtype=torch.uint8)
+        row = (pack_fp8_ds_mla(torch.randn(1, 576, generator=g, device="cuda")) if ds_mla
+               else torch.randint(0, 0x7E, (1, 576), generator=g, device="cuda", dtype=torch.uint8))
+        cache[sel[sel >= 0].long()] = row
         idx[b, :, n:] = rows + 64 * b       # past the length, past the cache: never read
         idx[b, :, n + 1::2] = rows - 1      # past the length: a NaN row
     idx[0, 0, 0] = 2 ** 31 - 1             # within the length, outside the cache: not a key
-    query = torch.randn(len(lengths), q_len, heads, 576, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    query = torch.randn(len(lengths), q_len, heads, 576, generator=g, device="cuda").to(
+        torch.bfloat16 if ds_mla else torch.float8_e4m3fn)
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    _, call = validate_sparse_decode(query, cache.view(torch.float8_e4m3fn).view(rows, 1, 576), 128, 512, 64, idx, lens, top_k, None,
-                                     0.05, 1.0, None, True, None)
+    kv = cache.view(rows, 1, width) if ds_mla else cache.view(torch.float8_e4m3fn).view(rows, 1, 576)
+    _, call = validate_sparse_decode(query, kv, 128, 512, 64, idx, lens, top_k, None, 0.05, 1.0, None, True, None)
     out, lse = sparse.run(build.build(), call, {} if splits == "auto" else {"num_splits": splits})
     torch.cuda.synchronize()
     ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
-    print(f"sparse heads={heads} q_len={q_len} lengths={lengths} top_k={top_k} splits={splits}: "
+    print(f"sparse {'fp8_ds_mla' if ds_mla else 'fp8'} heads={heads} q_len={q_len} lengths={lengths} top_k={top_k} "
+          f"splits={splits}: "
           f"{'ok' if ok else 'NaN'}", flush=True)
     return ok
 
@@ -103,6 +110,8 @@ def _sparse_main() -> int:
     ok = _sparse_case(64, 2, [0, 1, 65, 128], 128, 1)
     ok &= _sparse_case(128, 1, [192, 63, 0], 192, 4)
     ok &= _sparse_case(192, 3, [256, 100], 256, "auto")
+    ok &= _sparse_case(64, 2, [0, 1, 65, 128], 128, 1, ds_mla=True)
+    ok &= _sparse_case(128, 1, [192, 63, 0], 192, 4, ds_mla=True)
     return 0 if ok else 1
 
 

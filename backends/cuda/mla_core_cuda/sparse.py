@@ -1,9 +1,11 @@
 """Launcher of the CUDA FP8 top-k sparse decode (csrc/mla_sparse_wgmma.cu): buffers, split count, configs.
 
 It serves :func:`mla_core.sparse_mla_fp8_decode` on MATE's 576-byte rows (FP8 query and cache, per-tensor scales in
-``bmm1_scale`` / ``bmm2_scale``) for heads a multiple of 64 (one CTA per 64 heads); the musa_fp8 and
-reference backends run the rest (656-byte fp8_ds_mla rows, other head counts). Numerics: docs/sparse.md (Q·K of
-exact bf16 products on tensor cores with float32 accumulation, exact softmax in float32, P rounded to bf16 for P·V).
+``bmm1_scale`` / ``bmm2_scale``) and on FlashMLA's / vLLM's 656-byte fp8_ds_mla rows (bf16 query, four float32
+block scales per row) for heads a multiple of 64 (one CTA per 64 heads); the musa_fp8 and reference backends run
+the other head counts. Numerics: docs/sparse.md (Q·K of exact bf16 products on tensor cores with float32
+accumulation, 656-byte rows' block scales outside the dot, exact softmax in float32, P rounded to bf16 for P·V,
+times the block scale first on 656-byte rows).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import math
 
 import torch
 
-from mla_core.specs import KV_LAYOUT_FP8, SPARSE_LATENT, SparseDecodeCall, sm_count
+from mla_core.specs import KV_LAYOUT_DS_MLA, KV_LAYOUT_FP8, SPARSE_LATENT, SparseDecodeCall, sm_count
 
 HEADS_PER_CTA = 64
 TILE = 64
@@ -53,8 +55,8 @@ def run(module, call: SparseDecodeCall, config: dict):
     """
     query, kv, idx = call.query, call.kv_cache, call.indices
     batch, q_len, heads, _ = query.shape
-    if call.kv_layout != KV_LAYOUT_FP8 or heads % HEADS_PER_CTA:
-        raise ValueError(f"cuda sparse_decode: needs 576-byte FP8 rows and heads a multiple of {HEADS_PER_CTA} "
+    if call.kv_layout not in (KV_LAYOUT_FP8, KV_LAYOUT_DS_MLA) or heads % HEADS_PER_CTA:
+        raise ValueError(f"cuda sparse_decode: needs 576- or 656-byte rows and heads a multiple of {HEADS_PER_CTA} "
                          f"(got kv_layout {call.kv_layout}, {heads} heads)")
     device = query.device
     out = call.out if call.out is not None else torch.empty(batch, q_len, heads, SPARSE_LATENT, dtype=torch.bfloat16,
