@@ -35,8 +35,9 @@ class CudaBackend(mla_core.Backend):
     PRIORITY_WGMMA = 210
     PRIORITY_PREFILL = 220
     """Prefill: above triton (200), below cuDNN's 250 where cuDNN serves the problem (bf16 dense batches, and ragged
-    ones where torch keeps its cuDNN graph): the WGMMA probe measured 1.38-1.43x triton's speed (bf16 and the fp8
-    P recipe) and 0.95-1.02x cuDNN's (benchmarks/NOTES.md, "cuda prefill: the TMA kernel in the library")."""
+    ones where torch keeps its cuDNN graph). Measured on the H200 (causal, 128 heads, 4 x 4096 and 1 x 16384):
+    1.43-1.55x triton's speed in bf16 and 1.24-1.38x with the fp8 recipe (which cuDNN cannot run), 0.94-1.01x
+    SDPA-cuDNN's in bf16 (benchmarks/NOTES.md, "cuda prefill: the TMA kernel in the library")."""
     """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
     replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed")."""
     device_types = frozenset({"cuda"})
