@@ -33,13 +33,13 @@ class CudaBackend(mla_core.Backend):
     version = "0.3 (sm_90a, mma.sync + wgmma, wgmma prefill)"  # the shipped H200 choices carry this string: change both together
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
+    """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
+    replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed")."""
     PRIORITY_PREFILL = 220
     """Prefill: above triton (200), below cuDNN's 250 where cuDNN serves the problem (bf16 dense batches, and ragged
     ones where torch keeps its cuDNN graph). Measured on the H200 (causal, 128 heads, 4 x 4096 and 1 x 16384):
     1.43-1.55x triton's speed in bf16 and 1.24-1.38x with the fp8 recipe (which cuDNN cannot run), 0.94-1.01x
     SDPA-cuDNN's in bf16 (benchmarks/NOTES.md, "cuda prefill: the TMA kernel in the library")."""
-    """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
-    replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed")."""
     device_types = frozenset({"cuda"})
     description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
                    "decode, FP8 top-k sparse decode, varlen prefill (q/k 192, v 128)")
@@ -75,7 +75,7 @@ class CudaBackend(mla_core.Backend):
         """:data:`PRIORITY_WGMMA` for a decode the WGMMA kernel runs at more than 16 heads, or at 16 heads or
         fewer with ``num_kv_splits="auto"`` from batch 8 (measured on the H200: 1.15-1.29x triton's speed there; at
         the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x);
-        else 180."""
+        :data:`PRIORITY_PREFILL` for every prefill it runs; else 180."""
         from . import decode
         if problem.op == "prefill":
             return self.PRIORITY_PREFILL
