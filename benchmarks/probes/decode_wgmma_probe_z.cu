@@ -14,6 +14,10 @@
 // start of step i (between two barriers of all 256 consumers) and release the code stage at once; the scores
 // carry kv_scale in scale_log2 and the output out_scale (the codes are exact in bf16). Its harness checks it
 // against float64 on code * kv_scale and times it beside Z on the same rows.
+// Variant FS is Z over the same FP8 cache with Z's bf16 ring and consumers unchanged: the producer gathers a
+// tile's codes into the upper half of the freed bf16 stage and converts them there in place (the sparse probe's
+// k_sparse_s producer; produce_fs has its barriers), page size a template parameter. FSnc and FSd are two
+// timing-only diagnostics of it (no conversion; full arrived before the conversion), never checked.
 // Variant Z3 is Z with one full barrier per slab group (slabs 0-2, 3-5, 6-8) instead of one per stage: the
 // producer publishes each group as its cp.async group lands, and S starts on slabs 0-2 while the rest is in flight
 // (FlashMLA overlaps its 9 TMA boxes with the S GEMM the same way). Same kernel template, kGroups = 1 or 3.
