@@ -5,7 +5,7 @@
 # probes (every benchmarks/probes/run_*_probe.sh of the decode / sparse / prefill probes and the ncu profile, logs in $OUT),
 # bench_cli (mla-core bench decode 128 heads and its plot), cuda (build + GPU tests + memcheck + mutants of the CUDA C++ backend), decode / prefill
 # (benchmarks), dispatch (overhead), warmup (DeepSeek-V3 at each TP in
-# WARMUP_TP, default 8, logs and $OUT/NVIDIA_H200.json for autotune_cache/; WARMUP_FRESH=1 empty Triton cache; WARMUP_ARGS), check (mla-core check on cuda),
+# WARMUP_TP, default 8, logs and $OUT/NVIDIA_H200.json for autotune_cache/; WARMUP_FRESH=1 empty Triton cache; WARMUP_ARGS; WARMUP_TIMEOUT s per TP), check (mla-core check on cuda),
 # sync2 (on a 2-GPU machine: warm-up under torchrun, then every rank must dispatch alike), tp2 (2 GPUs: bench_tp.py).
 # sparse / rope (musa_fp8 benchmarks), layer (benchmarks/bench_layer.py, log in $OUT). Extra arguments for a benchmark go in DECODE_ARGS / PREFILL_ARGS / SPARSE_ARGS / ROPE_ARGS / LAYER_ARGS.
 set -uo pipefail
@@ -69,7 +69,7 @@ for step in "$@"; do
       triton_cache=${TRITON_CACHE_DIR:-}; [ "${WARMUP_FRESH:-0}" = 1 ] && triton_cache=$(mktemp -d)
       for tp in ${WARMUP_TP:-8}; do
         ( export MLA_CORE_CACHE_DIR=$cache; [ -n "$triton_cache" ] && export TRITON_CACHE_DIR=$triton_cache
-          time mla_core_cli warmup --model deepseek-v3 --tp "$tp" --no-progress ${WARMUP_ARGS:-} ) 2>&1 \
+          time timeout "${WARMUP_TIMEOUT:-600}" mla_core_cli warmup --model deepseek-v3 --tp "$tp" --no-progress ${WARMUP_ARGS:-} ) 2>&1 \
           | tee "$OUT/warmup_tp$tp.log" | tail -12
       done
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
