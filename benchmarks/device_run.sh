@@ -23,10 +23,11 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/insta
   printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n[console_scripts]\nmla-core = mla_core.cli:main\n' \
     >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
   export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep${PYTHONPATH:+:$PYTHONPATH}"
-  mla_core_cli() { python3 -m mla_core.cli "$@"; }
+  CLI=(python3 -m mla_core.cli)
 else
-  mla_core_cli() { mla-core "$@"; }
+  CLI=(mla-core)
 fi
+mla_core_cli() { "${CLI[@]}" "$@"; }
 python3 -c "import mla_core, torch, triton; print('mla_core', mla_core.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'backends', sorted(mla_core.backends()))"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 echo "commit ${MLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} (the working tree copied to the device)"
@@ -69,7 +70,7 @@ for step in "$@"; do
       triton_cache=${TRITON_CACHE_DIR:-}; [ "${WARMUP_FRESH:-0}" = 1 ] && triton_cache=$(mktemp -d)
       for tp in ${WARMUP_TP:-8}; do
         ( export MLA_CORE_CACHE_DIR=$cache; [ -n "$triton_cache" ] && export TRITON_CACHE_DIR=$triton_cache
-          time timeout "${WARMUP_TIMEOUT:-600}" mla_core_cli warmup --model deepseek-v3 --tp "$tp" --no-progress ${WARMUP_ARGS:-} ) 2>&1 \
+          time timeout "${WARMUP_TIMEOUT:-600}" "${CLI[@]}" warmup --model deepseek-v3 --tp "$tp" --no-progress ${WARMUP_ARGS:-} ) 2>&1 \
           | tee "$OUT/warmup_tp$tp.log" | tail -12
       done
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
