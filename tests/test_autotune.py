@@ -43,6 +43,20 @@ def test_tune_times_every_candidate_and_rejects_fast_wrong(fake_world):
     assert seconds[("tt_slow", None)] >= 3 * 0.016 and all(s > 0 for s in seconds.values())
 
 
+def test_on_a_gpu_the_reference_is_timed_only_when_every_other_candidate_fails(fake_world, monkeypatch):
+    monkeypatch.setattr(tuner, "DEFER_REFERENCE_ON", frozenset({"cpu"}))  # the GPU rule, on this CPU
+    problem = fakes.merge_problem()  # tt_exact (exact math, the slowest) judges, as the reference backend does
+    with pytest.warns(tuner.AutotuneWarning, match="rejected tt_wrong"):
+        result = tuner.tune(problem, list(fake_world.values()), reference="tt_exact")
+    assert "tt_exact" not in {c.backend for c in result.candidates}
+    assert (result.winner.backend, result.winner.config) == ("tt_fast", {"sleep_s": 0.001})
+    with pytest.warns(tuner.AutotuneWarning, match="rejected tt_wrong"):
+        fallback = tuner.tune(problem, [fake_world["tt_wrong"], fake_world["tt_exact"]], reference="tt_exact")
+    assert [c.backend for c in fallback.candidates] == ["tt_wrong", "tt_exact"]
+    assert fallback.winner.backend == "tt_exact" and "every other candidate" in fallback.check
+    assert fallback.default.backend == "tt_wrong"
+
+
 def test_failing_candidate_is_recorded_not_fatal(fake_world):
     class Crash(fakes.Fast):
         name = "tt_crash"

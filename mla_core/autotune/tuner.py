@@ -61,6 +61,10 @@ LONG_CALL_SAMPLES_S = 0.01
 14 ms prefill needs no 7 samples of one replay each to rank candidates apart by more than its noise)."""
 MAX_INPUT_SETS = 32
 """Most copies of the inputs rotated through while timing (small shapes; large ones overflow L2 alone)."""
+DEFER_REFERENCE_ON = frozenset({"cuda"})
+"""Device types where the reference backend (unfused PyTorch: the judge, never the fastest there) is timed only
+when every other candidate failed or was rejected: its warm-up calls alone took 24 s of a 120 s TP 8 warm-up on
+the H200. On the CPU it can be the fastest (Triton interpreted) and is timed like any candidate."""
 TIMINGS = env.TUNE_TIMINGS
 """How candidates are timed on a GPU: ``auto`` (a CUDA graph where capture works, else eager), ``graph``
 (capture or fail), ``eager`` (Python calls back to back)."""
@@ -450,16 +454,18 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     calls = [first] + [inputs.make_call(problem, device, seed + i) for i in range(1, sets)]
 
     timed: list[Candidate] = []
-    default = None
     spent: dict[str, float] = {}
     best_warmup = math.inf  # pruning compares warm-up estimates (eager calls), whatever the timing kind
-    for rank, backend in enumerate(valid):
+
+    def time_backend(backend: "Backend") -> list[Candidate]:
+        """Each config of ``backend`` measured (or pruned, or failed), in order."""
+        nonlocal best_warmup
         try:
             configs = candidate_configs(backend, problem)
         except Exception as exc:  # a broken backend is reported in the entry, not fatal
-            timed.append(Candidate(backend.name, {}, error=f"configs() failed: {_error(exc)}"))
-            continue
-        for i, config in enumerate(configs):
+            return [Candidate(backend.name, {}, error=f"configs() failed: {_error(exc)}")]
+        out = []
+        for config in configs:
             cand = Candidate(backend.name, config)
             begun = time.perf_counter()
             try:
@@ -474,9 +480,14 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             except Exception as exc:
                 cand.error = _error(exc)
             cand.seconds = time.perf_counter() - begun
-            timed.append(cand)
-            if rank == 0 and i == 0:
-                default = cand
+            out.append(cand)
+        return out
+
+    deferred = [b for b in valid if device.type in DEFER_REFERENCE_ON and b.name == reference and len(valid) > 1]
+    for backend in valid:
+        if backend not in deferred:
+            timed.extend(time_backend(backend))
+    default = timed[0] if timed else None
 
     by_name = {b.name: b for b in valid}
     check_started = time.perf_counter()
@@ -507,6 +518,11 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
         rejected.append({**cand.as_dict(), "reason": reason})
         warnings.warn(f"mla_core autotune rejected {cand.label()} for {problem.key()}: {reason}", AutotuneWarning,
                       stacklevel=2)
+    if winner is None and deferred:
+        refs = [c for c in time_backend(deferred[0]) if c.us is not None]
+        timed.extend(refs)
+        if refs:
+            winner, check = refs[0], "is the reference (every other candidate failed or was rejected)"
 
     check_s = time.perf_counter() - check_started
     versions = cache.versions(by_name[winner.backend], dev_name) if winner else {}
