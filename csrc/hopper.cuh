@@ -1,9 +1,11 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
 // descriptors, the wgmma fence / commit and register fence, cp.async, mbarriers and named barriers, 1024-byte
-// alignment, 2^x, E4M3 codes to bf16, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
+// alignment, 2^x, E4M3 codes to bf16, two floats packed as bf16, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
 // blocks, verified"). Inline PTX only; a wgmma instruction compiles only where the target is sm_90a.
 #pragma once
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -124,4 +126,11 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4
   e4m3x4_to_bf16(w.y, lo.z, lo.w);
   e4m3x4_to_bf16(w.z, hi.x, hi.y);
   e4m3x4_to_bf16(w.w, hi.z, hi.w);
+}
+
+// Two floats rounded to bf16 (nearest even) and packed, lo in the low half: a wgmma A-fragment register, or two
+// adjacent bf16 outputs stored at once.
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }

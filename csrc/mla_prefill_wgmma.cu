@@ -81,11 +81,6 @@ template <int N>
 __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // The wgmma products, bf16 x bf16 -> f32. S: m64n64k16, A = Q and B = K rows, both K-major (`accumulate` 0: D = A B).
 // P V: m64n128k16, A = P from registers (the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8, c..),
 // a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = row_lo, c = 16 ks + 2 (t % 4): S's accumulator layout), B = V

@@ -139,11 +139,6 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 __device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
-__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // The wgmma products, bf16 x bf16 -> f32 (`accumulate` 0: D = A B, else D += A B). S: m64n32k16, A = Q and
 // B = K rows, both K-major. P V: m64n256k16, B = V MN-major (transposed, imm-trans-b 1), A = P from the shared P
 // slab (pv: K-major) or from registers (pv_rs: the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8,
