@@ -160,17 +160,39 @@ def _check_block(block: Any) -> tuple[int, int]:
     return int(block[0]), int(block[1])
 
 
+_SMALL_TABLE = 512
+"""Block tables of at most this many entries are range-checked in Python (fewer host ops than the torch path)."""
+
+
+def _host_index_tensors(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The int32 / int64 ``tensors`` (1-D) on the host, values and dtypes unchanged, in one device op and one read.
+
+    They travel as int32 words: an int64 tensor as a view of its words (no cast; a copy only for a one-element
+    tensor with a stride other than 1), int64 ones first so each starts 8-byte aligned in the host buffer and is
+    viewed back as int64 there.
+    """
+    order = sorted(range(len(tensors)), key=lambda i: tensors[i].dtype != torch.int64)
+    wide = [tensors[i].dtype == torch.int64 for i in order]
+    words = torch.cat([(t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)).view(torch.int32)
+                       if w else t for t, w in zip((tensors[i] for i in order), wide)]).to("cpu")
+    host, at = [None] * len(tensors), 0
+    for i, w in zip(order, wide):
+        n = tensors[i].numel() * (2 if w else 1)
+        host[i] = words[at:at + n].view(torch.int64) if w else words[at:at + n]
+        at += n
+    return host
+
+
 def _content_checks(call: LayerCall) -> None:
     """Value checks (eager calls, unless ``MLA_CORE_CHECKS=metadata``): offsets, lengths, pages, positions.
 
-    One host read (offsets, cache_offsets and the block table in one transfer, int64 only where one of them is:
-    three int32 tensors cost one device op, not four), then Python arithmetic.
+    One host read (offsets, cache_offsets and the block table in one transfer, whatever mix of int32 / int64
+    they come in: one device op, :func:`_host_index_tensors`), then Python arithmetic.
     """
     batch, width = call.block_table.shape
-    parts = (call.input_row_offsets, call.cache_offsets, call.block_table.reshape(-1))
-    common = torch.int64 if any(p.dtype == torch.int64 for p in parts) else torch.int32
-    host = torch.cat([p if p.dtype == common else p.to(common) for p in parts]).to("cpu")
-    offsets = host[:batch + 1].tolist()
+    offsets_h, starts_h, table_h = _host_index_tensors(call.input_row_offsets, call.cache_offsets,
+                                                        call.block_table.reshape(-1))
+    offsets = offsets_h.tolist()
     tokens = call.q.shape[0]
     if offsets[0] != 0:
         raise MLAInputError(f"input_row_offsets: got first entry {offsets[0]}, needs 0")
@@ -184,7 +206,7 @@ def _content_checks(call: LayerCall) -> None:
     longest = max(lens)
     if longest > call.max_seq_len:
         raise MLAInputError(f"max_seq_len: got {call.max_seq_len}, needs at least the longest request ({longest})")
-    starts = host[batch + 1:2 * batch + 1].tolist()
+    starts = starts_h.tolist()
     if min(starts) < 0:
         raise MLAInputError(f"cache_offsets: got {min(starts)}, needs >= 0")
     ends = [s + n for s, n in zip(starts, lens)]
@@ -202,11 +224,16 @@ def _content_checks(call: LayerCall) -> None:
         _sparse_content_checks(call, page_size)
     used = [(e + page_size - 1) // page_size for e in ends]
     num_pages = call.latent_cache.shape[0]
-    if max(used) > 0:       # (torch.where, not a boolean index: that is ~100x slower on a busy CPU)
-        reached = torch.arange(width)[None, :] < torch.tensor(used)[:, None]
-        low, high = torch.aminmax(torch.where(reached, host[2 * batch + 1:].view(batch, width), 0))
-        if int(low) < 0 or int(high) >= num_pages:
-            bad = int(low) if int(low) < 0 else int(high)
+    if max(used) > 0:
+        if batch * width <= _SMALL_TABLE:       # the reached entries of each row, in Python
+            rows = table_h.tolist()
+            reached = [page for b, u in enumerate(used) for page in rows[b * width:b * width + u]]
+            low, high = min(reached), max(reached)
+        else:                   # (torch.where, not a boolean index: that is ~100x slower on a busy CPU)
+            reached = torch.arange(width)[None, :] < torch.tensor(used)[:, None]
+            low, high = (int(v) for v in torch.aminmax(torch.where(reached, table_h.view(batch, width), 0)))
+        if low < 0 or high >= num_pages:
+            bad = low if low < 0 else high
             raise MLAInputError(f"block_table: got page index {bad} within a request's length, needs "
                                 f"0..{num_pages - 1} (the latent_cache page count)")
 

@@ -569,6 +569,29 @@ def test_content_checks_take_any_index_dtypes(offsets_dtype, starts_dtype, table
             run(mixed, weights, **over)
 
 
+@pytest.mark.parametrize("small_table", [0, 1 << 30])
+def test_content_checks_block_table_paths(monkeypatch, small_table):
+    """The page-range check in Python (small tables) and in torch (large ones) agree: pages past a request's length
+    are never judged, a bad page within it is named (an int64 page past int32's range too), and one-element index
+    tensors with a stride other than 1 are read right."""
+    from mla_core import layer
+    monkeypatch.setattr(layer, "_SMALL_TABLE", small_table)
+    case, weights = make_case([1, 2, 1], [5, 0, 3], seed=14)
+    expected, _ = run(case, weights)
+    table = case["block_table"]                              # entries past each request's pages hold -1
+    assert (table == -1).any()
+    for bad, dtype in ((-3, torch.int32), (table.max().item() + 40, torch.int32), (1 << 40, torch.int64)):
+        wrong = table.to(dtype, copy=True)
+        wrong[1, 0] = bad
+        with pytest.raises(MLAInputError, match=f"block_table: got page index {bad} "):
+            run(case, weights, block_table=wrong)
+    one, _ = make_case([1], [6], seed=15)
+    strided = dict(one, cache_offsets=torch.tensor([0, 0, 6, 0, 0])[2::3])          # int64, shape [1], stride 3
+    assert strided["cache_offsets"].stride() == (3,)
+    assert torch.equal(run(strided, weights)[0], run(one, weights)[0])
+    assert torch.equal(run(case, weights, block_table=table.long())[0], expected)
+
+
 def test_fp8_weight_scale_rules():
     case, weights = make_case([2], [0], fp8=True, seed=13)
     with pytest.raises(MLAInputError, match="w_uk_scale"):

@@ -7,6 +7,8 @@ reference's; the tolerances below say so.
 """
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -118,6 +120,36 @@ def test_weight_cache_follows_in_place_updates():
     weights.w_uv_scale.mul_(2.0)                                         # the next call must see it
     doubled, _ = run(case, weights, backend="triton")
     assert rel_l2(doubled, 2 * first) < 1e-6
+
+
+def test_inner_decode_validated_once_per_metadata(monkeypatch):
+    """The inner decode's metadata checks run once per key (shapes, dtypes, strides, scalars); a hit runs on this
+    call's tensors (two cases of one shape each match the reference), a new shape, dtype or softmax scale
+    validates again, and the cached call keeps no tensor alive."""
+    from mla_core import specs
+    from mla_core_triton import layer
+    monkeypatch.setattr(layer, "_DECODE_CALLS", {})
+    seen = []                                                  # the triton layer's validations (not the reference's)
+    monkeypatch.setattr(layer, "specs", types.SimpleNamespace(
+        DecodeCall=specs.DecodeCall,
+        validate_decode=lambda *a, **k: seen.append(a[0].shape) or specs.validate_decode(*a, **k)))
+    starts = DECODE_STARTS[:3]
+    for seed in (21, 22):                                      # one shape, two contents: one validation
+        case, weights = make_case([1] * 3, starts, seed=seed)
+        _compare(case, weights, torch.float32, attention_backend="triton")
+    assert len(seen) == 1
+    case, weights = make_case([1] * 3, starts, seed=23)
+    case["softmax_scale"] *= 0.5
+    _compare(case, weights, torch.float32, attention_backend="triton")
+    assert len(seen) == 2
+    for over in (dict(lens=[1] * 4, starts=DECODE_STARTS[:4]), dict(lens=[1] * 3, starts=starts, dtype=torch.bfloat16)):
+        case, weights = make_case(over.pop("lens"), over.pop("starts"), seed=24, **over)
+        _compare(case, weights, case["q"].dtype, attention_backend="triton")
+    assert len(seen) == 4
+    assert not any(isinstance(v, torch.Tensor) for _, fields in layer._DECODE_CALLS.values() for v in fields.values())
+    monkeypatch.setattr(layer, "_DECODE_CALLS_MAX", 1)                 # full: cleared, still right
+    _compare(*make_case([1] * 2, starts[:2], seed=25), torch.float32, attention_backend="triton")
+    assert len(layer._DECODE_CALLS) == 1
 
 
 def test_dispatch_prefers_triton_and_leaves_sparse_to_the_reference():

@@ -124,6 +124,44 @@ def test_shapes_cpu(page_size, heads, splits):
           num_kv_splits=splits, out_dtype=torch.float32)
 
 
+@cpu
+def test_launch_plans_follow_every_field(monkeypatch):
+    """decode.run caches its launch constants per key: calls alternating in one field each (softmax scale, a QDQ
+    amax, the split count in the call or the config, the LSE, the output dtype, the table width) each match the
+    reference, and a repeat adds no plan."""
+    from mla_core_triton import decode as kernels
+    monkeypatch.setattr(kernels, "_PLANS", {})
+    inputs = make_inputs([9, 40], heads=3, rank=32, rope=16, page_size=4, dtype=torch.float16, seed=31)
+    wide = (*inputs[:2], torch.cat([inputs[2], inputs[2]], 1), inputs[3])
+    fp8 = dict(k_qdq="fp8", v_qdq="fp8", p_qdq="fp8", out_dtype=torch.float32)
+    calls = [(inputs, dict(fp8, k_qdq_amax=2.0, num_kv_splits=3)), (inputs, dict(fp8, k_qdq_amax=5.0, num_kv_splits=3)),
+             (inputs, dict(fp8, k_qdq_amax=5.0, num_kv_splits=1)), (inputs, dict(softmax_scale=0.3)),
+             (inputs, dict(softmax_scale=0.1)), (inputs, dict(softmax_scale=0.1, out_dtype=torch.float32)),
+             (wide, dict(softmax_scale=0.1))]
+    for round_ in range(2):
+        for case, kw in calls:
+            check(case, 32, 16, 1e-5 if kw.get("out_dtype") else 1e-2, quantized="k_qdq" in kw, **kw)
+        assert len(kernels._PLANS) == len(calls)
+    out, lse = decode("triton", inputs, 32, 16, softmax_scale=0.1, return_lse=False)
+    assert lse is None and torch.equal(out, decode("triton", inputs, 32, 16, softmax_scale=0.1)[0])
+    assert len(kernels._PLANS) == len(calls) + 1
+    from mla_core import specs                                           # one call, configs of other split counts
+    problem, call = specs.validate_decode(
+        *inputs, softmax_scale=0.1, kv_lora_rank=32, qk_rope_head_dim=16, page_size=None, num_kv_splits="auto",
+        k_qdq="fp8", k_qdq_amax=2.0, v_qdq="fp8", v_qdq_amax=2.0, p_qdq="fp8", p_qdq_amax=1.0, return_lse=True,
+        out_dtype=torch.float32)
+    for splits in (1, 4, 1, 4):
+        config = dict(kernels.configs(problem)[0], num_kv_splits=splits)
+        ref = decode("reference", inputs, 32, 16, softmax_scale=0.1, k_qdq="fp8", k_qdq_amax=2.0, v_qdq="fp8",
+                     v_qdq_amax=2.0, p_qdq="fp8", num_kv_splits=splits, out_dtype=torch.float32)
+        got = kernels.run(call, config)
+        assert rel_l2(got[0], ref[0]) < 1e-5 and torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-4)
+    assert len(kernels._PLANS) == len(calls) + 3
+    monkeypatch.setattr(kernels, "_PLANS_MAX", 2)                       # full: cleared, still right
+    check(inputs, 32, 16, 1e-2, softmax_scale=0.2)
+    assert len(kernels._PLANS) == 1
+
+
 def _dot_shape(config):
     return config.get("block_h", 16), config.get("v_split", 1)
 

@@ -436,32 +436,37 @@ def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
-    """Decode: returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] fp32 or None).
+_PLANS: dict[tuple, dict] = {}
+"""Launch plans by everything :func:`_plan` reads (at most :data:`_PLANS_MAX` keys; cleared when full)."""
+_PLANS_MAX = 256
 
-    ``on_gpu`` (default: the tensors' device is CUDA) selects the GPU code paths; benchmarks/compile_report.py
-    forces it to compile the GPU kernels from CPU tensors.
+
+def _plan(call: DecodeCall, config: dict, on_gpu: bool) -> dict:
+    """Host constants of one decode's launches (split count, grids, scalar arguments, constexprs), cached.
+
+    A pure function of the key below: the call's shapes, dtypes, scalars and quantization settings, the config
+    and the multiprocessor count (the tensors' addresses, strides and page count are read at each launch).
+    Raises ValueError for K / V QDQ over an FP8 cache (nothing is cached then).
     """
     q, cache = call.q, call.latent_cache
+    sms = sm_count(q.device)
+    key = (q.shape, q.dtype, cache.dtype, call.out_dtype, call.block_table.shape[1], call.page_size,
+           call.kv_lora_rank, call.rope_dim, call.num_kv_splits, call.softmax_scale, call.k_qdq, call.k_amax,
+           call.v_qdq, call.v_amax, call.p_qdq, call.p_amax, call.return_lse, call.kv_scale,
+           tuple(config.items()), on_gpu, sms)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
     batch, heads, _ = q.shape
     nope, rope = call.kv_lora_rank, call.rope_dim
-    device = q.device
-    if on_gpu is None:
-        on_gpu = device.type == "cuda"
-    out = _new_output((batch, heads, nope), call.out_dtype, device)
-    lse = _new_output((batch, heads), torch.float32, device) if call.return_lse else None
-    if batch == 0:
-        return out, lse
-    splits = decode_num_splits(call, config, sm_count(device))
+    splits = decode_num_splits(call, config, sms)
     block_h = min(int(config.get("block_h", 16)), _pow2(heads))
     sub_tiles = int(config.get("sub_tiles", 1))
 
     cache_fp8 = cache.dtype == numerics.FP8_CACHE_DTYPE
-    if cache_fp8:  # codes as bytes (the interpreter has no FP8 storage type); they enter q's dtype exactly
-        if call.k_qdq is not None or call.v_qdq is not None:
-            raise ValueError("k_qdq / v_qdq over an FP8 cache: run by the reference backend only")
-        cache = cache.view(torch.uint8)
-    value_dtype = numerics.decode_value_dtype(call.latent_cache.dtype, q.dtype)  # V's dtype in the dot, P's rounding
+    if cache_fp8 and (call.k_qdq is not None or call.v_qdq is not None):
+        raise ValueError("k_qdq / v_qdq over an FP8 cache: run by the reference backend only")
+    value_dtype = numerics.decode_value_dtype(cache.dtype, q.dtype)  # V's dtype in the dot, P's rounding
     kv_scale = call.kv_scale if cache_fp8 else 1.0
     q_split = q.dtype == torch.float32 and value_dtype == torch.bfloat16
     if value_dtype == torch.float32 or (q.dtype == torch.float32 and value_dtype == torch.float16):
@@ -478,48 +483,82 @@ def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
     v_split = int(config.get("v_split", 1))
     while v_split > 1 and _pow2(nope) // v_split < 16:  # a dot needs >= 16 columns
         v_split //= 2
-    dot_torch = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[dot_dtype]
     kv_codes = bool(config.get("kv_prepass")) and (k_fmt != 0 or v_fmt != 0)
     v_from_k = k_fmt == v_fmt == 1 and k_scale == v_scale  # FP8 V codes = K's first NOPE codes
     capacity = call.block_table.shape[1] * call.page_size
     common = dict(NOPE=nope, ROPE=rope, D_NOPE=_pow2(nope), D_ROPE=_pow2(rope), PAGE_SIZE=call.page_size,
                   K_FMT=k_fmt, V_FMT=v_fmt, K_HAS_SCALE=k_scale != 1.0, V_HAS_SCALE=v_scale != 1.0,
                   K_G_POW2=_is_pow2(k_scale), V_G_POW2=_is_pow2(v_scale), DOT_DTYPE=dot_dtype, HW_CVT=on_gpu)
-    if kv_codes:
-        kcode = torch.empty(batch, capacity, nope + rope, dtype=dot_torch, device=device)
-        vcode = kcode if v_from_k else torch.empty(batch, capacity, nope, dtype=dot_torch, device=device)
+    direct = splits == 1
+    plan = dict(
+        splits=splits, cache_fp8=cache_fp8, capacity=capacity, common=common, kv_codes=kv_codes, v_from_k=v_from_k,
+        dot_torch={tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[dot_dtype],
+        prepass_scalars=(k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale), direct=direct,
+        grid=(triton.cdiv(heads, block_h) * v_split, splits, batch),
+        scalars=(float(call.softmax_scale) * k_scale * _LOG2E * kv_scale, k_scale, v_scale, p_scale,
+                 kv_scale * v_scale * p_scale, 1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale),
+        constexprs=dict(
+            common, BLOCK_H=block_h, SUB_TILES=sub_tiles, P_FMT=p_fmt, P_G_POW2=_is_pow2(p_scale),
+            V_DTYPE=_TL_DTYPE[value_dtype], CACHE_FP8=cache_fp8, Q_SPLIT=q_split,
+            IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16,
+            P_BF16_RNE=interpreting and value_dtype == torch.bfloat16, DIRECT=direct,
+            WRITE_LSE=call.return_lse, V_SPLIT=v_split, KV_CODES=kv_codes, V_FROM_K=v_from_k,
+            PREFETCH_PAGES=bool(config.get("prefetch_pages")), num_warps=int(config.get("num_warps", 4)),
+            num_stages=int(config.get("num_stages", 2))),
+        combine=dict(NOPE=nope, D_NOPE=_pow2(nope), WRITE_LSE=call.return_lse, num_warps=4))
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def run(call: DecodeCall, config: dict, on_gpu: bool | None = None):
+    """Decode: returns (out [batch, heads, kv_lora_rank] in ``call.out_dtype``, lse [batch, heads] fp32 or None).
+
+    ``on_gpu`` (default: the tensors' device is CUDA) selects the GPU code paths; benchmarks/compile_report.py
+    forces it to compile the GPU kernels from CPU tensors.
+    """
+    q, cache = call.q, call.latent_cache
+    batch, heads, _ = q.shape
+    nope = call.kv_lora_rank
+    device = q.device
+    if on_gpu is None:
+        on_gpu = device.type == "cuda"
+    out = _new_output((batch, heads, nope), call.out_dtype, device)
+    lse = _new_output((batch, heads), torch.float32, device) if call.return_lse else None
+    if batch == 0:
+        return out, lse
+    plan = _plan(call, config, on_gpu)
+    splits = plan["splits"]
+    if plan["cache_fp8"]:  # codes as bytes (the interpreter has no FP8 storage type); they enter q's dtype exactly
+        cache = cache.view(torch.uint8)
+    table = call.block_table
+    if plan["kv_codes"]:
+        capacity, dot_torch = plan["capacity"], plan["dot_torch"]
+        kcode = torch.empty(batch, capacity, nope + call.rope_dim, dtype=dot_torch, device=device)
+        vcode = kcode if plan["v_from_k"] else torch.empty(batch, capacity, nope, dtype=dot_torch, device=device)
         pre_tile = 16  # one NVFP4 V block: ~36 elements per thread at 8 warps
-        _kv_codes_kernel[(triton.cdiv(capacity, pre_tile), batch, 1 if v_from_k else 2)](
-            cache, call.block_table, call.seq_lens, kcode, vcode, cache.stride(0), cache.stride(1),
-            call.block_table.stride(0), call.block_table.stride(1), cache.shape[0], capacity,
-            k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale, **common, TILE=pre_tile,
+        _kv_codes_kernel[(triton.cdiv(capacity, pre_tile), batch, 1 if plan["v_from_k"] else 2)](
+            cache, table, call.seq_lens, kcode, vcode, cache.stride(0), cache.stride(1),
+            table.stride(0), table.stride(1), cache.shape[0], capacity,
+            *plan["prepass_scalars"], **plan["common"], TILE=pre_tile,
             num_warps=8, num_stages=1)
     else:
         kcode = vcode = cache  # unused
 
-    direct = splits == 1
+    direct = plan["direct"]
     if direct:
         part_o = part_lse = out  # unused
     else:
         part_o = _new_output((batch * heads * splits * nope,), torch.float32, device)
         part_lse = _new_output((batch * heads * splits,), torch.float32, device)
-    grid = (triton.cdiv(heads, block_h) * v_split, splits, batch)
-    compiled = _decode_split_kernel[grid](
-        q, cache, call.block_table, call.seq_lens, part_o, part_lse, out, lse if lse is not None else out,
+    compiled = _decode_split_kernel[plan["grid"]](
+        q, cache, table, call.seq_lens, part_o, part_lse, out, lse if lse is not None else out,
         kcode, vcode, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1),
-        call.block_table.stride(0), call.block_table.stride(1),
-        heads, cache.shape[0], splits, capacity,
-        float(call.softmax_scale) * k_scale * _LOG2E * kv_scale, k_scale, v_scale, p_scale, kv_scale * v_scale * p_scale,
-        1.0 / k_scale, 1.0 / v_scale, 1.0 / p_scale, **common,
-        BLOCK_H=block_h, SUB_TILES=sub_tiles, P_FMT=p_fmt, P_G_POW2=_is_pow2(p_scale),
-        V_DTYPE=_TL_DTYPE[value_dtype], CACHE_FP8=cache_fp8, Q_SPLIT=q_split,
-        IEEE=dot_dtype == tl.float32, UPCAST=interpreting and dot_dtype == tl.bfloat16,
-        P_BF16_RNE=interpreting and value_dtype == torch.bfloat16, DIRECT=direct, WRITE_LSE=lse is not None,
-        V_SPLIT=v_split, KV_CODES=kv_codes, V_FROM_K=v_from_k, PREFETCH_PAGES=bool(config.get("prefetch_pages")),
-        num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 2)))
+        table.stride(0), table.stride(1), heads, cache.shape[0], splits, plan["capacity"],
+        *plan["scalars"], **plan["constexprs"])
     LAST_RESOURCES.update(regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
     if not direct:
         _decode_combine_kernel[(batch * heads,)](
-            part_o, part_lse, out, lse if lse is not None else out, splits,
-            NOPE=nope, D_NOPE=_pow2(nope), WRITE_LSE=lse is not None, num_warps=4)
+            part_o, part_lse, out, lse if lse is not None else out, splits, **plan["combine"])
     return out, lse

@@ -27,6 +27,7 @@ exact float32, and GEMMs in the cache dtype with float32 accumulation (the refer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 
 import torch
@@ -34,7 +35,7 @@ import triton
 import triton.language as tl
 
 from mla_core import layer as layer_api
-from mla_core import mla_decode, mla_prefill, numerics
+from mla_core import dispatch, mla_prefill, numerics, specs
 from mla_core.specs import values_checked
 
 
@@ -221,11 +222,23 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
             tl.store(tok_table_ptr + t.to(tl.int64) * width + w, entries, mask=w < width)
 
 
+@functools.lru_cache(maxsize=256)
+def _prep_constants(nope: int, rope: int, latent: int, heads: int, batch: int, width: int, q_rope_at: int,
+                    copy_nope: bool, interleave: bool, with_len: bool, with_table: bool, rows: bool,
+                    num_warps: int) -> dict:
+    """The prep kernel's constexprs and launch options (a pure function of its arguments, cached)."""
+    return dict(
+        NOPE=nope, ROPE=rope, LATENT=latent, BLOCK_LAT=triton.next_power_of_2(latent), HALF=rope // 2,
+        BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_NOPE=triton.next_power_of_2(nope),
+        BLOCK_H=min(16, triton.next_power_of_2(heads)), BLOCK_B=min(1024, triton.next_power_of_2(max(batch, 1))),
+        BLOCK_W=min(1024, triton.next_power_of_2(max(width, 1))), Q_ROPE_AT=q_rope_at, COPY_NOPE=copy_nope,
+        INTERLEAVE=interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table, ROWS=rows, num_warps=num_warps)
+
+
 def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, config, rows=None) -> None:
     q, kv, cache, table = call.q, call.kv, call.latent_cache, call.block_table
     tokens, heads = q.shape[0], q.shape[1]
     batch = call.input_row_offsets.shape[0] - 1
-    nope, rope, latent = call.nope_dim, call.rope_dim, call.kv_lora_rank
     width = table.shape[1]
     with_table, with_len = token_table is not None, token_len is not None
     _prep_kernel[(tokens,)](
@@ -234,13 +247,9 @@ def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, 
         rows if rows is not None else cache,
         q.stride(0), q.stride(1), kv.stride(0), call.freqs_cis.stride(0), table.stride(0), q_out.stride(0),
         q_out.stride(1), tokens, batch, heads, call.freqs_cis.shape[0], cache.shape[0], width, cache.shape[1],
-        call.epsilon,
-        NOPE=nope, ROPE=rope, LATENT=latent, BLOCK_LAT=triton.next_power_of_2(latent), HALF=rope // 2,
-        BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_NOPE=triton.next_power_of_2(nope),
-        BLOCK_H=min(16, triton.next_power_of_2(heads)), BLOCK_B=min(1024, triton.next_power_of_2(max(batch, 1))),
-        BLOCK_W=min(1024, triton.next_power_of_2(max(width, 1))), Q_ROPE_AT=q_rope_at, COPY_NOPE=copy_nope,
-        INTERLEAVE=call.rope_interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table,
-        ROWS=rows is not None, num_warps=config.get("num_warps", 4))
+        call.epsilon, **_prep_constants(call.nope_dim, call.rope_dim, call.kv_lora_rank, heads, batch, width,
+                                        q_rope_at, copy_nope, call.rope_interleave, with_len, with_table,
+                                        rows is not None, config.get("num_warps", 4)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,6 +268,42 @@ def _sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None) -> 
     return out
 
 
+_DECODE_CALLS: dict[tuple, tuple] = {}
+"""Validated inner decode calls by the metadata of their arguments: (Problem, the DecodeCall's fields other than
+its tensors) (at most :data:`_DECODE_CALLS_MAX` keys; cleared when full)."""
+_DECODE_CALLS_MAX = 256
+
+
+def _attention(call, q_dec, key_table, key_len):
+    """:func:`mla_core.mla_decode` of the absorbed query (o_lat [T, H, latent], lse [T, H]) without its per-call checks.
+
+    Its metadata checks (:func:`mla_core.specs.validate_decode`) run once per key of everything they read (each
+    tensor's shape, dtype, device and strides, the scalars); a hit reuses that Problem and the validated call's
+    other fields with this call's tensors. Its content checks are skipped as inside :func:`values_checked`: the
+    layer checked offsets, lengths and pages, and these tensors are derived from them. Dispatch runs every call.
+    """
+    cache = call.latent_cache
+    key = (tuple((t.shape, t.dtype, t.device, t.stride()) for t in (q_dec, cache, key_table, key_len)),
+           call.softmax_scale, call.kv_lora_rank, call.rope_dim)
+    hit = _DECODE_CALLS.get(key)
+    if hit is None:
+        with values_checked():
+            hit = specs.validate_decode(
+                q_dec, cache, key_table, key_len, softmax_scale=call.softmax_scale, kv_lora_rank=call.kv_lora_rank,
+                qk_rope_head_dim=call.rope_dim, page_size=None, num_kv_splits="auto", k_qdq=None, k_qdq_amax=None,
+                v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+        if len(_DECODE_CALLS) >= _DECODE_CALLS_MAX:
+            _DECODE_CALLS.clear()
+        problem, validated = hit      # its other fields, without the tensors (a cache must not outlive its owner)
+        hit = problem, {f.name: getattr(validated, f.name) for f in dataclasses.fields(validated)
+                        if f.name not in ("q", "latent_cache", "block_table", "seq_lens")}
+        _DECODE_CALLS[key] = hit
+    problem, fields = hit
+    inner = specs.DecodeCall(q=q_dec, latent_cache=cache, block_table=key_table, seq_lens=key_len, **fields)
+    choice = dispatch.choose(problem, call.attention_backend)
+    return choice.backend.run(problem, inner, choice.config)
+
+
 def _decode(call, config):
     q, cache = call.q, call.latent_cache
     tokens, heads = q.shape[0], q.shape[1]
@@ -272,10 +317,7 @@ def _decode(call, config):
     else:
         tok_table = key_table = _new_output((tokens, call.block_table.shape[1]), call.block_table.dtype, q.device)
     _prep(call, q_dec, latent, False, tok_table, key_len, config)
-    with values_checked():      # the layer checked offsets, lengths and pages; these are derived from them
-        o_lat, lse = mla_decode(q_dec, cache, key_table, key_len, softmax_scale=call.softmax_scale,
-                                kv_lora_rank=latent, qk_rope_head_dim=rope, num_kv_splits="auto", return_lse=True,
-                                backend=call.attention_backend)
+    o_lat, lse = _attention(call, q_dec, key_table, key_len)
     out = _new_output((tokens, heads, call.v_dim), q.dtype, q.device)
     torch.bmm(o_lat.transpose(0, 1), _w_uv(call, dtype).transpose(1, 2), out=out.transpose(0, 1))
     return _sinks(out, lse, call.attn_sinks)
