@@ -485,7 +485,7 @@ class Hazard(Exception):
 # step an actor only reads, stores and converts; no other actor is enabled by it, and an op of another actor that
 # conflicts with the step inside it conflicts with it before or after it too (the checks only accumulate), so
 # the hazards are found with that op moved out. MERGE[0] = False explores op by op: the same verdicts for the
-# kernel (T <= 3) and for every broken variant (T <= 3) (`--op-by-op`, ~2.5 min).
+# kernel (T <= 3) and for every broken variant (T <= 3) (`--op-by-op`, ~45 s of CPU).
 MERGE = [True]
 BOUNDARY = {"mwait", "sync", "re", "landed"}  # these start a step
 STEP_END = {"rb", "arrive", "marrive"}  # these end one
