@@ -64,7 +64,8 @@
 //   float32 (P1 in the stage's RoPE slab: written after MX0, read by WG0 after H1F, before either releases the
 //   stage), both P V halves RS, and WG1 arrives P0E once P0 is in its registers (before its P0 V0).
 // The 576-byte protocol and in-place conversion's byte ranges were checked over every interleaving for 1-6 tiles
-// (benchmarks/probes/sparse_wgmma_s_emulation.py; not the fp8_ds_mla variant's) and measured as variant S of the sparse probe
+// (benchmarks/probes/sparse_wgmma_s_emulation.py), the fp8_ds_mla variant's for 1-4 tiles with its P1-in-RoPE-slab
+// and scale-array lifetimes (sparse_wgmma_ds_emulation.py), and measured as variant S of the sparse probe
 // (benchmarks/probes/sparse_wgmma_probe.cu; benchmarks/NOTES.md). Layout, descriptors and ordering rules:
 // docs/cuda.md ("Hopper building blocks, verified").
 
