@@ -5,7 +5,8 @@ DECODE = "backends/triton/mla_core_triton/decode.py"
 REFERENCE = "backends/reference/mla_core_reference/decode.py"
 
 MUTANTS = [
-    dict(file=DECODE, old="p_scale, kv_scale * v_scale * p_scale,", new="p_scale, v_scale * p_scale,",
+    dict(file=DECODE, old="                 kv_scale * v_scale * p_scale, 1.0 / k_scale,",
+         new="                 v_scale * p_scale, 1.0 / k_scale,",
          tests=["tests/test_kv_fp8.py -k 'triton_matches'"],
          why="kv_scale forgotten on the output: P·codes must be scaled back to values"),
     dict(file=DECODE, old="float(call.softmax_scale) * k_scale * _LOG2E * kv_scale,",
@@ -16,7 +17,7 @@ MUTANTS = [
          new="        f = tl.where(e == 0, m.to(tl.float32) * 0.00390625, normal)",
          tests=["tests/test_kv_fp8.py -k 'code_conversion'"],
          why="E4M3 subnormals are m * 2^-9 (not 2^-8)"),
-    dict(file=DECODE, old="    value_dtype = numerics.decode_value_dtype(call.latent_cache.dtype, q.dtype)",
+    dict(file=DECODE, old="    value_dtype = numerics.decode_value_dtype(cache.dtype, q.dtype)",
          new="    value_dtype = numerics.decode_value_dtype(torch.bfloat16, q.dtype)",
          tests=["tests/test_kv_fp8.py -k 'triton_matches and q_dtype1'"],
          why="an fp16 q over an FP8 cache must run fp16 dots and round P to fp16, not bf16"),

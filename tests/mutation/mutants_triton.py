@@ -55,4 +55,11 @@ MUTANTS = [
     dict(file=PREFILL, old="        UPCAST=q.dtype == torch.bfloat16 and not (hw_fp8 & 1),", new="        UPCAST=False,",
          tests=["tests/test_triton_prefill.py -k 'bfloat16_every_recipe and bf16'"],
          why="bf16 prefill under the interpreter multiplies raw bits (issue 8.3)"),
+    dict(file=DECODE, old="           tuple(config.items()), on_gpu, sms)", new="           on_gpu, sms)",
+         tests=["tests/test_triton_decode.py -k launch_plans"],
+         why="launch plans keyed without the config: another split count in the config reuses the first plan"),
+    dict(file=DECODE, old="           call.v_qdq, call.v_amax, call.p_qdq, call.p_amax, call.return_lse, call.kv_scale,",
+         new="           call.v_qdq, call.v_amax, call.p_qdq, call.p_amax, call.kv_scale,",
+         tests=["tests/test_triton_decode.py -k launch_plans"],
+         why="launch plans keyed without return_lse: a call without LSE reuses a plan that writes one (into out)"),
 ]
