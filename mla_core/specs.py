@@ -217,7 +217,8 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[idx]
 
 
-def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 132, resident_ctas: int = 2) -> int:
+def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = DEFAULT_SM_COUNT,
+                      resident_ctas: int = 2) -> int:
     """Split count for one decode call: the caller's int; for "auto" the config's, else enough to fill the GPU.
 
     The fill: ``batch * ceil(heads / 64) * splits`` CTAs against ``resident_ctas`` per SM (rounded up for

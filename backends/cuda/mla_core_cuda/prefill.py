@@ -22,11 +22,10 @@ import torch
 from mla_core import numerics
 from mla_core.specs import PrefillCall
 
+from .decode import EXACT_DIV_FREE_RANGE, _f32  # P's FP8 scales divided without a division there too
+
 QK_DIM, V_DIM, P_TILE = 192, 128, 64
 QUANT = frozenset({None, "fp8"})
-EXACT_DIV_FREE_RANGE = (1e-12 / 2688, 5e20 / 448)
-"""P's FP8 scales for which the kernel divides without a division instruction (the decode kernel's proven range:
-docs/decisions.md); outside it the kernel takes the IEEE division (``p_fmt`` 2)."""
 
 _REFUSED = {
     "dtype": "the kernel's tensor-core products and TMA maps are bf16 (fp16 / fp32: triton)",
@@ -62,11 +61,6 @@ def why_not(problem) -> list[str]:
 def configs(problem) -> list[dict]:
     """One launch shape (128 query rows per CTA, 64-key tiles, 4 stages): nothing to tune."""
     return [{}]
-
-
-def _f32(x: float) -> float:
-    """x rounded to float32 (as the kernel holds it)."""
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def _f32_reciprocal(x: float) -> float:

@@ -199,8 +199,6 @@ def _sparse_combine_kernel(part_o, part_lse, out_ptr, lse_ptr, num_splits, bmm2_
     tl.store(lse_ptr + row, tl.where(empty, float("-inf"), top_use + tl.log(tl.where(empty, 1.0, total))))
 
 
-
-
 def num_splits_for(tokens: int, heads: int, top_k: int, config: dict, sms: int) -> int:
     """Splits of each token's slots: the config's, else enough for ~2 programs per SM, at most one per tile."""
     block_h, block_n = int(config.get("block_h", 64)), int(config.get("block_n", 64))
