@@ -38,7 +38,8 @@ for step in "$@"; do
     tests)    python3 -m pytest -m gpu -q -p no:cacheprovider -x --durations=10 2>&1 | tee "$LOGS/gpu_tests.log" | tail -25 ;;
     build)    { time mla_core_cli build; } 2>&1 | tee "$LOGS/build.log" | tail -6 ;;
     gputests) # every GPU test, spread over GPU_WORKERS pytest-xdist workers (Triton compiles are CPU-bound); log to $OUT
-      timeout "${GPU_TESTS_TIMEOUT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 \
+      # SIGINT at the limit: pytest then still prints the short summary of the failures it saw
+      timeout -s INT -k 20 "${GPU_TESTS_TIMEOUT:-420}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 \
         -n "${GPU_WORKERS:-8}" ${GPU_TESTS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     bench_cli) # the CLI's own benchmark and roofline picture (issue 8)
       mla_core_cli bench decode --heads 128 --batch 32 --length 8192 --recipe bf16,fp8,nvfp4 \

@@ -1,6 +1,6 @@
 """A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
 
-    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [sparse]
+    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [sparse|prefill]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``) on paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
@@ -8,7 +8,9 @@ capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 spli
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself). Then the FP8 sparse decode
 (``sparse`` alone: only it), 576- and 656-byte rows, on a cache of NaN bytes except the rows valid slots name, with
 -1 slots, slots past each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto
-splits.
+splits. Then the varlen prefill (``prefill`` alone: only it): ragged batches with empty and one-token sequences,
+len_q < len_k (a cached prefix) and equal, causal and not, GQA, bf16 and the fp8 recipe, q / k / v packed inside
+buffers whose rows past the last sequence hold NaN, LSE on.
 """
 from __future__ import annotations
 
@@ -87,11 +89,50 @@ def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0, ds_mla=False):
     return ok
 
 
+def _prefill_case(heads, kv_heads, lens_q, lens_k, causal, recipe, seed=0):
+    from mla_core.specs import validate_prefill
+
+    from . import build, prefill
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pad = 5  # rows past the last sequence: NaN, never read
+    total_q, total_k = sum(lens_q), sum(lens_k)
+
+    def packed(rows, h, d):
+        x = torch.full((rows + pad, h, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+        x[:rows] = torch.randn(rows, h, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        return x[:rows]
+
+    q, k, v = packed(total_q, heads, 192), packed(total_k, kv_heads, 192), packed(total_k, kv_heads, 128)
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    fmt = {"bf16": None, "fp8": "fp8"}[recipe]
+    problem, call = validate_prefill(
+        q, k, v, cu_q, cu_k, max(lens_q), 192 ** -0.5, causal, True, q_quant=fmt, k_quant=fmt, p_quant=fmt,
+        v_quant=fmt, q_amax=4.0, k_amax=4.0, p_amax=1.0, v_amax=4.0, sparsity_n=0, sparsity_m=4, dense_sink_tokens=0,
+        dense_recent_tokens=64, block_m=64, block_n=64)
+    out, lse = prefill.run(build.build(), call, prefill.configs(problem)[0])
+    torch.cuda.synchronize()
+    ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
+    print(f"prefill heads={heads}/{kv_heads} lens_q={lens_q} lens_k={lens_k} causal={causal} {recipe}: "
+          f"{'ok' if ok else 'NaN'}", flush=True)
+    return ok
+
+
+def _prefill_main() -> int:
+    ok = _prefill_case(128, 128, [0, 1, 70, 129], [0, 1, 70, 129], True, "bf16")
+    ok &= _prefill_case(16, 2, [1, 65, 17], [300, 65, 200], True, "bf16")
+    ok &= _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "fp8")
+    ok &= _prefill_case(128, 128, [200, 1], [331, 1], True, "fp8")
+    return 0 if ok else 1
+
+
 def main() -> int:
     os.environ["MLA_CORE_CHECKS"] = "metadata"
     ok = True
     if sys.argv[1:] == ["sparse"]:
         return _sparse_main()
+    if sys.argv[1:] == ["prefill"]:
+        return _prefill_main()
     ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
     ok &= _case(128, 16, [31, 32, 100, 5], 32, "nvfp4", (4, 8))
     ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
@@ -103,7 +144,7 @@ def main() -> int:
     ok &= _case(20, 16, [1, 300, 0, 64], 2, "bf16", "wgmma")
     ok &= _case(128, 48, [1, 300, 0, 97], 3, "bf16", "wgmma")
     ok &= _case(1, 1, [70, 33], 5, "bf16", "wgmma", unaligned=True)
-    return _sparse_main() | (0 if ok else 1)
+    return _sparse_main() | _prefill_main() | (0 if ok else 1)
 
 
 def _sparse_main() -> int:
