@@ -13,13 +13,15 @@ through enough copies that together they overflow the L2 cache; each candidate i
 timed in several repeats and its median per-call time kept: on a GPU as replays of a CUDA graph of
 its calls (how serving engines run decode) when it can be captured, else as eager calls, both with
 CUDA events (``MLA_CORE_TUNE_TIMING``); on the CPU eager calls by ``perf_counter``. The fastest
-candidate's output is compared once with the reference backend's on the same inputs; a fast but wrong
-candidate is rejected (warning, and recorded) and the next one is checked.
+candidate's output is compared once with the reference backend's on the same inputs (on a sample of heads,
+the only ones the reference runs: :func:`head_sample`); a fast but wrong candidate is rejected (warning, and
+recorded) and the next one is checked.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from .. import env, inputs, plugins
+from .. import env, inputs, plugins, specs
 from ..accuracy import REFERENCE as REFERENCE_BACKEND, compare, tolerance
 from ..dispatch import Choice
 from ..errors import MLAInputError
@@ -65,6 +67,11 @@ DEFER_REFERENCE_ON = frozenset({"cuda"})
 """Device types where the reference backend (unfused PyTorch: the judge, never the fastest there) is timed only
 when every other candidate failed or was rejected: its warm-up calls alone took 24 s of a 120 s TP 8 warm-up on
 the H200. On the CPU it can be the fastest (Triton interpreted) and is timed like any candidate."""
+CHECK_HEAD_BOUNDARIES = (16, 64)
+"""Head-tile sizes of the kernels (triton's block_h 16, the WGMMA kernels' 64 heads): the check samples the heads on
+both sides of the first boundary of each (15 / 16, 63 / 64) where the problem has more heads."""
+CHECK_ALL_HEADS_UP_TO = 4
+"""A problem with at most this many heads (or kv heads under GQA) is checked on every head."""
 TIMINGS = env.TUNE_TIMINGS
 """How candidates are timed on a GPU: ``auto`` (a CUDA graph where capture works, else eager), ``graph``
 (capture or fail), ``eager`` (Python calls back to back)."""
@@ -410,6 +417,105 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
+def check_heads(n: int, key: str) -> list[int] | None:
+    """The heads (kv heads under GQA) of ``n`` the reference check judges, sorted; None: all of them.
+
+    The first, middle and last, both sides of each :data:`CHECK_HEAD_BOUNDARIES` boundary below ``n``, and one
+    more chosen by a hash of ``key`` (the problem key without ``lse``), so shapes of one warm-up judge
+    different interior heads. 16 heads: 4 of them; 128: 7. At most :data:`CHECK_ALL_HEADS_UP_TO` heads: all.
+    """
+    if n <= CHECK_ALL_HEADS_UP_TO:
+        return None
+    picked = {0, n // 2, n - 1}
+    for tile in CHECK_HEAD_BOUNDARIES:
+        if tile < n:
+            picked |= {tile - 1, tile}
+    extra = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % n
+    while extra in picked and len(picked) < n:
+        extra = (extra + 1) % n
+    picked.add(extra)
+    return None if len(picked) >= n else sorted(picked)
+
+
+_HEAD_AXES = {"decode": (1, 1), "prefill": (1, 0), "merge": (1, 0)}
+"""Per op whose heads are independent, the head axis of each result tensor: decode out [batch, heads, 512] and
+lse [batch, heads]; prefill out [total_q, heads, v_dim] and lse [heads, total_q]; merge output [tokens, heads, dim]
+and output_lse [heads, tokens]."""
+
+
+@dataclass(frozen=True)
+class HeadSample:
+    """The reference check on a sample of heads: ``problem`` / ``call`` hold only the heads ``heads`` (of ``of``),
+    which the full call's results are cut to (:meth:`take`) before they are compared."""
+
+    problem: Problem
+    call: Any
+    heads: tuple[int, ...]
+    of: int
+
+    def take(self, result: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """``result`` of the full call (an op's tensors, None entries dropped) cut to the sampled heads."""
+        index = torch.tensor(self.heads, dtype=torch.long, device=result[0].device if result else "cpu")
+        return tuple(t.index_select(axis, index) for t, axis in zip(result, _HEAD_AXES[self.problem.op]))
+
+    def describe(self) -> str:
+        return f"heads {','.join(map(str, self.heads))} of {self.of}"
+
+
+def head_sample(problem: Problem, call: Any) -> HeadSample | None:
+    """The call cut to the heads :func:`check_heads` picks, for ops whose heads are computed independently
+    (decode, prefill, merge: per-tensor scales are the call's, never measured from the data); None: check all.
+
+    Prefill under GQA samples whole kv-head groups (every query head of a sampled kv head). A decode whose
+    split count is the reference's heuristic (``num_kv_splits=None``) is given that count explicitly,
+    computed on the full call: the heuristic reads the head count.
+    """
+    op = problem.op
+    if op not in _HEAD_AXES:
+        return None
+    key = Problem(op, problem.device, problem.params, problem.features - {"lse"}).key()
+    sizes: dict[str, int] = {}
+    if op == "prefill":
+        heads, kv_heads = call.q.shape[1], call.k.shape[1]
+        group = heads // kv_heads
+        kv_pick = check_heads(kv_heads, key)
+        if kv_pick is None:
+            return None
+        pick = [h * group + j for h in kv_pick for j in range(group)]
+        kv = torch.tensor(kv_pick, dtype=torch.long, device=call.k.device)
+        q = torch.tensor(pick, dtype=torch.long, device=call.q.device)
+        sub = dataclasses.replace(call, q=call.q.index_select(1, q), k=call.k.index_select(1, kv),
+                                  v=call.v.index_select(1, kv))
+        sizes = {"heads": len(pick), "kv_heads": len(kv_pick)}
+    elif op == "decode":
+        heads = call.q.shape[1]
+        pick = check_heads(heads, key)
+        if pick is None:
+            return None
+        q = torch.tensor(pick, dtype=torch.long, device=call.q.device)
+        sub = dataclasses.replace(call, q=call.q.index_select(1, q), num_kv_splits=specs.decode_num_splits(call, {}))
+        sizes = {"heads": len(pick)}
+    else:
+        tokens, heads, dim = call.prefix_output.shape
+        pick = check_heads(heads, key)
+        if pick is None:
+            return None
+        i = torch.tensor(pick, dtype=torch.long, device=call.prefix_output.device)
+        sub = dataclasses.replace(
+            call, prefix_output=call.prefix_output.index_select(1, i), prefix_lse=call.prefix_lse.index_select(0, i),
+            suffix_output=call.suffix_output.index_select(1, i), suffix_lse=call.suffix_lse.index_select(0, i),
+            output=None if call.output is None else call.output.new_empty((tokens, len(pick), dim)),
+            output_lse=None if call.output_lse is None else call.output_lse.new_empty((len(pick), tokens)))
+        sizes = {"heads": len(pick)}
+    sub_problem = Problem.make(op, problem.device, problem.features, **{**dict(problem.params), **sizes})
+    return HeadSample(sub_problem, sub, tuple(pick), heads)
+
+
+def _has_nan(result: tuple[torch.Tensor, ...]) -> bool:
+    """Whether any float tensor of a result holds a NaN (poison left unwritten, or computed)."""
+    return any(bool(torch.isnan(t).any()) for t in result if t.is_floating_point() and t.element_size() > 1)
+
+
 def _explicit_splits(call: Any, config: dict[str, Any]) -> Any:
     """The call with the split count a config chose for ``num_kv_splits="auto"`` written in (else ``call``).
 
@@ -423,7 +529,7 @@ def _explicit_splits(call: Any, config: dict[str, Any]) -> Any:
 
 def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torch.device | str | None = None,
          reference: str | None = None, warmup: int = 3, repeats: int = 7, seed: int = 0,
-         timing: str | None = None) -> TuneResult:
+         timing: str | None = None, check_sampled: bool = True) -> TuneResult:
     """Time every valid ``(backend, config)`` of ``problem`` and pick the fastest whose output matches the reference.
 
     ``reference``: the backend that judges correctness (default :data:`REFERENCE`, ``"reference"``).
@@ -431,8 +537,10 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     ``problem``); the first one's first config is the priority default the speed-up is measured
     against. ``device``: where to run (default: the problem's device type, the current CUDA device).
     ``timing``: ``auto`` | ``graph`` | ``eager`` (default ``MLA_CORE_TUNE_TIMING``, else ``auto``; see
-    :func:`measure`). Nothing is written to the cache (see :func:`record`). Raises RuntimeError during
-    CUDA graph capture.
+    :func:`measure`). ``check_sampled``: the reference judges the fastest candidate on a sample of heads
+    (:func:`head_sample`; the candidate still runs the whole problem, and a NaN anywhere in its output
+    rejects it); False: on every head. Nothing is written to the cache (see :func:`record`). Raises
+    RuntimeError during CUDA graph capture.
     """
     from ..dispatch import candidates as valid_backends
     from ..plugins import backends
@@ -493,6 +601,7 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     check_started = time.perf_counter()
     ref_backend = backends().get(reference)
     ref_out: tuple[torch.Tensor, ...] | None = None
+    sample: HeadSample | None = None
     winner, rejected, check = None, [], ""
     for cand in sorted((c for c in timed if c.us is not None), key=lambda c: c.us):
         if cand.backend == reference:
@@ -505,16 +614,21 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             out = _checked_run(by_name[cand.backend], problem, first, cand.config)
             ref_call = _explicit_splits(first, cand.config)
             if ref_out is None or ref_call is not first:
-                ref_out = _checked_run(ref_backend, problem, ref_call, {})
-            err = compare(out, ref_out)
+                sample = head_sample(problem, ref_call) if check_sampled else None
+                ref_out = (_checked_run(ref_backend, sample.problem, sample.call, {}) if sample
+                           else _checked_run(ref_backend, problem, ref_call, {}))
+            nan = sample is not None and _has_nan(out)  # unsampled heads: at least no poison left, no NaN made
+            err = math.inf if nan else compare(sample.take(out) if sample else out, ref_out)
             tol = tolerance(ref_out[0].dtype) if ref_out else 0.0
         except Exception as exc:
             rejected.append({**cand.as_dict(), "reason": f"check run failed: {_error(exc)}"})
             continue
+        judged = f" on {sample.describe()}" if sample else ""
         if err < tol:
-            winner, check = cand, f"rel L2 {err:.2e} against {reference} (tolerance {tol:g})"
+            winner, check = cand, f"rel L2 {err:.2e} against {reference}{judged} (tolerance {tol:g})"
             break
-        reason = f"output differs from {reference}: rel L2 {err:.3g} >= tolerance {tol:g}"
+        reason = (f"NaN in its output (the reference judged {sample.describe()})" if nan else
+                  f"output differs from {reference}{judged}: rel L2 {err:.3g} >= tolerance {tol:g}")
         rejected.append({**cand.as_dict(), "reason": reason})
         warnings.warn(f"mla_core autotune rejected {cand.label()} for {problem.key()}: {reason}", AutotuneWarning,
                       stacklevel=2)
