@@ -80,6 +80,11 @@ class Backend:
         """Why this backend cannot run at all on this machine (missing package, no GPU, failed build), or None."""
         return None
 
+    def prepare(self) -> None:
+        """Slow one-time setup :meth:`unavailable_reason` would otherwise do at first use (e.g. a kernel build);
+        ``mla-core warmup`` runs it in a background thread while other backends' kernels compile ahead. Default:
+        nothing. A failure must not raise: it shows later as :meth:`unavailable_reason`."""
+
     def device_reasons(self, problem: Problem) -> list[str]:
         """Reasons tied to the device (e.g. compute capability); the base checks only the device type."""
         if problem.device not in self.device_types:

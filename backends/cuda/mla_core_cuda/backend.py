@@ -92,6 +92,11 @@ class CudaBackend(mla_core.Backend):
         _, reason = build.load_or_reason()
         return reason
 
+    def prepare(self) -> None:
+        """Build (or load) the extension now; a failed build is remembered as :meth:`unavailable_reason`."""
+        if device_reason() is None:
+            build.load_or_reason()
+
     def why_not(self, problem) -> list[str]:
         reasons = super().why_not(problem)
         if problem.op != "prefill" or (reasons and reasons[0].startswith("unavailable")):
