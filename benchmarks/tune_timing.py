@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -44,7 +43,7 @@ def main(argv=None) -> int:
     problems = warmup.preset_problems(warmup.Grid(ops=("decode",), recipes=("bf16",), batches=args.batch,
                                                   lengths=args.lengths, heads=args.heads, device="cuda"))
     problems.sort(key=lambda q: (q["heads"], q["batch"]))  # 16 heads first: the shapes the question is about
-    jobs = min(precompile.DEFAULT_JOBS, os.cpu_count() or 1)
+    jobs = precompile.default_jobs()
     report = precompile.run(problems, jobs, f"cuda:{torch.cuda.current_device()}")
     print(report.describe(), flush=True)
     rows, skipped = [], []

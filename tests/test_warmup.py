@@ -4,7 +4,9 @@ import json
 
 import pytest
 import torch
+from test_cuda_build import fake_compilers  # noqa: F401 (a fixture: nvcc and c++ that fail with a planted error)
 
+import autotune_fakes as fakes
 from mla_core import dispatch
 from mla_core.autotune import cache, tuner, warmup
 from mla_core.cli import autotune as cli_autotune
@@ -151,3 +153,95 @@ def test_warmup_cli_passes_the_timing_kind_to_the_tuner(fake_world, capsys, monk
     with pytest.raises(SystemExit):
         _cli(*argv, "--timing", "fast")
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# slow backends prepare (the cuda build) in the background while the others compile ahead
+
+
+def test_default_compile_jobs_are_three_quarters_of_the_cpus_per_local_rank(monkeypatch):
+    from mla_core.autotune import precompile
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for cpus, jobs in ((1, 1), (2, 2), (4, 3), (16, 12), (64, 16)):
+        monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert precompile.default_jobs() == jobs
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun, 8 ranks on 128 CPUs: 16 each
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: set(range(128)))
+    assert precompile.default_jobs() == 12
+
+
+class _Preparing(fakes.Fast):
+    """A fake whose prepare() blocks until released (a build in progress); asking it anything before is recorded."""
+
+    name = "tt_prep"
+
+    def __init__(self, release, fail=False):
+        self.release, self.fail, self.asked_early, self.prepared_in = release, fail, [], None
+
+    def prepare(self):
+        import threading
+        self.prepared_in = threading.current_thread().name
+        assert self.release.wait(30)
+        if self.fail:
+            raise RuntimeError("prepare broke")
+
+    def why_not(self, problem):
+        if not self.release.is_set():
+            self.asked_early.append(problem.key())
+        return super().why_not(problem)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_warmup_prepares_slow_backends_in_the_background_during_compile_ahead(fake_world, monkeypatch, fail):
+    import threading
+
+    from mla_core.autotune import precompile
+    from mla_core.plugins import registry
+    release = threading.Event()
+    slow = _Preparing(release, fail)
+    registry().backends["tt_prep"] = slow  # fake_world's registry dict: restored after the test
+    seen = {}
+
+    def compile_ahead(todo, jobs, device, progress=None, skip=frozenset()):
+        seen["skip"], seen["units"] = skip, {u.backend for u in precompile.units(todo, skip)}
+        seen["running"] = slow.prepared_in is not None and not release.is_set()  # the build overlaps this phase
+        release.set()
+        return precompile.Report(jobs=jobs)
+
+    monkeypatch.setattr(precompile, "run", compile_ahead)
+    original = tuner.tune
+
+    def tune(*args, **kwargs):
+        seen.setdefault("done_before_tuning", release.is_set())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tuner, "tune", tune)
+    messages = []
+    with pytest.warns(tuner.AutotuneWarning):
+        rows = warmup.run(_merge_problems((16,)), compile_jobs=4, message=messages.append)
+    assert seen["skip"] == {"tt_prep"} and "tt_prep" not in seen["units"] and "tt_fast" in seen["units"]
+    assert seen["running"] and seen["done_before_tuning"] and not slow.asked_early
+    assert slow.prepared_in.startswith("mla_core-prepare-tt_prep")
+    assert messages[0].startswith("preparing tt_prep in the background")
+    if fail:  # reported; the backend's availability is asked again when it is used, the warm-up goes on
+        assert "tt_prep: prepare() raised RuntimeError: prepare broke" in messages
+    else:
+        assert any(m.startswith("tt_prep prepared in ") for m in messages)
+    assert [r.status for r in rows] == ["tuned"]
+    release.set()
+
+
+def test_a_failed_cuda_build_in_the_background_leaves_the_backend_unavailable_with_the_first_error(monkeypatch,
+                                                                                                  fake_compilers):
+    import mla_core
+    from mla_core_cuda import backend as cuda_backend
+    from mla_core_cuda import build
+    monkeypatch.setattr(cuda_backend, "device_reason", lambda: None)
+    messages = []
+    preparing = warmup.prepare_in_background(messages.append)
+    assert list(preparing) == ["cuda"]  # the only backend with a prepare()
+    warmup.join_prepared(preparing, messages.append)
+    assert messages[-1].startswith("cuda prepared in ")  # prepare() itself never raises
+    reason = "build failed: planted.cu(7): error: planted compiler failure"
+    assert mla_core.get_backend("cuda").unavailable_reason() == reason  # remembered from the background build
+    assert (build.build_dir(build.build_key()) / "build.lock").exists()  # built under its file lock

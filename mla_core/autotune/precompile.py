@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,8 +23,22 @@ from ..problem import Problem
 
 SIZE_PARAMS = frozenset({"batch", "max_len", "max_seqlen_q", "total_k", "tokens", "dense_batch"})
 """Problem parameters that size the inputs; kernels of one kind and config rarely specialize on them."""
-DEFAULT_JOBS = 8
-"""Worker processes on a GPU (each holds a CUDA context, ~0.5 GB, and one problem's inputs at a time)."""
+MAX_JOBS = 16
+"""Most worker processes :func:`default_jobs` picks (each holds a CUDA context, ~0.5 GB, and one problem's inputs at
+a time; each takes ~8 s to start: torch and CUDA)."""
+
+
+def default_jobs() -> int:
+    """Worker processes for a GPU warm-up: three quarters of the CPUs this process may use (shared by the local ranks
+    under torchrun), at most :data:`MAX_JOBS`; the other quarter serves the main process and a kernel build
+    (:meth:`~mla_core.backend.Backend.prepare`) running meanwhile. 16 CPUs: 12 (TP 8 preset on the H200: 114
+    configs in 31.4 s with 8 processes, 110 in 22.9 s with 12)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    cpus = max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+    return max(1, min(MAX_JOBS, cpus - cpus // 4))
 
 
 @dataclass(frozen=True)
@@ -67,21 +82,22 @@ def _size(problem: Problem) -> int:
     return size
 
 
-def units(problems: list[Problem]) -> list[Unit]:
+def units(problems: list[Problem], skip: frozenset[str] = frozenset()) -> list[Unit]:
     """The distinct ``(kind, backend, config)`` candidates of ``problems``, each on its smallest problem.
 
-    Every backend that can run a problem counts except the reference (nothing to compile); configs are
-    the tuner's own (:func:`mla_core.autotune.tuner.candidate_configs`).
+    Every backend that can run a problem counts except the reference (nothing to compile) and those named
+    in ``skip``, which are not even asked (a backend still preparing in another thread: asking would wait
+    for it); configs are the tuner's own (:func:`mla_core.autotune.tuner.candidate_configs`).
     """
     from ..accuracy import REFERENCE
-    from ..dispatch import candidates
+    from ..plugins import backends, why_not
     from .tuner import candidate_configs
     chosen: dict[tuple, tuple[int, Unit]] = {}
     for problem in problems:
         kind = (problem.op, problem.device, problem.features,
                 tuple((k, _int_class(v) if k in SIZE_PARAMS else v) for k, v in problem.params))
-        for backend in candidates(problem)[0]:
-            if backend.name == REFERENCE:
+        for backend in backends().values():
+            if backend.name == REFERENCE or backend.name in skip or why_not(backend, problem):
                 continue
             try:
                 configs = candidate_configs(backend, problem)
@@ -125,14 +141,14 @@ def _init_worker(device: str) -> None:
 
 
 def run(problems: list[Problem], jobs: int, device: str,
-        progress: Callable[[str], None] | None = None) -> Report:
+        progress: Callable[[str], None] | None = None, skip: frozenset[str] = frozenset()) -> Report:
     """Run every unit of ``problems`` once in ``jobs`` worker processes on ``device`` (e.g. ``"cuda:0"``).
 
-    ``jobs`` <= 1 or no unit: nothing runs. A worker process that dies (e.g. a device-side assert) ends
-    the phase early; the serial timing still runs everything.
+    ``jobs`` <= 1 or no unit: nothing runs. ``skip``: backends left out (:func:`units`). A worker process
+    that dies (e.g. a device-side assert) ends the phase early; the serial timing still runs everything.
     """
     report = Report(jobs=jobs)
-    todo = units(problems) if jobs > 1 else []
+    todo = units(problems, skip) if jobs > 1 else []
     if not todo:
         return report
     started = time.perf_counter()

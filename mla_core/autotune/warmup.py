@@ -9,6 +9,7 @@ GPU, the results are exchanged, and every rank records and uses all of them.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 from dataclasses import dataclass
@@ -220,7 +221,9 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
     ``progress`` wraps the iterable of this rank's problems (e.g. ``tqdm``). ``timing``: how candidates
     are timed on a GPU (:func:`mla_core.autotune.tune`; default ``MLA_CORE_TUNE_TIMING``, else ``auto``). ``compile_jobs`` > 1 first
     runs every candidate kernel once in that many processes (:mod:`mla_core.autotune.precompile`), so
-    the timing loads compiled kernels; ``message`` receives its one-line reports. Under
+    the timing loads compiled kernels, while backends with a slow :meth:`~mla_core.backend.Backend.prepare`
+    (the cuda build) prepare in background threads, joined before the timing; ``message`` receives
+    their one-line reports. Under
     torch.distributed each rank tunes every world-size-th problem, then all results are exchanged so
     every rank records the same entries and dispatches alike. Returns one :class:`Row` per problem, in order.
     """
@@ -233,9 +236,11 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
         if device == "cuda":
             import torch
             device = f"cuda:{torch.cuda.current_device()}"
-        report = precompile.run(todo, compile_jobs, device, progress=message)
+        preparing = prepare_in_background(message) if todo else {}
+        report = precompile.run(todo, compile_jobs, device, progress=message, skip=frozenset(preparing))
         if message:
             message(report.describe())
+        join_prepared(preparing, message)
     bar = (progress or (lambda it: it))(mine)
     for i, problem in bar:
         if hasattr(bar, "set_postfix_str"):  # a tqdm bar names the shape it is on
@@ -274,6 +279,54 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
     return [Row(problems[i], results[i]["status"], results[i].get("entry"), results[i].get("note", ""),
                 results[i].get("wall_s"), results[i].get("first_call_s"), results[i].get("check_s"))
             for i in range(len(problems))]
+
+
+@dataclass
+class Preparing:
+    """A backend's :meth:`~mla_core.backend.Backend.prepare` running in a thread since ``started`` (perf_counter);
+    ``future`` gives the perf_counter time it finished."""
+
+    future: concurrent.futures.Future
+    started: float
+
+
+def _finished_at(fn: Callable[[], Any]) -> float:
+    fn()
+    return time.perf_counter()
+
+
+def prepare_in_background(message: Callable[[str], None] | None = None) -> dict[str, Preparing]:
+    """Start :meth:`~mla_core.backend.Backend.prepare` of every loaded backend that overrides it (the cuda backend
+    builds its kernels: ninja's compilers, CPU-bound, overlapping the compile-ahead processes), each in a thread.
+
+    Returns them by backend name, for :func:`join_prepared`; until then nothing may ask those backends anything
+    (the compile-ahead skips them), or it waits for the preparation.
+    """
+    from ..backend import Backend
+    from ..plugins import backends
+    slow = [b for b in backends().values() if type(b).prepare is not Backend.prepare]
+    out: dict[str, Preparing] = {}
+    for backend in slow:
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"mla_core-prepare-{backend.name}")
+        out[backend.name] = Preparing(pool.submit(_finished_at, backend.prepare), time.perf_counter())
+        pool.shutdown(wait=False)  # the thread ends when prepare() returns
+    if out and message:
+        message(f"preparing {', '.join(out)} in the background (meanwhile compiling ahead without it)")
+    return out
+
+
+def join_prepared(preparing: dict[str, Preparing], message: Callable[[str], None] | None = None) -> None:
+    """Wait for every preparation :func:`prepare_in_background` started; report how long each took and how long
+    this wait was. One that raised is reported and left to its backend's :meth:`unavailable_reason`."""
+    for name, prep in preparing.items():
+        waited = time.perf_counter()
+        try:
+            finished, error = prep.future.result(), None
+        except Exception as exc:  # noqa: BLE001 (a plugin's bug; its availability is asked again when used)
+            finished, error = time.perf_counter(), f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if message:
+            message(f"{name} prepared in {finished - prep.started:.1f} s (then waited for: "
+                    f"{max(0.0, finished - waited):.1f} s)" if error is None else f"{name}: prepare() raised {error}")
 
 
 def _only_candidate(problem: Problem) -> dict[str, Any] | None:

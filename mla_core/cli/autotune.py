@@ -57,7 +57,7 @@ def cmd_warmup(args) -> int:
 
     jobs = args.compile_jobs
     if jobs is None:
-        jobs = min(precompile.DEFAULT_JOBS, os.cpu_count() or 1) if device == "cuda" else 0
+        jobs = precompile.default_jobs() if device == "cuda" else 0
 
     def message(text):
         if rank == 0 and not args.json:
@@ -286,8 +286,8 @@ def add_parsers(subparsers) -> None:
                         "candidate that cannot be captured fails), eager (Python calls back to back: includes "
                         "host overhead). Default: $MLA_CORE_TUNE_TIMING, else auto. The us columns say which")
     p.add_argument("--compile-jobs", type=int, default=None, metavar="N",
-                   help="processes that compile every candidate kernel before the timing (default "
-                        f"{precompile.DEFAULT_JOBS} on a GPU, capped by the CPU count; 0 or 1: compile while timing)")
+                   help="processes that compile every candidate kernel before the timing (default on a GPU: "
+                        f"three quarters of the CPUs, at most {precompile.MAX_JOBS}; 0 or 1: compile while timing)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=cmd_warmup)
