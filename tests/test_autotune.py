@@ -403,9 +403,12 @@ def test_gpu_capturable_candidates_are_timed_in_a_graph_and_failed_captures_leav
                                                                                                      monkeypatch):
     from mla_core.plugins import registry
     plain, host, refuses = _gpu_fakes()
+    judge = type(plain)()
+    judge.name = "tt_gpu_judge"  # a judge outside the candidates: on a GPU the judge itself is timed last (deferred)
     monkeypatch.setitem(registry().backends, plain.name, plain)
+    monkeypatch.setitem(registry().backends, judge.name, judge)
     problem = Problem.make("merge", "cuda", dtype="float32", out_dtype="float32", heads=4, head_dim=32, tokens=64)
-    result = tuner.tune(problem, [host, plain, refuses, plain], reference=plain.name, timing="auto")
+    result = tuner.tune(problem, [host, plain, refuses, plain], reference=judge.name, timing="auto")
     by = [(c.backend, c.timing, c.capture_error, c.error) for c in result.candidates]
     assert [b[:2] for b in by] == [("tt_gpu_host", "eager"), ("tt_gpu_plain", "graph"), ("tt_gpu_refuses", "eager"),
                                    ("tt_gpu_plain", "graph")], by
