@@ -136,3 +136,68 @@ def test_a_correct_candidate_passes_the_sampled_check(tmp_path, monkeypatch):
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path))
     result = tuner.tune(MERGE16, [fakes.Fast()], warmup=1, repeats=1)
     assert result.winner.backend == "tt_fast" and not result.rejected and "of 16 (tolerance" in result.check
+
+
+# ------------------------------------------------------------------------------------------------
+# one reference run for a prefill tuned without and then with LSE (warm-up's order)
+
+
+def _prefill_pair(heads=16):
+    base = _prefill(heads, heads, "fp8", features=())
+    return base, Problem.make("prefill", "cpu", {"lse"}, **dict(base.params))
+
+
+class _RefPrefill(mla_core.Backend):
+    """The reference's prefill as a candidate (``lse_bias``: its LSE off by that much)."""
+
+    name, device_types = "tt_ref_prefill", frozenset({"cpu"})
+    capabilities = {"prefill": mla_core.OpCapability(features=frozenset({"lse"}))}
+
+    def __init__(self, lse_bias=0.0):
+        self.lse_bias = lse_bias
+
+    def configs(self, problem):
+        return [{}]
+
+    def prefill(self, call, config):
+        from mla_core_reference.prefill import mla_prefill_reference  # not the counted backend method
+        out, lse = mla_prefill_reference(call)
+        return out, (lse + self.lse_bias if lse is not None else None)
+
+
+@pytest.fixture
+def counted_reference(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuner, "_shared_reference", None)
+    reference = mla_core.get_backend("reference")
+    calls = []
+    original = type(reference).prefill
+    monkeypatch.setattr(type(reference), "prefill", lambda self, call, config: calls.append(call) or
+                        original(self, call, config))
+    return calls
+
+
+@pytest.mark.parametrize("heads", [16, 4])  # sampled, and every head
+def test_a_prefill_without_then_with_lse_runs_the_reference_once(counted_reference, heads):
+    plain, lse = _prefill_pair(heads)
+    first = tuner.tune(plain, [_RefPrefill()], warmup=1, repeats=1)
+    second = tuner.tune(lse, [_RefPrefill()], warmup=1, repeats=1)
+    assert first.winner and second.winner and "against reference" in second.check
+    assert len(counted_reference) == 1 and counted_reference[0].return_lse  # run once, with LSE, kept
+    with pytest.warns(tuner.AutotuneWarning, match="rejected tt_ref_prefill"):
+        wrong_lse = tuner.tune(lse, [_RefPrefill(lse_bias=0.5)], warmup=1, repeats=1)
+    assert wrong_lse.winner is None and len(counted_reference) == 1  # the kept LSE judged it
+
+
+def test_the_kept_reference_is_not_used_for_other_inputs_or_another_judge(counted_reference):
+    plain, lse = _prefill_pair()
+    tuner.tune(plain, [_RefPrefill()], warmup=1, repeats=1)
+    tuner.tune(lse, [_RefPrefill()], warmup=1, repeats=1, seed=1)  # other inputs: the reference runs again
+    assert len(counted_reference) == 2
+    other = Problem.make("prefill", "cpu", {"lse"}, **{**dict(lse.params), "max_seqlen_q": 32})
+    tuner.tune(other, [_RefPrefill()], warmup=1, repeats=1, seed=1)
+    assert len(counted_reference) == 3
+    call = inputs.make_call(lse, "cpu", seed=1)
+    assert tuner._same_inputs(call, inputs.make_call(lse, "cpu", seed=1))
+    assert not tuner._same_inputs(call, dataclasses.replace(call, q=call.q.clone().add_(1e-3)))
+    assert not tuner._same_inputs(call, dataclasses.replace(call, causal=False))
