@@ -234,21 +234,31 @@ def _rope_cases() -> list[Case]:
     return out
 
 
-def _sparse(d, q_len, buffers, seq_lens=(128, 0, 65, 64), seed=51):
-    kw = inputs.sparse_decode_inputs(len(seq_lens), q_len=q_len, heads=16, top_k=128, seq_lens=list(seq_lens),
+def _sparse(d, q_len, buffers, seq_lens=(128, 0, 65, 64), seed=51, heads=16, ds_mla=False):
+    kw = inputs.sparse_decode_inputs(len(seq_lens), q_len=q_len, heads=heads, top_k=128, seq_lens=list(seq_lens),
                                      device=d, seed=seed)
     kw["return_lse"] = True
+    if ds_mla:  # FlashMLA's 656-byte rows (the same values, per-128 scales) and a bf16 query
+        from ..layouts import pack_fp8_ds_mla
+        cache = kw["kv_cache"]
+        kw["kv_cache"] = pack_fp8_ds_mla(cache.float()).view(*cache.shape[:-1], -1)
+        kw["query"] = kw["query"].to(torch.bfloat16)
     if buffers:
-        kw["out"] = _nan((len(seq_lens), q_len, 16, 512), torch.bfloat16, d)
-        kw["lse"] = _nan((len(seq_lens) * q_len, 16), torch.float32, d)
+        kw["out"] = _nan((len(seq_lens), q_len, heads, 512), torch.bfloat16, d)
+        kw["lse"] = _nan((len(seq_lens) * q_len, heads), torch.float32, d)
     return kw
 
 
 def _sparse_cases() -> list[Case]:
+    """16 heads (musa_fp8 and the reference), and 64, the head tile of WGMMA kernels, on both row layouts."""
     return [Case("sparse_decode", "fp8 q_len=1 top_k=128 lens [128, 0, 65, 64], -1 slots",
                  lambda d: _sparse(d, 1, False)),
             Case("sparse_decode", "fp8 q_len=2 into NaN-filled out / lse buffers", lambda d: _sparse(d, 2, True)),
-            Case("sparse_decode", "fp8 q_len=1 without lse", lambda d: {**_sparse(d, 1, False), "return_lse": False})]
+            Case("sparse_decode", "fp8 q_len=1 without lse", lambda d: {**_sparse(d, 1, False), "return_lse": False}),
+            Case("sparse_decode", "fp8 64 heads q_len=2 into NaN-filled buffers",
+                 lambda d: _sparse(d, 2, True, heads=64)),
+            Case("sparse_decode", "fp8_ds_mla (656-byte rows, bf16 query) 64 heads q_len=1 into NaN-filled buffers",
+                 lambda d: _sparse(d, 1, True, heads=64, ds_mla=True))]
 
 
 _CASES = {"decode": _decode_cases, "prefill": _prefill_cases, "merge": _merge_cases,
