@@ -38,3 +38,33 @@ def test_mutant_whose_tests_select_nothing_survives(tmp_path, capsys):
                            root=root, work=tmp_path / "work") == 1
     assert "SURVIVED" in capsys.readouterr().out
     assert (root / "pkg" / "mod.py").read_text() == body
+
+
+def test_a_hanging_mutant_is_killed_by_the_timeout_and_the_file_restored(tmp_path, capsys, monkeypatch):
+    body = "a = x * k * 2\n"
+    root = _checkout(tmp_path, body)
+    (root / "test_hang.py").write_text(
+        "import pathlib, time, pytest\n"
+        "@pytest.mark.gpu\n"
+        "def test_waits_for_a_barrier():\n"
+        "    while 'x * k * 2' not in pathlib.Path(__file__).with_name('pkg').joinpath('mod.py').read_text():\n"
+        "        time.sleep(0.05)\n")
+    monkeypatch.setenv("MUTANT_TIMEOUT", "3")
+    mutant = dict(file="pkg/mod.py", old="x * k * 2", new="x * 2", why="a dropped barrier: the kernel hangs")
+    assert gpu_mutants.run([mutant], lambda m: ["-p", "no:cacheprovider", "test_hang.py"], root=root,
+                           work=tmp_path / "work") == 0
+    out = capsys.readouterr().out
+    assert "killed [timed out after 3 s" in out and "1/1 killed" in out
+    assert (root / "pkg" / "mod.py").read_text() == body
+
+
+def test_mutant_indices_judge_only_those(tmp_path, capsys, monkeypatch):
+    body = "a = x * k * 2\n"
+    root = _checkout(tmp_path, body)
+    survivor = dict(file="pkg/mod.py", old="a = ", new="a  = ", why="a mutant the test cannot see")
+    killed = dict(file="pkg/mod.py", old="x * k * 2", new="x * 2", why="drops the factor k")
+    monkeypatch.setenv("MUTANT_INDICES", "1")
+    assert gpu_mutants.run([survivor, killed], lambda m: ["-p", "no:cacheprovider", "test_mod.py"], root=root,
+                           work=tmp_path / "work") == 0
+    out = capsys.readouterr().out
+    assert "mutant 1 (drops" in out and "mutant 0" not in out and "1/1 killed" in out

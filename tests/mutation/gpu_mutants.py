@@ -3,7 +3,9 @@
 Every csrc mutant is a copy of csrc/ with one edit, built through ``MLA_CORE_CUDA_SRC`` into a private cache, in
 parallel; a Python mutant is applied in place and the original file written back after its run. Then each
 mutant's test selection runs once (``pytest -m gpu -q -x``): killed when it fails, SURVIVED when it passes or
-selects nothing (exit status 5). A mutant that fails to build is killed at compile time (reported as such).
+selects nothing (exit status 5). A mutant that fails to build is killed at compile time (reported as such); one
+whose tests run past ``MUTANT_TIMEOUT`` seconds (default 300: a dropped barrier can hang a kernel) is killed by the
+timeout (reported as such). ``MUTANT_INDICES=5,6,7`` judges only those mutants of the list.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Pa
     """Build and judge ``mutants``; ``selection(m)`` gives the pytest arguments of mutant m. ``work``: a folder
     whose builds are reused (``prepare_only`` builds and stops); ``root``: the checkout the files are relative
     to. Prints one line per mutant; 1 if any survived."""
+    only = {int(i) for i in os.environ.get("MUTANT_INDICES", "").split(",") if i.strip()}
+    mutants = [(i, m) for i, m in enumerate(mutants) if not only or i in only]
+    timeout_s = float(os.environ.get("MUTANT_TIMEOUT", "300"))
     work = work or Path(tempfile.mkdtemp(prefix="mla_core_mutants_"))
     work.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ, MLA_CORE_CACHE_DIR=str(work / "cache"), PYTHONUNBUFFERED="1")
@@ -46,11 +51,11 @@ def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Pa
         return env
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        envs = list(pool.map(lambda im: prepare(*im), enumerate(mutants)))
+        envs = list(pool.map(lambda im: prepare(*im), mutants))
     if prepare_only:
         return 0
     survived = 0
-    for i, (m, env) in enumerate(zip(mutants, envs)):
+    for (i, m), env in zip(mutants, envs):
         path = root / m["file"]
         original = path.read_text()
         if env is None:
@@ -58,12 +63,14 @@ def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Pa
             env = base_env
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
-                                   *selection(m)], env=env, cwd=root, capture_output=True, text=True)
+                                   *selection(m)], env=env, cwd=root, capture_output=True, text=True,
+                                  timeout=timeout_s)
+            killed, last = done.returncode not in (0, 5), (done.stdout.strip().splitlines() or [""])[-1]
+        except subprocess.TimeoutExpired:
+            killed, last = True, f"timed out after {timeout_s:g} s: the tests hung"
         finally:
             path.write_text(original)  # not a reverse replace: the mutant's text may occur unmutated elsewhere
-        killed = done.returncode not in (0, 5)
         survived += not killed
-        last = (done.stdout.strip().splitlines() or [""])[-1]
         print(f"mutant {i} ({m['why'][:60]}...): {'killed' if killed else 'SURVIVED'} [{last}]", flush=True)
     print(f"{len(mutants) - survived}/{len(mutants)} killed")
     return 1 if survived else 0
