@@ -1,7 +1,7 @@
 """Prefill benchmark on the GPU: torch SDPA (cuDNN backend) beside every mla_core prefill backend, one run.
 
     python benchmarks/bench_prefill.py [--quick] [--all-configs] [--reference] [--cases 4x4096 ...]
-                                       [--recipes bf16 fp8 nvfp4]
+                                       [--recipes bf16 fp8 nvfp4] [--backends cuda auto ...]
 
 Cases (causal, heads 128, q/k 192, v 128, bf16 inputs):
   4x4096, 1x16384   equal-length batches (one cu_seqlens tensor for q and k);
@@ -146,7 +146,10 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="also time the reference backend (eager; slow)")
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     ap.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=list(RECIPES))
+    ap.add_argument("--backends", nargs="*", default=None,
+                    help="mla_core backends to time, 'auto' for the dispatch row (default: all; sdpa-cudnn always)")
     args = ap.parse_args()
+    wanted = (lambda name: True) if args.backends is None else (lambda name: name in args.backends)
     os.environ.setdefault("MLA_CORE_CHECKS", "metadata")  # no host reads of cu_seqlens inside timed calls
 
     ceilings = measure_ceilings()
@@ -195,11 +198,12 @@ def main() -> None:
                 record(case, recipe, "sdpa-cudnn", label, fn, flops)
                 record(case, recipe, "sdpa-cudnn", label, fn, flops, graph=False)  # Python and launch costs included
                 cudnn = mla_core.get_backend("cudnn")
-                if not cudnn.why_not(problem) and cudnn.capture_reason(problem) is None:  # else its row below is eager
+                if wanted("cudnn") and not cudnn.why_not(problem) and cudnn.capture_reason(problem) is None:
+                    # (else its row below is eager)
                     record(case, recipe, "cudnn", "dense op" if cudnn.serves_dense(problem) else "ragged op",
                            lambda: mla_core.mla_prefill(*inputs, causal=True, backend="cudnn"), flops, graph=False)
             for name, backend in sorted(mla_core.backends().items()):
-                if backend.why_not(problem) or (name == "reference" and not args.reference):
+                if backend.why_not(problem) or (name == "reference" and not args.reference) or not wanted(name):
                     continue
                 configs = backend.configs(problem) if args.all_configs else backend.configs(problem)[:1]
                 for config in configs:
@@ -209,14 +213,17 @@ def main() -> None:
                     capturable = name != "reference" and not (name == "cudnn" and backend.capture_reason(problem))
                     record(case, recipe, name, label, lambda b=backend, c=config: b.run(problem, call, c), flops,
                            graph=capturable)
-            picked = dispatch.choose(problem).backend.name
-            record(case, recipe, "auto", f"[{picked}]", lambda: mla_core.mla_prefill(*inputs, causal=True, **kw), flops)
+            if wanted("auto"):
+                picked = dispatch.choose(problem).backend.name
+                record(case, recipe, "auto", f"[{picked}]", lambda: mla_core.mla_prefill(*inputs, causal=True, **kw),
+                       flops)
             if case.startswith("chunk") and recipe == "bf16":
                 for name in ("cudnn", "triton"):
-                    if not mla_core.get_backend(name).why_not(problem):
+                    if wanted(name) and not mla_core.get_backend(name).why_not(problem):
                         record(case, recipe, f"{name} engine", f"prefix chunks {ENGINE_CHUNK} + merge",
                                engine_chunked(inputs, seqs, name), flops)
-            if recipe == "bf16" and not mla_core.get_backend("cudnn").why_not(problem):
+            both = wanted("cudnn") and wanted("triton")
+            if recipe == "bf16" and both and not mla_core.get_backend("cudnn").why_not(problem):
                 # the same function: the cuDNN path against SDPA (or, for the chunk, the triton backend)
                 ours = mla_core.mla_prefill(*inputs, causal=True, backend="cudnn").float()
                 other = mla_core.mla_prefill(*inputs, causal=True, backend="triton").float()
