@@ -201,3 +201,33 @@ def test_the_kept_reference_is_not_used_for_other_inputs_or_another_judge(counte
     assert tuner._same_inputs(call, inputs.make_call(lse, "cpu", seed=1))
     assert not tuner._same_inputs(call, dataclasses.replace(call, q=call.q.clone().add_(1e-3)))
     assert not tuner._same_inputs(call, dataclasses.replace(call, causal=False))
+
+
+# ------------------------------------------------------------------------------------------------
+# on the device: the sampled reference against the full one, and a real tune judged on sampled heads
+
+GPU_SAMPLED = [
+    Problem.make("decode", "cuda", {"lse"}, dtype="bfloat16", q_dtype="bfloat16", out_dtype="bfloat16", heads=16,
+                 kv_lora_rank=512, rope_dim=64, page_size=64, num_kv_splits=32, k_qdq="nvfp4", v_qdq="nvfp4",
+                 p_qdq="nvfp4", batch=4, max_len=1024),
+    Problem.make("prefill", "cuda", {"lse"}, dense_batch=1, dtype="bfloat16", heads=16, kv_heads=16, qk_dim=192,
+                 v_dim=128, causal=1, q_quant=None, k_quant="fp8", p_quant="fp8", v_quant="fp8", block_n=64,
+                 sparsity_m=0, batch=1, max_seqlen_q=512, total_k=1024),
+    Problem.make("merge", "cuda", dtype="bfloat16", out_dtype="bfloat16", heads=16, head_dim=128, tokens=256),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", GPU_SAMPLED, ids=lambda p: p.op)
+def test_gpu_the_sampled_reference_matches_the_full_one_and_a_tune_is_judged_on_it(problem, tmp_path, monkeypatch):
+    from mla_core.accuracy import rel_l2
+    monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path))
+    reference = mla_core.get_backend("reference")
+    call = inputs.make_call(problem, "cuda")
+    sample = tuner.head_sample(problem, call)
+    cut = sample.take(tuner._outputs(reference.run(problem, call, {})))
+    part = tuner._outputs(reference.run(sample.problem, sample.call, {}))
+    assert all(rel_l2(a, b) < 1e-6 for a, b in zip(part, cut))  # cuBLAS may pick other kernels for fewer heads
+    if problem.op == "merge":  # a real tune (merge: few configs that compile fast)
+        result = tuner.tune(problem)
+        assert result.winner is not None and f"on {sample.describe()} (tolerance" in result.check, result.check
