@@ -227,7 +227,8 @@ def test_gpu_the_sampled_reference_matches_the_full_one_and_a_tune_is_judged_on_
     sample = tuner.head_sample(problem, call)
     cut = sample.take(tuner._outputs(reference.run(problem, call, {})))
     part = tuner._outputs(reference.run(sample.problem, sample.call, {}))
-    assert all(rel_l2(a, b) < 1e-6 for a, b in zip(part, cut))  # cuBLAS may pick other kernels for fewer heads
+    # cuBLAS may pick other kernels for fewer heads: a last-bit difference may flip bf16 roundings; far inside 1e-2
+    assert all(rel_l2(a, b) < 1e-3 for a, b in zip(part, cut))
     if problem.op == "merge":  # a real tune (merge: few configs that compile fast)
         result = tuner.tune(problem)
         assert result.winner is not None and f"on {sample.describe()} (tolerance" in result.check, result.check
