@@ -308,7 +308,8 @@ def prepare_in_background(message: Callable[[str], None] | None = None) -> dict[
     out: dict[str, Preparing] = {}
     for backend in slow:
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"mla_core-prepare-{backend.name}")
-        out[backend.name] = Preparing(pool.submit(_finished_at, backend.prepare), time.perf_counter())
+        started = time.perf_counter()
+        out[backend.name] = Preparing(pool.submit(_finished_at, backend.prepare), started)
         pool.shutdown(wait=False)  # the thread ends when prepare() returns
     if out and message:
         message(f"preparing {', '.join(out)} in the background (meanwhile compiling ahead without it)")
