@@ -211,6 +211,254 @@ def explore(n, stages, mutant=None, pingpong=True, tma=False):
     return len(seen), dead
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# The library kernel (csrc/mla_prefill_wgmma.cu), persistent: one CTA takes a list of work items; items with n = 0
+# key tiles are written by the producer warp alone (no barrier operation). Per handed item the producer waits for
+# both consumers' release of Q (emptyQ, count 2 here: one per warpgroup), writes the item slot and loads Q (fullQ by
+# its landing), then the item's tiles into the ring continuing its global tile count g, and for a tail item waits
+# for the last tile's V, zeroes its rows past the sequence and arrives on tailV[s]. After the last item it waits for
+# emptyQ and arrives on fullQ with n = 0 (the end). Consumers: WG1 arrives at TURN0 once; per item fullQ (parity =
+# items taken & 1), read the slot and Q, S(0), S(j) + P·V(j-1) turns with an arrival after every turn, Q released
+# after the item's last S completes, the last tile's V behind tailV[s] (parity bit s toggled per use) or fullV;
+# after the end item WG0 syncs TURN0 once (WG1's last arrival).
+
+
+def programs_persistent(items, stages, mutant=None):
+    """Producer's, WG0's, WG1's operations for a persistent CTA running ``items`` [(n tiles, tail tile?)]."""
+    prod, g, handed = [], 0, 0
+    for n, tail in items:
+        if n == 0:
+            continue
+        if handed > 0 and mutant != "no_emptyQ_wait":
+            prod.append(("mwait", "emptyQ", (handed - 1) & 1))
+        prod.append(("fillQ", handed))
+        prod.append(("land", (("marrive", "fullQ", ("Q", handed)),)))
+        for i in range(n):
+            gi, s = g + i, (g + i) % stages
+            if gi >= stages:
+                prod.append(("mwait", f"empty{s}", (gi // stages - 1) & 1))
+            prod.append(("fill", gi))
+            prod.append(("land", (("marrive", f"fullK{s}", ("K", gi)), ("marrive", f"fullV{s}", ("V", gi)))))
+        if tail:
+            gl = g + n - 1
+            s = gl % stages
+            prod += [("mwait", f"fullV{s}", (gl // stages) & 1), ("zero", gl), ("marrive", f"tailV{s}", ("T", gl))]
+        g += n
+        handed += 1
+    if handed > 0:
+        prod.append(("mwait", "emptyQ", (handed - 1) & 1))
+    prod += [("fillQ", "end"), ("marrive", "fullQ", ("Q", "end"))]
+
+    cons = []
+    for w in (0, 1):
+        mine, other = f"TURN{w}", f"TURN{1 - w}"
+        c = [("arrive", "TURN0")] if w == 1 else []
+        g, taken, tail_par = 0, 0, [0] * stages
+        for n, tail in items:
+            if n == 0:
+                continue
+            c += [("mwait", "fullQ", taken & 1), ("readQ", taken)]
+            if mutant == "early_releaseQ":
+                c.append(("releaseQ", taken))
+            c += [("mwait", f"fullK{g % stages}", (g // stages) & 1), ("sync", mine), ("read", "K", g),
+                  ("arrive", other)]
+            if n == 1 and mutant != "early_releaseQ":
+                c.append(("releaseQ", taken))
+            for j in range(1, n):
+                gj = g + j
+                c += [("mwait", f"fullK{gj % stages}", (gj // stages) & 1),
+                      ("mwait", f"fullV{(gj - 1) % stages}", ((gj - 1) // stages) & 1),
+                      ("sync", mine), ("read", "K", gj), ("read", "V", gj - 1)]
+                if not (mutant == "wg1_no_last_arrive" and w == 1 and gj == sum(k for k, _ in items) - 1):
+                    c.append(("arrive", other))
+                if j == n - 1 and mutant != "early_releaseQ":
+                    c.append(("releaseQ", taken))
+                c.append(("release", gj - 1))
+            gl = g + n - 1
+            s = gl % stages
+            if tail and mutant != "tail_full_wait":
+                c.append(("mwait", f"tailV{s}", tail_par[s]))
+                if mutant != "tail_parity_kept":
+                    tail_par[s] ^= 1
+            else:
+                c.append(("mwait", f"fullV{s}", (gl // stages) & 1))
+            c += [("read", "V", gl), ("release", gl)]
+            g += n
+            taken += 1
+        c += [("mwait", "fullQ", taken & 1), ("readQ", "end")]
+        if w == 0 and mutant != "no_final_sync":
+            c.append(("sync", "TURN0"))
+        cons.append(c)
+    return [prod] + cons
+
+
+def explore_persistent(items, stages, mutant=None):
+    """Every interleaving of the persistent protocol: (states visited, deadlocked states); raises Hazard."""
+    progs = programs_persistent(items, stages, mutant)
+    tails, g = set(), 0
+    for n, tail in items:
+        if tail and n:
+            tails.add(g + n - 1)
+        g += n
+    counts = {f"empty{s}": 2 for s in range(stages)}
+    counts.update(emptyQ=2)
+    # state: pcs, waiting, named, mbar, stage {s: (tile, K landed, V landed, zeroed, released-by)}, reading
+    # {(actor, tile, part)}, landings, qbuf (item, landed, released-by, readers)
+    init = ((0, 0, 0), frozenset(), frozenset(), frozenset(), frozenset(), frozenset(), frozenset(),
+            (None, False, frozenset((1, 2)), frozenset()))
+    seen, dead = set(), []
+
+    def count(mbar, name):
+        pending, completed = mbar.get(name, (0, 0))
+        pending += 1
+        if pending == counts.get(name, 1):
+            pending, completed = 0, completed + 1
+        mbar[name] = (pending, completed)
+
+    def step(state, a, landing=None):
+        pcs, waiting, named, mbar, stage, reading, landings, qbuf = state
+        waiting, named, mbar, stage = dict(waiting), dict(named), dict(mbar), dict(stage)
+        reading, landings = set(reading), set(landings)
+        if landing is not None:
+            landings.discard(landing)
+            op = landing
+        elif a in waiting:
+            bid, gen = waiting[a]
+            if named.get(bid, ((), 0))[1] == gen:
+                return None
+            del waiting[a]
+            return (pcs, frozenset(waiting.items()), frozenset(named.items()), frozenset(mbar.items()),
+                    frozenset(stage.items()), frozenset(reading), frozenset(landings), qbuf)
+        elif pcs[a] >= len(progs[a]):
+            return None
+        else:
+            op = progs[a][pcs[a]]
+        kind = op[0]
+        if kind == "mwait":
+            _, name, parity = op
+            if mbar.get(name, (0, 0))[1] & 1 == parity:
+                return None
+        elif kind == "marrive":
+            _, name, (part, tile) = op
+            if part == "Q":
+                item, landed, rel, readers = qbuf
+                if item != tile:
+                    raise Hazard(f"fullQ completes item {tile} but Q holds {item}")
+                qbuf = (item, True, rel, readers)
+            else:
+                s = tile % stages
+                t, kl, vl, z, rel = stage.get(s, (None, False, False, False, frozenset()))
+                if t != tile:
+                    raise Hazard(f"{name}: tile {tile} but stage {s} holds {t}")
+                stage[s] = (t, kl or part == "K", vl or part == "V", z or part == "T", rel)
+            count(mbar, name)
+        elif kind == "land":
+            landings.update(op[1])
+        elif kind == "fillQ":
+            item, landed, rel, readers = qbuf
+            if rel != frozenset((1, 2)) or readers:
+                raise Hazard(f"Q / item slot rewritten for item {op[1]} while item {item} is still read "
+                             f"(released by {sorted(rel)}, read by {sorted(readers)})")
+            qbuf = (op[1], False, frozenset(), frozenset())
+        elif kind == "readQ":
+            item, landed, rel, readers = qbuf
+            if item != op[1] or (item != "end" and not landed):
+                raise Hazard(f"consumer {a - 1} reads item {op[1]}: Q holds {item}, landed {landed}")
+            qbuf = (item, landed, rel | {a} if item == "end" else rel, readers | {a} if item != "end" else readers)
+        elif kind == "releaseQ":
+            item, landed, rel, readers = qbuf
+            if item != op[1] or a not in readers:
+                raise Hazard(f"consumer {a - 1} releases Q of item {op[1]}: Q holds {item}")
+            qbuf = (item, landed, rel | {a}, readers - {a})
+            count(mbar, "emptyQ")
+        elif kind == "fill":
+            tile = op[1]
+            s = tile % stages
+            if s in stage and stage[s][4] != frozenset((1, 2)):
+                raise Hazard(f"stage {s} refilled with tile {tile} before both consumers released tile {stage[s][0]}")
+            if any(t % stages == s for (_, t, _) in reading):
+                raise Hazard(f"stage {s} refilled with tile {tile} while a consumer still reads it")
+            stage[s] = (tile, False, False, False, frozenset())
+        elif kind == "zero":
+            tile = op[1]
+            s = tile % stages
+            t, kl, vl, z, rel = stage.get(s, (None, False, False, False, frozenset()))
+            if t != tile or not vl:
+                raise Hazard(f"producer zeroes V of tile {tile}: stage {s} holds {t}, V landed {vl}")
+            if any(t2 == tile and part == "V" for (_, t2, part) in reading):
+                raise Hazard(f"producer zeroes V of tile {tile} while a consumer reads it")
+        elif kind == "read":
+            _, part, tile = op
+            s = tile % stages
+            t, kl, vl, z, _ = stage.get(s, (None, False, False, False, frozenset()))
+            if t != tile or not (kl if part == "K" else vl) or (part == "V" and tile in tails and not z):
+                raise Hazard(f"consumer {a - 1} reads {part} of tile {tile}: stage {s} holds {t}, landed K {kl} "
+                             f"V {vl}, zeroed {z}")
+            if part == "K" and a not in qbuf[3]:  # S reads Q: only between readQ and releaseQ
+                raise Hazard(f"consumer {a - 1} issues S of tile {tile} without Q")
+            reading.add((a, tile, part))
+        elif kind == "release":
+            tile = op[1]
+            s = tile % stages
+            t, kl, vl, z, rel = stage[s]
+            if t != tile:
+                raise Hazard(f"consumer {a - 1} releases tile {tile}: stage {s} holds {t}")
+            stage[s] = (t, kl, vl, z, rel | {a})
+            reading -= {(a, tile, "K"), (a, tile, "V")}
+            count(mbar, f"empty{s}")
+        elif kind in ("arrive", "sync"):
+            bid = op[1]
+            members, gen = named.get(bid, ((), 0))
+            members = members + ((a, kind),)
+            if len(members) == 2:
+                (a1, k1), (a2, k2) = members
+                if a1 == a2:
+                    raise Hazard(f"named barrier {bid} generation {gen} completed by warpgroup {a1 - 1} alone")
+                if k1 == k2 == "arrive":
+                    raise Hazard(f"named barrier {bid} generation {gen} completed by arrivals alone")
+                named[bid] = ((), gen + 1)
+            else:
+                named[bid] = (members, gen)
+                if kind == "sync":
+                    waiting[a] = (bid, gen)
+        if landing is None:
+            pcs = tuple(p + (1 if i == a else 0) for i, p in enumerate(pcs))
+        return (pcs, frozenset(waiting.items()), frozenset(named.items()), frozenset(mbar.items()),
+                frozenset(stage.items()), frozenset(reading), frozenset(landings), qbuf)
+
+    stack = [init]
+    while stack:
+        state = stack.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        moved = False
+        for a in range(3):
+            nxt = step(state, a)
+            if nxt is not None:
+                moved = True
+                stack.append(nxt)
+        for landing in state[6]:
+            moved = True
+            stack.append(step(state, None, landing))
+        if not moved:
+            pcs, waiting, named, _, _, _, landings, _ = state
+            if any(pcs[a] < len(progs[a]) for a in range(3)) or waiting or landings:
+                dead.append(state)
+            elif any(members for members, _ in dict(named).values()):
+                raise Hazard(f"named barrier generation left open at exit: {dict(named)}")
+    return len(seen), dead
+
+
+PERSISTENT_ITEMS = [
+    [],                                      # no item with a key tile (the CTA only writes empty rows, or nothing)
+    [(1, True)], [(1, False), (1, True)], [(2, True), (1, True)], [(1, True), (0, False), (2, False)],
+    [(3, True), (2, True)], [(2, False), (2, True)], [(1, True), (1, True), (1, True)],
+    [(4, True), (1, False)], [(1, False), (4, True)], [(2, True), (2, True), (1, True)],
+    [(5, True)], [(3, False), (3, True)],
+]
+
+
 def main():
     ok = True
     print("protocol of k_prefill, every interleaving of producer / WG0 / WG1:")
@@ -239,6 +487,33 @@ def main():
         except Hazard as e:
             caught, why = True, f"hazard: {e}"
         print(f"  {mutant:18s} ({'TMA, ' if tma else ''}stages {stages}, {n} tiles): {why}")
+        ok &= caught
+    print("library kernel (persistent), every interleaving of producer / WG0 / WG1 / TMA landings over item lists:")
+    for stages in (2, 3, 4):
+        for items in PERSISTENT_ITEMS:
+            tag = f"stages {stages}, items {items}"
+            try:
+                states, dead = explore_persistent(items, stages)
+            except Hazard as e:
+                print(f"  {tag}: HAZARD {e}")
+                ok = False
+                continue
+            print(f"  {tag}: {states:7d} states, {'no deadlock' if not dead else f'{len(dead)} DEADLOCKED states'}")
+            ok &= not dead
+    print("broken persistent variants (each must be caught):")
+    for mutant, stages, items in (("no_emptyQ_wait", 4, [(1, False), (2, True)]),
+                                  ("early_releaseQ", 4, [(2, True), (1, True)]),
+                                  ("no_final_sync", 3, [(1, True)]),
+                                  ("tail_full_wait", 3, [(2, True)]),
+                                  ("tail_parity_kept", 2, [(2, True), (2, True)]),
+                                  ("wg1_no_last_arrive", 3, [(2, False), (2, True)])):
+        try:
+            _, dead = explore_persistent(items, stages, mutant)
+            caught = bool(dead)
+            why = f"{len(dead)} deadlocked states" if dead else "NOT CAUGHT"
+        except Hazard as e:
+            caught, why = True, f"hazard: {e}"
+        print(f"  {mutant:18s} (stages {stages}, items {items}): {why}")
         ok &= caught
     print("ALL PASS" if ok else "FAIL")
     return 0 if ok else 1
