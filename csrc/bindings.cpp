@@ -97,6 +97,20 @@ mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::T
   return p;
 }
 
+// The fake-quant fields (decode.py's launcher computes them alike for both kernels).
+void set_quant(mla_core_cuda::DecodeParams& p, double out_scale, double k_scale, double v_scale, double p_scale,
+               int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div) {
+  p.out_scale = static_cast<float>(out_scale);
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
+  p.p_scale = static_cast<float>(p_scale);
+  p.k_fmt = static_cast<int>(k_fmt);
+  p.v_fmt = static_cast<int>(v_fmt);
+  p.p_fmt = static_cast<int>(p_fmt);
+  p.v_from_k = v_from_k;
+  p.exact_div = exact_div;
+}
+
 // The mma.sync kernel (any head count, fused K/V/P fake quantization).
 void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
             const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
@@ -107,15 +121,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
               "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
-  p.out_scale = static_cast<float>(out_scale);
-  p.k_scale = static_cast<float>(k_scale);
-  p.v_scale = static_cast<float>(v_scale);
-  p.p_scale = static_cast<float>(p_scale);
-  p.k_fmt = static_cast<int>(k_fmt);
-  p.v_fmt = static_cast<int>(v_fmt);
-  p.p_fmt = static_cast<int>(p_fmt);
-  p.v_from_k = v_from_k;
-  p.exact_div = exact_div;
+  set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
   p.head_tiles = static_cast<int>(head_tiles);
   p.warps = static_cast<int>(warps);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -123,15 +129,18 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode launch failed: ", cudaGetErrorString(err));
 }
 
-// The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16, no fake quantization.
+// The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16; K = V FP8 with one scale or unquantized, P any format.
 void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
                   const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
                   std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
-                  double qk_scale_log2) {
-  const mla_core_cuda::DecodeParams p =
+                  double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale,
+                  int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div) {
+  mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
-  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache (got dtype ",
-              p.dtype, ")");
+  set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
+  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache, K and V "
+              "unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype, ", k_fmt ", p.k_fmt,
+              ", v_fmt ", p.v_fmt, ")");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
@@ -209,10 +218,12 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
 // The varlen prefill on WGMMA (mla_prefill_wgmma.cu): q [total_q, heads, 192], k [total_k, kv_heads, 192],
 // v [total_k, kv_heads, 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_q / cu_k
 // [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
-// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient).
+// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient); q_scale > 0:
+// Q's FP8 codes of q / q_scale made in the kernel.
 void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_q,
                    const torch::Tensor& cu_k, int64_t max_seqlen_q, torch::Tensor out, std::optional<torch::Tensor> lse,
-                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale) {
+                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale,
+                   double q_scale) {
   const auto bf16 = torch::kBFloat16;
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
               "mla_core cuda prefill: tensors must be on CUDA");
@@ -251,6 +262,7 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
   p.p_fmt = static_cast<int>(p_fmt);
   p.p_scale = static_cast<float>(p_scale);
   p.p_rscale = static_cast<float>(p_rscale);
+  p.q_scale = static_cast<float>(q_scale);
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
@@ -262,6 +274,8 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
               "the WGMMA prefill needs heads a multiple of kv_heads, non-empty q and k, and data and token / head "
               "strides 16-byte aligned (TMA); got strides q ", q.strides(), ", k ", k.strides(), ", v ", v.strides());
   const c10::cuda::CUDAGuard guard(q.device());
+  const torch::Tensor counter = torch::zeros({1}, q.options().dtype(torch::kLong));  // the persistent kernel's work counter
+  p.counter = reinterpret_cast<unsigned long long*>(counter.data_ptr<int64_t>());
   const cudaError_t err = mla_core_cuda::launch_prefill_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda prefill launch failed: ", cudaGetErrorString(err));
 }
@@ -291,10 +305,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"), pybind11::arg("v_fmt"),
         pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
         pybind11::arg("head_tiles"), pybind11::arg("warps"));
-  m.def("decode_wgmma", &decode_wgmma, "Paged MLA decode on WGMMA: bf16 / fp16, no fake quantization",
+  m.def("decode_wgmma", &decode_wgmma, "Paged MLA decode on WGMMA (see backends/cuda/mla_core_cuda/decode.py)",
         pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"), pybind11::arg("seq_lens"),
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
-        pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"));
+        pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"),
+        pybind11::arg("k_scale"), pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"),
+        pybind11::arg("v_fmt"), pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"));
   m.def("sparse_decode_wgmma", &sparse_decode_wgmma,
         "FP8 top-k sparse MLA decode on WGMMA, 576- or 656-byte rows (see backends/cuda/mla_core_cuda/sparse.py)",
         pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("indices"), pybind11::arg("valid_lens"),
@@ -305,7 +321,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cu_q"), pybind11::arg("cu_k"),
         pybind11::arg("max_seqlen_q"), pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("causal"),
         pybind11::arg("scale_log2"), pybind11::arg("out_scale"), pybind11::arg("p_fmt"), pybind11::arg("p_scale"),
-        pybind11::arg("p_rscale"));
+        pybind11::arg("p_rscale"), pybind11::arg("q_scale"));
   m.def("fp8_codes_bf16", &fp8_codes_bf16, "FP8 E4M3 codes of x / scale as bf16 values (the prefill's QDQ pre-pass)",
         pybind11::arg("x"), pybind11::arg("out"), pybind11::arg("scale"));
 }
