@@ -12,10 +12,10 @@ t0=$(date +%s)
 stamp() { echo "--- $1 done at +$(( $(date +%s) - t0 )) s"; }
 prep=
 if [ "${MUTANTS:-1}" = 1 ]; then
-  PYTHONPATH=$PWD/backends/cuda nice -n 10 python3 tests/mutation/mutants_cuda_prefill.py --prepare >"$OUT/mutant_builds.log" 2>&1 &
+  PYTHONPATH=$PWD/backends/cuda nice -n 10 python3 tests/mutation/mutants_cuda_prefill.py --prepare >/tmp/prefill_mutant_builds.log 2>&1 &
   prep=$!
 fi
-bash benchmarks/device_run.sh build 2>&1 | tee "$OUT/build.log" | tail -6
+OUT=$(mktemp -d) bash benchmarks/device_run.sh build 2>&1 | tee "$OUT/build.log" | tail -6  # (its logs.tgz not in $OUT: 8 files come back)
 stamp build
 python3 -c "import sys, mla_core; r = mla_core.get_backend('cuda').unavailable_reason(); print('cuda backend:', r or 'available'); sys.exit(1 if r else 0)" || exit 1
 timeout "${TESTS_S:-60}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=5 tests/test_cuda_prefill.py \
@@ -35,7 +35,7 @@ if [ "${PARTS_S:-0}" -gt 0 ]; then
 fi
 if [ -n "$prep" ]; then
   wait $prep
-  stamp "mutant builds"
+  stamp "mutant builds"; tail -3 /tmp/prefill_mutant_builds.log
   timeout "${MUTANTS_S:-60}" python3 tests/mutation/mutants_cuda_prefill.py 2>&1 | tee "$OUT/mutants.log" | tail -10
   stamp mutants
 fi
