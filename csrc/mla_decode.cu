@@ -14,14 +14,14 @@
 // Each CTA writes every row it owns: the output (or its split's partial) and the LSE; an empty split
 // writes 0 and -inf. The combine kernel merges the splits through their log-sum-exp.
 // Quantizer quotients are correctly rounded (__fdiv_rn, or its division-free Markstein form), so every rounding
-// decision matches mla_core.numerics.
+// decision matches mla_core.numerics (the quantizers: qdq.cuh, shared with the WGMMA kernel).
 
 #include "mla_decode.h"
 #include "mla_decode_split.cuh"
+#include "qdq.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -87,60 +87,6 @@ template <> __device__ __forceinline__ float to_float(__half x) { return __half2
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-
-// ---------------------------------------------------------------------------------------- quantizers
-
-// float32 -> E4M3, nearest even, saturating at +-448 (NaN stays NaN), back to float32.
-__device__ __forceinline__ float round_e4m3(float x) {
-  __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
-}
-
-// float32 -> E2M1 (+-{0, .5, 1, 1.5, 2, 3, 4, 6}), ties to the even code, saturating at 6. In [0, 2) the
-// grid step is 0.5, in [2, 4) 1, above 2: scaling by the inverse step (exact) and adding 1.5 * 2^23 rounds
-// to an integer with the adder's nearest-even rounding (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4).
-__device__ __forceinline__ float round_e2m1(float x) {
-  const float a = fabsf(x);
-  const float inv_step = a < 2.f ? 2.f : (a < 4.f ? 1.f : 0.5f);
-  const float step = a < 2.f ? 0.5f : (a < 4.f ? 1.f : 2.f);
-  float r = __fsub_rn(__fadd_rn(__fmul_rn(a, inv_step), 12582912.f), 12582912.f) * step;
-  r = r > 6.f ? 6.f : r;
-  return x < 0.f ? -r : r;
-}
-
-// Correctly rounded x / s without a division, from inv_s = RN(1 / s): q0 = x * inv_s is within an ulp and one
-// exact fma residual corrects it (Markstein's theorem; bitwise __fdiv_rn for the operand ranges of these
-// quantizers). `exact_div` (per-tensor factors near float32's range ends, set by the host) takes __fdiv_rn.
-__device__ __forceinline__ float div_rn(float x, float s, float inv_s, bool exact_div) {
-  if (exact_div) return __fdiv_rn(x, s);
-  const float q0 = __fmul_rn(x, inv_s);
-  return __fmaf_rn(__fmaf_rn(-q0, s, x), inv_s, q0);
-}
-
-// FP8 code of x: e4m3(x / scale) (the caller multiplies by scale).
-__device__ __forceinline__ float fp8_code(float x, float scale, float inv_scale, bool exact_div) {
-  return round_e4m3(div_rn(x, scale, inv_scale, exact_div));
-}
-
-// NVFP4 block code: e4m3(bmax / 6 / g); the block's dequantized scale is code * g.
-__device__ __forceinline__ float nvfp4_block_code(float bmax, float g) {
-  return round_e4m3(__fdiv_rn(__fdiv_rn(bmax, 6.f), g));
-}
-
-// A block's dequantized scale s = code * g and its reciprocal (1 where the block is all zero: its values are 0).
-struct BlockScale {
-  float code, s, inv_s;
-};
-__device__ __forceinline__ BlockScale nvfp4_block_scale(float bmax, float g) {
-  const float code = nvfp4_block_code(bmax, g);
-  const float s = code == 0.f ? 1.f : code * g;
-  return {code, s, __frcp_rn(s)};
-}
-
-// NVFP4 value without the global scale: e2m1(x / (code * g)) * code (0 where code is 0).
-__device__ __forceinline__ float nvfp4_unscaled(float x, const BlockScale& b, bool exact_div) {
-  return round_e2m1(div_rn(x, b.s, b.inv_s, exact_div)) * b.code;
-}
 
 // ---------------------------------------------------------------------------------------- split kernel
 

@@ -63,11 +63,12 @@ bool decode_shape_supported(int head_tiles, int warps);
 cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
 
 // The WGMMA decode (mla_decode_wgmma.cu: split kernel, then the combine when num_splits > 1) on `stream`.
-// It reads heads, dtype, the formats and the index fields; head_tiles, warps and the quantizer fields are unused.
+// It reads every field but head_tiles and warps.
 cudaError_t launch_decode_wgmma(const DecodeParams& params, cudaStream_t stream);
 
-// Whether the WGMMA decode covers `params`: bf16 or fp16, no K/V/P fake quantization (any head count: 64 heads
-// per CTA, the last group zero-padded).
+// Whether the WGMMA decode covers `params`: bf16 or fp16; K and V unquantized, or FP8 with V's codes K's
+// (v_from_k) and no exact_div; P unquantized, FP8 or NVFP4 (any head count: 64 heads per CTA, the last group
+// zero-padded).
 bool decode_wgmma_supported(const DecodeParams& params);
 
 }  // namespace mla_core_cuda

@@ -45,6 +45,7 @@
 #include "hopper.cuh"
 #include "mla_decode.h"
 #include "mla_decode_split.cuh"
+#include "qdq.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -248,7 +249,80 @@ __device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi)
 // A row without a valid key so far has max -inf: its factors and P are taken against 0 (no -inf - -inf NaN).
 __device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
 
+// Two elements of T (the lower in the low half) as float32.
+template <typename T> __device__ __forceinline__ void unpack(uint32_t w, float& lo, float& hi);
+template <> __device__ __forceinline__ void unpack<__nv_bfloat16>(uint32_t w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+template <> __device__ __forceinline__ void unpack<__half>(uint32_t w, float& lo, float& hi) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+  lo = f.x;
+  hi = f.y;
+}
+
+// K fake quantization (FP8, k_fmt kFP8) of producer warp w's rows 16w .. 16w + 15 of the stage at `sk`, in place:
+// each element x -> e4m3(x / k_scale), unscaled (exact in T; k_scale is in qk_scale_log2, and V = these codes'
+// first 512 columns with v_scale = k_scale, in out_scale). Elementwise, so the swizzle does not matter: the
+// warp's rows are 2,048 contiguous bytes of each of the 9 slabs, lane l takes every 32nd 8 bytes (8 values in
+// flight: more spill at the producer's 56 registers). inv = RN(1 / k_scale). Division-free quotients only
+// (decode_wgmma_supported refuses p.exact_div: __fdiv_rn's slow-path call needs registers the producer lacks).
+// Called after the warp's copies landed (cp.async.wait_group, then __syncwarp: every lane's writes visible).
 template <typename T>
+__device__ __forceinline__ void k_codes_fp8(const DecodeParams& p, float inv, uint8_t* sk, int w, int lane) {
+#pragma unroll 2
+  for (int i = lane; i < 8 * (kChunks / 8) * 32; i += 32) {  // 8-byte units: 8 per lane in each of 9 slabs
+    uint2* unit = reinterpret_cast<uint2*>(sk + (i >> 8) * (kKeys * 128) + 16 * w * 128) + (i & 255);
+    uint2 v = *unit;
+    float x0, x1, x2, x3;
+    unpack<T>(v.x, x0, x1);
+    unpack<T>(v.y, x2, x3);
+    v.x = Wgmma<T>::pack(fp8_code(x0, p.k_scale, inv, false), fp8_code(x1, p.k_scale, inv, false));
+    v.y = Wgmma<T>::pack(fp8_code(x2, p.k_scale, inv, false), fp8_code(x3, p.k_scale, inv, false));
+    *unit = v;
+  }
+}
+
+// P fake quantization of this thread's 16 P values (the S accumulator layout, float32 exp2(s - m)) before they
+// are packed to T, the mma.sync kernel's rules: FP8 e4m3(P / p_scale); NVFP4 P rounded to T, then blocks of 16
+// keys at absolute positions (this half's keys 0-15 and 16-31: a half starts at a multiple of 32), unscaled
+// (p_scale is in out_scale). A block of one row is the quad's 4 threads x 4 values: j in {0, 1, 4, 5} (row lo,
+// keys 0-15), {2, 3, 6, 7} (row hi), + 8 for keys 16-31; block amax over the quad by two shuffles.
+template <typename T, int PF>
+__device__ __forceinline__ void p_qdq(const DecodeParams& p, float (&e)[16]) {
+  const float inv = __frcp_rn(p.p_scale);
+  if constexpr (PF == kFP8) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) e[j] = fp8_code(e[j], p.p_scale, inv, p.exact_div);
+  } else if constexpr (PF == kNVFP4) {
+    float bmax[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+      float lo, hi;
+      unpack<T>(Wgmma<T>::pack(e[j], e[j + 1]), lo, hi);
+      e[j] = lo;
+      e[j + 1] = hi;
+      const int blk = ((j >> 3) << 1) | ((j >> 1) & 1);
+      bmax[blk] = fmaxf(bmax[blk], fmaxf(lo, hi));  // P >= 0
+    }
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1)
+#pragma unroll
+      for (int blk = 0; blk < 4; ++blk) bmax[blk] = fmaxf(bmax[blk], __shfl_xor_sync(0xffffffffu, bmax[blk], d));
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) {
+      const BlockScale bs = nvfp4_block_scale(bmax[blk], p.p_scale);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = 8 * (blk >> 1) + 2 * (blk & 1) + (i & 1) + 4 * (i >> 1);
+        e[j] = nvfp4_unscaled(e[j], bs, p.exact_div);
+      }
+    }
+  }
+}
+
+// KF: K's (= V's) format, kNoQuant or kFP8 (k_codes_fp8); PF: P's format (p_qdq).
+template <typename T, int KF, int PF>
 __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
@@ -286,6 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     // Lane l < 16 looks up row 16 (warp - 8) + l of the next step while this step's copies are in flight.
     const int64_t row = 16 * (warp - 8) + (lane & 15);
     int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
+    const float k_inv = KF == kFP8 ? __frcp_rn(p.k_scale) : 1.f;
     for (int i = 0; i < steps; ++i) {
       const int s = i & 1;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
@@ -294,6 +369,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
       next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
       cp_async_wait_all();
+      if constexpr (KF == kFP8) {
+        __syncwarp();
+        k_codes_fp8<T>(p, k_inv, sk0 + s * kTileBytes, warp - 8, lane);
+      }
       fence_proxy_async();
       mbar_arrive(&full[s]);
     }
@@ -382,6 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
         sc[j] = e;
         if (j & 2) sum_hi += e; else sum_lo += e;
       }
+      p_qdq<T, PF>(p, sc);  // the row sums are of the float32 P
       p_fragments<T>(sc, a);
       if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous step read the slab
       store_p(sp, a, row_lo, 0, t);
@@ -426,6 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       l_hi = (l_hi * a1_hi) * a2_hi + sum_hi;
       m_lo = m2_lo;
       m_hi = m2_hi;
+      p_qdq<T, PF>(p, sc);
       p_fragments<T>(sc, a);
       store_p(sp, a, row_lo, kPTile, t);
       if ((t & 3) == 0) {
@@ -468,7 +549,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   }
   nb_sync<kConsumerThreads>(kBarAll);
   const float lt_lo = sl[row_lo] + sl[kHeads + row_lo], lt_hi = sl[row_lo + 8] + sl[kHeads + row_lo + 8];
-  const float inv_lo = lt_lo == 0.f ? 0.f : 1.f / lt_lo, inv_hi = lt_hi == 0.f ? 0.f : 1.f / lt_hi;  // empty: 0
+  // out_scale (v_scale * p_scale: the factors left out of the codes) / l; an empty row writes 0
+  const float num = KF != kNoQuant || PF != kNoQuant ? p.out_scale : 1.f;
+  const float inv_lo = lt_lo == 0.f ? 0.f : num / lt_lo, inv_hi = lt_hi == 0.f ? 0.f : num / lt_hi;
   if (h0 + row_lo >= p.heads) return;  // padding rows (rows hi = lo + 8 of the same warp are padding too then)
   const bool store_hi = h0 + row_lo + 8 < p.heads;
   const int64_t g_lo = static_cast<int64_t>(b) * p.heads + h0 + row_lo, g_hi = g_lo + 8;
@@ -500,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   }
 }
 
-template <typename T>
+template <typename T, int KF, int PF>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   // Once per device and instantiation (not a stream operation: capture-safe).
   static bool attribute_set[kMaxDevices] = {};
@@ -508,26 +591,42 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices || !attribute_set[device]) {
-    err = cudaFuncSetAttribute(decode_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    err = cudaFuncSetAttribute(decode_wgmma_kernel<T, KF, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSmemBytes);
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) attribute_set[device] = true;
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
-  decode_wgmma_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
+  decode_wgmma_kernel<T, KF, PF><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int KF>
+cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
+  if (p.p_fmt == kFP8) return launch_split<T, KF, kFP8>(p, stream);
+  if (p.p_fmt == kNVFP4) return launch_split<T, KF, kNVFP4>(p, stream);
+  return launch_split<T, KF, kNoQuant>(p, stream);
+}
+template <typename T>
+cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
+  return p.k_fmt == kFP8 ? launch_split_p<T, kFP8>(p, stream) : launch_split_p<T, kNoQuant>(p, stream);
 }
 
 }  // namespace
 
 bool decode_wgmma_supported(const DecodeParams& p) {
-  return p.heads > 0 && p.k_fmt == kNoQuant && p.v_fmt == kNoQuant && p.p_fmt == kNoQuant &&
+  // K and V share the stage: quantized, their values on the 512 shared columns must be the same codes (FP8 with
+  // one scale); the producer's K conversion divides without a division instruction only (no exact_div)
+  const bool kv = (p.k_fmt == kNoQuant && p.v_fmt == kNoQuant) ||
+                  (p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
+  return p.heads > 0 && kv && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
          (p.dtype == kBF16 || p.dtype == kFP16);
 }
 
 cudaError_t launch_decode_wgmma(const DecodeParams& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   if (!decode_wgmma_supported(p)) return cudaErrorInvalidValue;
-  const cudaError_t err = p.dtype == kFP16 ? launch_split<__half>(p, stream) : launch_split<__nv_bfloat16>(p, stream);
+  const cudaError_t err = p.dtype == kFP16 ? launch_split_t<__half>(p, stream) : launch_split_t<__nv_bfloat16>(p, stream);
   if (err != cudaSuccess || p.num_splits == 1) return err;
   return launch_combine(p, stream);
 }

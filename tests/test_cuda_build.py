@@ -52,7 +52,7 @@ def _shapes(configs):
 
 def test_configs():
     assert cuda_decode.configs(_problem(heads=16)) == [{"kernel": "wgmma"}, {"head_tiles": 1, "warps": 4}]
-    assert cuda_decode.configs(_problem(heads=16, p_qdq="fp8")) == [{"head_tiles": 1, "warps": 4}]
+    assert cuda_decode.configs(_problem(heads=16, p_qdq="fp8")) == [{"kernel": "wgmma"}, {"head_tiles": 1, "warps": 4}]
     assert cuda_decode.configs(_problem(heads=128, k_qdq="fp8"))[0] == {"head_tiles": 4, "warps": 8}
     assert cuda_decode.configs(_problem(heads=32, v_qdq="nvfp4"))[0] == {"head_tiles": 2, "warps": 8}
     for heads in (16, 32, 64, 128):
@@ -79,11 +79,23 @@ def test_wgmma_config_first_where_it_covers(heads, dtype):
     assert backend.validate_config(auto, {"kernel": "wgmma", "num_kv_splits": 7}) == []
 
 
+@pytest.mark.parametrize("kw", [dict(heads=64, p_qdq="fp8"), dict(heads=16, p_qdq="nvfp4"),
+                                dict(heads=128, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8"),
+                                dict(heads=20, k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4"), dict(heads=1, k_qdq="fp8", v_qdq="fp8")])
+def test_wgmma_config_first_for_shared_kv_codes(kw):
+    """The recipes whose K and V give the same values on the shared columns (both off or both FP8), with P in any
+    format, get the WGMMA config first."""
+    problem = _problem(**kw)
+    assert cuda_decode.wgmma_covers(problem) and cuda_decode.configs(problem)[0] == {"kernel": "wgmma"}
+    assert mla_core.get_backend("cuda").validate_config(problem, {"kernel": "wgmma"}) == []
+
+
 @pytest.mark.parametrize("kw", [dict(heads=16, dtype="float32", q_dtype="float32"), dict(heads=128, k_qdq="fp8"), dict(heads=128, v_qdq="nvfp4"),
-                                dict(heads=64, p_qdq="fp8"), dict(heads=128, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8"),
+                                dict(heads=64, k_qdq="fp8", v_qdq="nvfp4", p_qdq="fp8"), dict(heads=64, v_qdq="fp8"),
                                 dict(heads=128, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4")])
 def test_wgmma_config_only_where_it_covers(kw):
-    """A float32 cache and every quantization recipe never get the WGMMA config (listed or accepted)."""
+    """A float32 cache and every recipe whose K and V differ on the shared columns (NVFP4 anywhere in K or V, one
+    of them unquantized) never get the WGMMA config (listed or accepted)."""
     problem = _problem(**kw)
     assert not cuda_decode.wgmma_covers(problem)
     assert all(c.get("kernel") != "wgmma" for c in cuda_decode.configs(problem))
@@ -267,12 +279,16 @@ def test_auto_splits_for_one_cta_per_sm(batch, heads, pages, want):
     (dict(heads=128, batch=1), True), (dict(heads=64, batch=32), True), (dict(heads=20, batch=1), True),
     (dict(heads=16, batch=32, num_kv_splits="auto"), True), (dict(heads=16, batch=8, num_kv_splits="auto"), True),
     (dict(heads=16, batch=4, num_kv_splits="auto"), False), (dict(heads=16, batch=128), False),
-    (dict(heads=1, batch=1), False), (dict(heads=128, batch=32, p_qdq="fp8"), False),
+    (dict(heads=1, batch=1), False), (dict(heads=128, batch=32, p_qdq="fp8"), True),
+    (dict(heads=128, batch=32, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8"), True),
+    (dict(heads=16, batch=32, k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4"), False),
+    (dict(heads=128, batch=32, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4"), False),
+    (dict(heads=128, batch=32, k_qdq="fp8", v_qdq="nvfp4"), False),
     (dict(heads=128, batch=32, dtype="float32", q_dtype="float32"), False)])
 def test_priority_above_triton_where_wgmma_was_faster(kw, wgmma_first):
-    """Dispatch without a tuned entry prefers cuda over triton (200) for unquantized decode on the WGMMA
-    kernel above 16 heads, and at 16 heads or fewer only with "auto" splits from batch 8 (at the default 32
-    splits triton measured faster there); the recipes stay below triton."""
+    """Dispatch without a tuned entry prefers cuda over triton (200) for decode on the WGMMA kernel (unquantized,
+    or K/V both FP8, any P) above 16 heads, and at 16 heads or fewer only with "auto" splits from batch 8 (at the
+    default 32 splits triton measured faster there); the recipes the mma.sync kernel runs stay below triton."""
     backend = cuda_backend.CudaBackend()
     triton_priority = mla_core.get_backend("triton").priority
     assert (backend.priority_for(_problem(**kw)) > triton_priority) == wgmma_first

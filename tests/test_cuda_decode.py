@@ -6,8 +6,8 @@ DeepSeek sizes (kv_lora_rank 512, rope 64), heads 16, 64 and 128, pages 1/16/64,
 block-table entries past each length hold out-of-range garbage (tests/paged_inputs.py), so a kernel that
 reads them fails; output buffers come from memory just filled with NaN, so an unwritten element fails.
 Quantized cases also show the result is far from the unquantized reference. The ``kernels`` fixture records
-which kernel each cuda call ran: unquantized bf16/fp16 at 64 and 128 heads must run the WGMMA kernel, every
-other problem the mma.sync kernel.
+which kernel each cuda call launched: the WGMMA kernel for bf16/fp16 with K and V unquantized or both FP8 with
+one scale (any P: the fp8 recipe, FP8 K/V + NVFP4 P), the mma.sync kernel for every other recipe.
 """
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from paged_inputs import paged_decode_inputs
 pytestmark = pytest.mark.gpu
 
 RANK, ROPE = 512, 64
-RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4")}
+RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4", "nvfp4"),
+           "fp8_p_nvfp4": ("fp8", "fp8", "nvfp4")}
+WGMMA_RECIPES = ("bf16", "fp8", "fp8_p_nvfp4")
+"""Recipes the WGMMA kernel runs (K and V share its shared-memory tile: both off or both FP8)."""
 LENGTHS = boundary_lengths([32, 64], extra=(1000, 32768))  # 0, 1, 31, 32, 33, 63, 64, 65, 127..129, 1000, 32768
 
 
@@ -76,26 +79,43 @@ def check(inputs, tol=1e-2, quantized=False, lens=None, **kw):
     return out, lse
 
 
+class _Launches:
+    """The extension module, recording which kernel each launch entry ran into ``seen``."""
+
+    def __init__(self, module, seen):
+        self._module, self._seen = module, seen
+
+    def __getattr__(self, name):
+        fn = getattr(self._module, name)
+        kernel = {"decode": "mma.sync", "decode_wgmma": "wgmma"}.get(name)
+        if kernel is None:
+            return fn
+
+        def launch(*args, **kw):
+            self._seen.append(kernel)
+            return fn(*args, **kw)
+        return launch
+
+
 @pytest.fixture
 def kernels(monkeypatch):
-    """The kernel of every cuda decode call from here on ("wgmma" or "mma.sync"); no autotune cache read (the
-    default config runs)."""
+    """The kernel each cuda decode call launched from here on ("wgmma" or "mma.sync"); no autotune cache read
+    (the default config runs)."""
     from mla_core_cuda import decode as launcher
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
     seen = []
     real = launcher.run
 
     def spy(module, call, config):
-        seen.append(config.get("kernel", "mma.sync"))
-        return real(module, call, config)
+        return real(_Launches(module, seen), call, config)
 
     monkeypatch.setattr(launcher, "run", spy)
     return seen
 
 
 def _expected_kernel(heads, recipe="bf16"):
-    """The default kernel: WGMMA for every unquantized problem (any head count), mma.sync for the recipes."""
-    return "wgmma" if recipe == "bf16" else "mma.sync"
+    """The default kernel: WGMMA for the recipes whose K and V share codes (any head count), else mma.sync."""
+    return "wgmma" if recipe in WGMMA_RECIPES else "mma.sync"
 
 
 def test_backend_available():
@@ -106,12 +126,12 @@ def test_backend_available():
 @pytest.mark.parametrize("splits", [1, 32, "auto"])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("heads", [16, 64, 128])
-@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4", "fp8_p_nvfp4"])
 def test_deepseek(recipe, heads, page_size, splits, kernels):
     k, v, p = RECIPES[recipe]
     inputs = _inputs(tuple(LENGTHS), heads, page_size)
     check(inputs, quantized=recipe != "bf16", k_qdq=k, v_qdq=v, p_qdq=p, num_kv_splits=splits)
-    assert kernels == [_expected_kernel(heads, recipe)]  # the recipes never run the WGMMA kernel
+    assert kernels == [_expected_kernel(heads, recipe)]
 
 
 @pytest.mark.parametrize("heads", [1, 20, 64, 65, 127, 128])  # the WGMMA kernel's 64-head groups: edges and padding
@@ -121,11 +141,14 @@ def test_heads_and_out_dtypes(heads, out_dtype, kernels):
     check(inputs, k_qdq="nvfp4", v_qdq="fp8", p_qdq="fp8", num_kv_splits=5, out_dtype=out_dtype, quantized=True)
     check(inputs, num_kv_splits=1, out_dtype=out_dtype)
     check(inputs, num_kv_splits=3, out_dtype=out_dtype)
-    assert kernels == ["mma.sync", _expected_kernel(heads), _expected_kernel(heads)]
+    check(inputs, k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4", num_kv_splits=3, out_dtype=out_dtype, quantized=True)
+    check(inputs, p_qdq="nvfp4", num_kv_splits=1, out_dtype=out_dtype, quantized=True)
+    check(inputs, p_qdq="fp8", p_qdq_amax=0.5, num_kv_splits=2, out_dtype=out_dtype, quantized=True)
+    assert kernels == ["mma.sync"] + ["wgmma"] * 5
 
 
 @pytest.mark.parametrize("heads", [16, 128])
-@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["bf16", "fp8", "nvfp4", "fp8_p_nvfp4"])
 def test_fp16_cache(recipe, heads, kernels):
     k, v, p = RECIPES[recipe]
     inputs = _inputs((2000, 1, 33), heads, 16, torch.float16)
@@ -190,13 +213,49 @@ def test_wgmma_caller_buffers_and_no_lse(kernels):
 
 
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
-def test_calibrated_amax(recipe):
-    """Per-tensor amaxes that put many values on rounding ties (26.88 gives an NVFP4 g of 0.01)."""
+def test_calibrated_amax(recipe, kernels):
+    """Per-tensor amaxes that put many values on rounding ties (26.88 gives an NVFP4 g of 0.01). FP8 K and V
+    with two scales run the mma.sync kernel under the WGMMA config (their codes differ on the shared columns);
+    with one scale (V = K codes) the WGMMA kernel."""
     k, v, p = RECIPES[recipe]
     inputs = _inputs((1000, 129), 128, 16)
     check(inputs, quantized=True, k_qdq=k, k_qdq_amax=26.88, v_qdq=v, v_qdq_amax=4.48, p_qdq=p, p_qdq_amax=0.5,
           num_kv_splits=4)
     check(inputs, quantized=True, k_qdq="fp8", k_qdq_amax=3.0, v_qdq="fp8", v_qdq_amax=3.0, p_qdq=p)  # V = K codes
+    check(inputs, quantized=True, k_qdq="fp8", k_qdq_amax=26.88, v_qdq="fp8", v_qdq_amax=26.88, p_qdq=p,
+          p_qdq_amax=0.5, num_kv_splits=3)
+    assert kernels == ["mma.sync", "wgmma", "wgmma"]
+
+
+def test_exact_division_scales(kernels):
+    """Per-tensor factors outside the division-free range (EXACT_DIV_FREE_RANGE): P's quotients by __fdiv_rn in
+    the WGMMA consumers; K's would need it in the WGMMA producer, so such a call runs the mma.sync kernel."""
+    inputs = _inputs((1000, 129, 0), 128, 16)
+    check(inputs, quantized=True, p_qdq="fp8", p_qdq_amax=1e-13, num_kv_splits=3)
+    check(inputs, quantized=True, k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4", p_qdq_amax=1e-13, num_kv_splits=2)
+    check(inputs, k_qdq="fp8", k_qdq_amax=1e24, v_qdq="fp8", v_qdq_amax=1e24, p_qdq="fp8", num_kv_splits=2)
+    assert kernels == ["wgmma", "wgmma", "mma.sync"]
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "fp8_p_nvfp4"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_wgmma_recipes_agree_with_mma_sync(recipe, heads):
+    """The two kernels quantize with the same device rules (csrc/qdq.cuh): float32 outputs agree far below the
+    quantization error (only a P or K code on a rounding edge can differ, where the float32 scores' summation
+    order differs)."""
+    from mla_core.specs import validate_decode
+    from mla_core_cuda import build, decode as launcher
+    k, v, p = RECIPES[recipe]
+    inputs = _inputs((1000, 129, 1, 64), heads, 16)
+    problem, call = validate_decode(*inputs, softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                                    page_size=None, num_kv_splits=3, k_qdq=k, k_qdq_amax=None, v_qdq=v,
+                                    v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True,
+                                    out_dtype=torch.float32)
+    configs = launcher.configs(problem)
+    assert configs[0] == {"kernel": "wgmma"}
+    module = build.build()
+    (w_out, w_lse), (m_out, m_lse) = (launcher.run(module, call, c) for c in configs[:2])
+    assert rel_l2(w_out, m_out) < 2e-3 and (w_lse - m_lse).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("heads", [16, 64])
@@ -273,12 +332,13 @@ def test_head_tiles_agree():
         assert rel_l2(out, outs[0][0]) < 1e-5 and rel_l2(lse, outs[0][1]) < 1e-6
 
 
-@pytest.mark.parametrize("recipe", ["fp8", "bf16"])
+@pytest.mark.parametrize("recipe", ["fp8_p_nvfp4", "fp8", "nvfp4", "bf16"])
 def test_cuda_graph_capture(recipe, kernels):
-    """Captured and replayed (the mma.sync kernel with a recipe, the WGMMA kernel without): the same numbers
-    as eager, and new inputs in the static buffers give the new result."""
+    """Captured and replayed (the WGMMA kernel unquantized and with FP8 K/V, the mma.sync kernel with the nvfp4
+    recipe): the same numbers as eager, and new inputs in the static buffers give the new result."""
     q, cache, table, lens = _inputs((100, 3000, 1, 0), 128, 64)
-    quant = dict(k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4") if recipe == "fp8" else {}
+    k, v, p = RECIPES[recipe]
+    quant = dict(k_qdq=k, v_qdq=v, p_qdq=p, k_qdq_amax=4.0, v_qdq_amax=4.0) if recipe != "bf16" else {}
     kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=8, backend="cuda", **quant)
     eager, eager_lse = mla_core.mla_attention_decode(q, cache, table, lens, **kw)
     static_q = q.clone()
@@ -297,7 +357,7 @@ def test_cuda_graph_capture(recipe, kernels):
     graph.replay()
     want, _ = mla_core.mla_attention_decode(q * 0.5, cache, table, lens, **kw)
     assert torch.equal(out, want)
-    assert set(kernels) == {"mma.sync" if recipe == "fp8" else "wgmma"}
+    assert set(kernels) == {_expected_kernel(128, recipe)}
 
 
 @pytest.mark.parametrize("heads", [16, 128])

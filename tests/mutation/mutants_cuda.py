@@ -11,6 +11,9 @@ KILL_SELECTION = ("tests/test_cuda_decode.py", "-k",
 """What each mutant runs: fast cases that cover every recipe, split counts, CTA shapes and edges."""
 WGMMA_SELECTION = "tests/test_cuda_decode.py -k 'every_config or (deepseek and bf16-128-16)'"
 """The WGMMA kernel's mutants (tests/mutation/run.py): every config at 64/128 heads, the DeepSeek edges at page 16."""
+QDQ_SELECTION = ("tests/test_cuda_decode.py -k 'calibrated or (deepseek and fp8-16-16) or "
+                 "(deepseek and fp8_p_nvfp4-128-16) or heads_and_out'")
+"""The WGMMA kernel's fake-quantization mutants: FP8 K/V with calibrated amaxes, FP8 P, NVFP4 P at 16 and 128 heads."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
@@ -24,7 +27,7 @@ MUTANTS = [
          tests=["tests/test_cuda_decode.py"],
          why="wrong mask: absent keys (past the length, pages outside the cache) score 0 instead of -inf"),
     dict(file="backends/cuda/mla_core_cuda/decode.py",
-         old="float(call.softmax_scale) * _f32(k_scale) * math.log2(math.e)",
+         old="float(call.softmax_scale) * k32 * math.log2(math.e)",
          new="float(call.softmax_scale) * math.log2(math.e)",
          tests=["tests/test_cuda_decode.py"],
          why="wrong scale: the per-tensor K factor left out of the scores (only visible with a K amax)"),
@@ -93,6 +96,41 @@ MUTANTS = [
          new="  const bool store_hi = h0 + row_lo + 16 < p.heads;",
          tests=["tests/test_cuda_decode.py -k 'every_config and 20'"], gpu=True,
          why="WGMMA kernel, padded head group: real rows 12-15 of a 20-head group never stored (the poison stays)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="  for (int i = lane; i < 8 * (kChunks / 8) * 32; i += 32) {",
+         new="  for (int i = lane; i < 8 * (kChunks / 8 - 1) * 32; i += 32) {",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, the producer's FP8 K conversion stops before the RoPE slab (columns 512-575 stay raw)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="reinterpret_cast<uint2*>(sk + (i >> 8) * (kKeys * 128) + 16 * w * 128)",
+         new="reinterpret_cast<uint2*>(sk + (i >> 8) * (kKeys * 128) + 8 * w * 128)",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, producer warps convert the wrong rows (some twice, some never)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="  const float inv = __frcp_rn(p.p_scale);",
+         new="  const float inv = __frcp_rn(p.k_scale);",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, P's quotient corrected from K's reciprocal: FP8 / NVFP4 P codes of the wrong scale"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="        const int j = 8 * (blk >> 1) + 2 * (blk & 1) + (i & 1) + 4 * (i >> 1);",
+         new="        const int j = 8 * (blk & 1) + 2 * (blk >> 1) + (i & 1) + 4 * (i >> 1);",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, NVFP4 P: a block's scale applied to another block (row hi / keys 16-31 swapped)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="bmax[blk] = fmaxf(bmax[blk], __shfl_xor_sync(0xffffffffu, bmax[blk], d));",
+         new="bmax[blk] = fmaxf(bmax[blk], __shfl_xor_sync(0xffffffffu, bmax[blk], 1));",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, NVFP4 P block amax over 2 threads of the quad (8 keys) instead of 4 (16 keys)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      unpack<T>(Wgmma<T>::pack(e[j], e[j + 1]), lo, hi);",
+         new="      lo = e[j];\n      hi = e[j + 1];",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, NVFP4 P not rounded to V's dtype first (the contract's order): block maxima and ties move"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="  const float num = KF != kNoQuant || PF != kNoQuant ? p.out_scale : 1.f;",
+         new="  const float num = 1.f;",
+         tests=[QDQ_SELECTION], gpu=True,
+         why="WGMMA kernel, the output without v_scale * p_scale (the factors left out of the codes)"),
 ]
 
 

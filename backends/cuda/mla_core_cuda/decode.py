@@ -1,8 +1,9 @@
 """Launcher of the CUDA decode kernels: scales, buffers, split count, configs.
 
 Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
-covers (:func:`wgmma_covers`: bf16 / fp16, no K/V/P fake quantization), listed first there; the mma.sync
-kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem.
+covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format), listed first there;
+the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem. Both share the
+quantizers (csrc/qdq.cuh).
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
@@ -56,10 +57,19 @@ _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
 
 
 def wgmma_covers(problem) -> bool:
-    """Whether the WGMMA kernel runs ``problem``: cache and q bf16 or fp16 (any head count), no K/V/P fake
-    quantization (the recipes stay on the mma.sync kernel)."""
+    """Whether the WGMMA kernel runs ``problem``: cache and q bf16 or fp16 (any head count); K and V both
+    unquantized or both FP8; P unquantized, FP8 or NVFP4 (its consumers quantize P in registers).
+
+    K and V share one shared-memory tile (V = K's first 512 columns), which the producer quantizes in place, so
+    K's and V's fake quantization must give the same values there: both off, or FP8 with one scale (elementwise).
+    NVFP4 K (blocks along the features) and NVFP4 V (blocks along the tokens) differ, and a second tile of V
+    codes does not fit beside the two-stage ring (Q 72 KB + 2 x 72 KB of the 227 KB), so the nvfp4 recipe and any
+    K/V mix stay on the mma.sync kernel. The amaxes are no part of the problem: a call whose FP8 K and V scales
+    differ, or that needs exact divisions (:data:`EXACT_DIV_FREE_RANGE`), runs the mma.sync kernel under this
+    config (:func:`_kernel_config`)."""
+    kv = (problem.get("k_qdq"), problem.get("v_qdq"))
     return (problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
-            and problem.get("k_qdq") is None and problem.get("v_qdq") is None and problem.get("p_qdq") is None)
+            and kv in ((None, None), ("fp8", "fp8")))
 
 
 def configs(problem) -> list[dict]:
@@ -80,6 +90,29 @@ def configs(problem) -> list[dict]:
     return out
 
 
+def _quant_args(call: DecodeCall) -> tuple:
+    """(k_scale, v_scale, p_scale, v_from_k, exact_div) of ``call``: the per-tensor factors, whether V's codes are
+    K's first 512 (FP8 K and V with one float32 scale), whether a factor needs ``__fdiv_rn``."""
+    k_scale, v_scale, p_scale = (_scale(call.k_qdq, call.k_amax), _scale(call.v_qdq, call.v_amax),
+                                 _scale(call.p_qdq, call.p_amax))
+    v_from_k = call.k_qdq == call.v_qdq == "fp8" and _f32(k_scale) == _f32(v_scale)
+    # division-free quotients are proven for per-tensor factors well inside float32's range (docs/decisions.md)
+    exact_div = any(not EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in (k_scale, v_scale, p_scale))
+    return k_scale, v_scale, p_scale, v_from_k, exact_div
+
+
+def _kernel_config(call: DecodeCall, config: dict) -> dict:
+    """``config``, or for a WGMMA config whose call the kernel cannot run (FP8 K and V with two scales, or K
+    quantized with exact divisions: its producer divides without a division instruction only) the mma.sync
+    kernel's default shape with the same split choice."""
+    if config.get("kernel") != "wgmma" or call.k_qdq is None:
+        return config
+    _, _, _, v_from_k, exact_div = _quant_args(call)
+    if v_from_k and not exact_div:
+        return config
+    return {k: v for k, v in config.items() if k != "kernel"}
+
+
 def num_splits(call: DecodeCall, config: dict) -> int:
     """The split count ``config`` runs ``call`` with (the WGMMA kernel keeps one CTA per SM, mma.sync two)."""
     return decode_num_splits(call, config, sm_count(call.q.device),
@@ -93,6 +126,7 @@ def run(module, call: DecodeCall, config: dict):
     """
     q, cache = call.q, call.latent_cache
     batch, heads, _ = q.shape
+    config = _kernel_config(call, config)
     device = q.device
     out = torch.empty(batch, heads, KV_LORA_RANK, dtype=call.out_dtype, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
@@ -104,21 +138,18 @@ def run(module, call: DecodeCall, config: dict):
         part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
     else:
         part_o = part_lse = None
+    k_scale, v_scale, p_scale, v_from_k, exact_div = _quant_args(call)
+    k32, v32, p32 = (_f32(s) if fmt else 1.0 for s, fmt in ((k_scale, call.k_qdq), (v_scale, call.v_qdq),
+                                                           (p_scale, call.p_qdq)))  # no host work unquantized
+    args = (q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
+            float(call.softmax_scale) * k32 * math.log2(math.e), v32 * p32, k_scale, v_scale, p_scale,
+            _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
     if config.get("kernel") == "wgmma":
-        module.decode_wgmma(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
-                            float(call.softmax_scale) * math.log2(math.e))
+        module.decode_wgmma(*args)
         return out, lse
     default = _default_shape(heads)
     head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
     if (head_tiles, warps) not in SHAPES:
         raise ValueError(f"cuda decode config: (head_tiles, warps) = {(head_tiles, warps)} not in {SHAPES}")
-    k_scale, v_scale, p_scale = (_scale(call.k_qdq, call.k_amax), _scale(call.v_qdq, call.v_amax),
-                                 _scale(call.p_qdq, call.p_amax))
-    v_from_k = call.k_qdq == call.v_qdq == "fp8" and _f32(k_scale) == _f32(v_scale)
-    # division-free quotients are proven for per-tensor factors well inside float32's range (docs/decisions.md)
-    exact_div = any(not EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in (k_scale, v_scale, p_scale))
-    module.decode(q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
-                  float(call.softmax_scale) * _f32(k_scale) * math.log2(math.e), _f32(v_scale) * _f32(p_scale),
-                  k_scale, v_scale, p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k,
-                  exact_div, head_tiles, warps)
+    module.decode(*args, head_tiles, warps)
     return out, lse

@@ -1,11 +1,13 @@
 """A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
 
-    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [sparse|prefill]
+    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill]
 
-Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``) on paged caches whose unreached rows hold NaN, with block-table entries past
+Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
+with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization) on paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
-and exits 1 if any output holds NaN (the sanitizer reports memory errors itself). Then the FP8 sparse decode
+and exits 1 if any output holds NaN (the sanitizer reports memory errors itself; ``decode`` alone: only these).
+Then the FP8 sparse decode
 (``sparse`` alone: only it), 576- and 656-byte rows, on a cache of NaN bytes except the rows valid slots name, with
 -1 slots, slots past each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto
 splits. Then the varlen prefill (``prefill`` alone: only it): ragged batches with empty and one-token sequences,
@@ -43,10 +45,11 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     lens[-1] = 2 ** 31 - 1  # past the table's capacity: clamped
     q = torch.randn(len(lengths), heads, dim, generator=g, device="cuda", dtype=torch.bfloat16)
-    fmt = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}[recipe]
+    k, v, p = {"bf16": (None,) * 3, "fp8": ("fp8",) * 3, "nvfp4": ("nvfp4",) * 3,
+               "fp8_p_nvfp4": ("fp8", "fp8", "nvfp4")}[recipe]
     _, call = validate_decode(q, cache, table, lens, softmax_scale=0.04, kv_lora_rank=512, qk_rope_head_dim=64,
-                              page_size=None, num_kv_splits=splits, k_qdq=fmt, k_qdq_amax=None, v_qdq=fmt,
-                              v_qdq_amax=None, p_qdq=fmt, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+                              page_size=None, num_kv_splits=splits, k_qdq=k, k_qdq_amax=None, v_qdq=v,
+                              v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
     config = decode.WGMMA if shape == "wgmma" else {"head_tiles": shape[0], "warps": shape[1]}
     out, lse = decode.run(build.build(), call, config)
     torch.cuda.synchronize()
@@ -128,12 +131,18 @@ def _prefill_main() -> int:
 
 def main() -> int:
     os.environ["MLA_CORE_CHECKS"] = "metadata"
-    ok = True
     if sys.argv[1:] == ["sparse"]:
         return _sparse_main()
     if sys.argv[1:] == ["prefill"]:
         return _prefill_main()
-    ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
+    ok = _decode_main()
+    if sys.argv[1:] == ["decode"]:
+        return 0 if ok else 1
+    return _sparse_main() | _prefill_main() | (0 if ok else 1)
+
+
+def _decode_main() -> bool:
+    ok = _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
     ok &= _case(128, 16, [31, 32, 100, 5], 32, "nvfp4", (4, 8))
     ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
     ok &= _case(128, 64, [129, 64, 1, 300], 3, "fp8", (2, 4), unaligned=True)
@@ -144,7 +153,11 @@ def main() -> int:
     ok &= _case(20, 16, [1, 300, 0, 64], 2, "bf16", "wgmma")
     ok &= _case(128, 48, [1, 300, 0, 97], 3, "bf16", "wgmma")
     ok &= _case(1, 1, [70, 33], 5, "bf16", "wgmma", unaligned=True)
-    return _sparse_main() | _prefill_main() | (0 if ok else 1)
+    ok &= _case(128, 16, [31, 32, 100, 65], 32, "fp8", "wgmma")
+    ok &= _case(20, 1, [0, 1, 33, 70], 3, "fp8", "wgmma", unaligned=True)
+    ok &= _case(128, 48, [1, 300, 0, 97], 1, "fp8_p_nvfp4", "wgmma")
+    ok &= _case(16, 64, [129, 64, 1, 300], 2, "fp8_p_nvfp4", "wgmma", unaligned=True)
+    return ok
 
 
 def _sparse_main() -> int:
