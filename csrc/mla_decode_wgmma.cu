@@ -1,6 +1,8 @@
-// Paged MLA decode on Hopper WGMMA (sm_90a) for unquantized bf16 / fp16, kv_lora_rank 512 + rope 64, any head
-// count (64 heads per CTA; a last group of fewer heads is zero-padded and its pad rows are never stored). The
-// mma.sync kernel (mla_decode.cu) runs every quantized problem.
+// Paged MLA decode on Hopper WGMMA (sm_90a) for bf16 / fp16, kv_lora_rank 512 + rope 64, any head count (64
+// heads per CTA; a last group of fewer heads is zero-padded and its pad rows are never stored). Fake quantization
+// (csrc/qdq.cuh, the mma.sync kernel's rules) where K's and V's codes agree on the shared tile: K = V FP8 with one
+// scale (the producer converts each stage in place, k_codes_fp8) and P FP8 or NVFP4 (in the consumers'
+// registers, p_qdq); the mma.sync kernel (mla_decode.cu) runs every other quantized problem.
 //
 // One CTA of three warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
 // 32-key P tiles of the numerics contract: a split starts at a multiple of 32, so each half is a P tile at an

@@ -228,13 +228,15 @@ def test_calibrated_amax(recipe, kernels):
 
 
 def test_exact_division_scales(kernels):
-    """Per-tensor factors outside the division-free range (EXACT_DIV_FREE_RANGE): P's quotients by __fdiv_rn in
-    the WGMMA consumers; K's would need it in the WGMMA producer, so such a call runs the mma.sync kernel."""
+    """Per-tensor factors outside the division-free range (EXACT_DIV_FREE_RANGE): with K and V unquantized, P's
+    quotients by __fdiv_rn in the WGMMA consumers; with FP8 K/V the flag would reach the WGMMA producer's
+    conversion (division-free only), so such a call runs the mma.sync kernel."""
     inputs = _inputs((1000, 129, 0), 128, 16)
     check(inputs, quantized=True, p_qdq="fp8", p_qdq_amax=1e-13, num_kv_splits=3)
+    check(inputs, quantized=True, p_qdq="nvfp4", p_qdq_amax=1e-13, num_kv_splits=2)
     check(inputs, quantized=True, k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4", p_qdq_amax=1e-13, num_kv_splits=2)
     check(inputs, k_qdq="fp8", k_qdq_amax=1e24, v_qdq="fp8", v_qdq_amax=1e24, p_qdq="fp8", num_kv_splits=2)
-    assert kernels == ["wgmma", "wgmma", "mma.sync"]
+    assert kernels == ["wgmma", "wgmma", "mma.sync", "mma.sync"]
 
 
 @pytest.mark.parametrize("recipe", ["fp8", "fp8_p_nvfp4"])
