@@ -49,8 +49,8 @@ class CudaBackend(mla_core.Backend):
                     "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS, "heads": range(1, 129),
                     "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
             features=frozenset({"lse"}),
-            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128 (unquantized on WGMMA, the "
-                  "recipes on mma.sync); any page size >= 1; "
+            notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128 (unquantized and K = V FP8 "
+                  "with any P on WGMMA, the nvfp4 recipe and K/V mixes on mma.sync); any page size >= 1; "
                   "q in the cache dtype (bf16/fp16); no FP8 KV cache (float8_e4m3fn + kv_scale: reference and "
                   "triton)"),
         "sparse_decode": OpCapability(
