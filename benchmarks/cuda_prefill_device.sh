@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the cuda backend's prefill (issue 12): the csrc mutants build in the background beside the main
 # build, then the GPU tests, memcheck of the prefill workload (sanitize.py prefill), the benchmark (PREFILL_ARGS), the
-# fp8 recipe's parts (prefill_fp8_parts.py), then the mutants (PREFILL_MUTANTS=round2: this round's only); each step
-# under its own time limit so a slow step leaves the earlier logs. Logs in $OUT.
+# fp8 recipe's parts (prefill_fp8_parts.py), then the mutants; each step under its own time limit so a slow step
+# leaves the earlier logs (MEMCHECK_S / PARTS_S 0: step left out). Logs in $OUT.
 #   MLA_COMMIT=<hash> OUT=... bash benchmarks/cuda_prefill_device.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -3,10 +3,8 @@
     python benchmarks/prefill_fp8_parts.py [--cases 4x4096 1x16384]
 
 Causal, 128 heads, q/k 192, v 128 (bench_prefill.py's inputs). Rows, each a CUDA graph replayed with the L2 flushed
-before it (median µs of 10): the kernel with bf16 P; the kernel with FP8 P on codes made beforehand (Q/K/V codes
-given: the kernel part of the recipe before this round); the same with Q's codes made in the kernel (q_scale > 0:
-this round's recipe kernel); the pre-pass over K and V (this round's) and over Q (what the in-kernel codes removed),
-each with its bytes moved (read + write) per second.
+before it (median µs of 10): the kernel with bf16 P; the kernel with FP8 P on Q/K/V codes made beforehand (the
+recipe's kernel part); the pre-pass over K and V and over Q, each with its bytes moved (read + write) per second.
 """
 from __future__ import annotations
 
@@ -40,14 +38,12 @@ def main() -> None:
         ps = 1 / 448
         log2e = math.log2(math.e) * 192 ** -0.5
 
-        def kernel(qx, kx, vx, p_fmt, scale_log2, q_scale=0.0):
+        def kernel(qx, kx, vx, p_fmt, scale_log2):
             return lambda: module.prefill_wgmma(qx, kx, vx, cu_q, cu_k, max_q, out, None, True, scale_log2, 1.0,
-                                                p_fmt, ps if p_fmt else 1.0, _f32_reciprocal(ps) if p_fmt else 1.0,
-                                                q_scale)
+                                                p_fmt, ps if p_fmt else 1.0, _f32_reciprocal(ps) if p_fmt else 1.0)
         rows = {
             "kernel, bf16 P": kernel(q, k, v, 0, log2e),
             "kernel, fp8 P, Q/K/V codes given": kernel(qc, kc, vc, 1, log2e * sq * sk),
-            "kernel, fp8 P, Q codes in kernel": kernel(q, kc, vc, 1, log2e * sq * sk, sq),
             "pre-pass K + V": lambda: (fp8_codes(module, k, None), fp8_codes(module, v, None)),
             "pre-pass Q": lambda: fp8_codes(module, q, None),
         }

@@ -28,22 +28,17 @@ struct PrefillParams {
   // codes through the IEEE division (any p_scale).
   int p_fmt;
   float p_scale, p_rscale;
-  // Q fake quantization in the kernel: q_scale > 0 turns each loaded Q block into the FP8 E4M3 codes of q / q_scale
-  // (the IEEE quotient, as launch_fp8_codes_bf16) before its first product; 0 reads Q as given.
-  float q_scale;
   // out [total_q, heads, 128] bf16 (raw bits), contiguous; lse [heads, total_q] float32 natural log (-inf: no visible
   // key), contiguous, or null.
   uint16_t* out;
   float* lse;
-  // The persistent kernel's work counter: one zeroed 64-bit word per launch (the CTAs take items from it).
-  unsigned long long* counter;
 };
 
 // Whether the kernel covers `params`: heads >= 1 and a multiple of kv_heads, total_q and total_k >= 1 and below 2^31,
 // max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt 0..2.
 bool prefill_wgmma_supported(const PrefillParams& params);
 
-// The prefill kernel on `stream` (a zeroed counter needed; tensor maps encoded on the host from the pointers and strides; no -lcuda: the
+// The prefill kernel on `stream` (tensor maps encoded on the host from the pointers and strides; no -lcuda: the
 // driver's encoder is looked up through the runtime); the first CUDA error or cudaSuccess.
 cudaError_t launch_prefill_wgmma(const PrefillParams& params, cudaStream_t stream);
 

@@ -4,48 +4,34 @@
 // reference backend's prefill: 64-key P tiles at absolute key positions (block_n 64), the running maximum updated
 // once per tile, P = 2^(s·scale·log2 e - m) rounded to bf16 (or to FP8 E4M3 codes of P / p_scale, p_fmt 1-2) for
 // P·V, the row sum of the float32 P, O = Σ_t 2^(m_t - m_last) P_t·V_t / l, LSE = (m + log2 l)·ln 2; up to float32
-// arithmetic (ex2.approx, wgmma summation order). Fake-quantized K / V arrive as FP8 codes in bf16 (exact;
-// launch_fp8_codes_bf16 below), Q's codes are made in the kernel by the same rule (q_scale > 0); the per-tensor
-// factors are folded into scale_log2 and out_scale.
+// arithmetic (ex2.approx, wgmma summation order). Fake-quantized Q / K / V arrive as FP8 codes in bf16 (exact;
+// launch_fp8_codes_bf16 below), their per-tensor factors folded into scale_log2 and out_scale.
 //
-// Schedule (FlashAttention-3's structure; measured as variant TMA / TMX8 of benchmarks/probes/prefill_wgmma_probe.cu),
-// persistent: one CTA of 384 threads per SM takes work items (128 query rows, head, sequence) from a global counter,
-// a sequence's heads in turn and each head's longest (causal) blocks first (prefill_kernel below):
-//   - producer warp 8 (warps 9-11 exit after setmaxnreg) takes the items: lane 0 fetches the next index (an empty
-//     one, a block past its sequence's queries, moves the counter past the head's empty run for every CTA), an item
-//     without a visible key is written by the warp (output 0, LSE -inf), any other is handed over: lane 0 writes it
-//     to the item slot, loads Q [128 x 192] by TMA once both consumers' last S of the previous item is done, then
-//     each 64-key tile's K [64 x 192] and V [64 x 128] by TMA (3D tensor maps (d, heads, tokens), one box per 128-byte
-//     slab with the 128-byte swizzle) into a 4-stage ring that runs on across items, completing on the full barriers
-//     with expect_tx. Rows past the tensors' end land as zeros; rows past a sequence's end inside them are the next
-//     sequence's: K's are masked to -inf before the maximum, and V's rows of the item's last tile are zeroed by warp 8
-//     after they land and before the consumers read them (P = 0 there, but 0 · Inf = NaN);
-//   - consumer warpgroups 0 and 1 (rows 0-63 / 64-127 of the item) take turns on the tensor cores (ping-pong, the
-//     turns running on across items): a turn issues S(j) = Q·K(j)ᵀ (12 x wgmma m64n64k16, both from shared memory)
-//     and P(j-1)·V(j-1) (4 x m64n128k16, P from registers: the S accumulator converts in place; V read MN-major), so
-//     one warpgroup's softmax runs under the other's wgmmas and under its own P·V; an item's output is stored from
-//     registers while the next item's first tiles run. With q_scale > 0 (the FP8 recipe) each warpgroup first turns
-//     its 64 Q rows into their E4M3 codes in place (codes8, the pre-pass's rule), fenced for the async proxy.
+// Schedule (FlashAttention-3's structure; measured as variant TMA / TMX8 of benchmarks/probes/prefill_wgmma_probe.cu):
+// one CTA of 384 threads per (128 query rows, head, sequence), longest (causal) blocks first:
+//   - producer warp 8 (warps 9-11 exit after setmaxnreg): lane 0 loads Q [128 x 192] once and each 64-key tile's
+//     K [64 x 192] and V [64 x 128] by TMA (3D tensor maps (d, heads, tokens), one box per 128-byte slab with the
+//     128-byte swizzle) into a 4-stage ring, completing on the full barriers with expect_tx. Rows past the tensors'
+//     end land as zeros; rows past a sequence's end inside them are the next sequence's: K's are masked to -inf
+//     before the maximum, and V's rows of the tile holding the sequence's last key (the CTA's last tile) are zeroed
+//     by warp 8 after they land and before the consumers read them (P = 0 there, but 0 · Inf = NaN);
+//   - consumer warpgroups 0 and 1 (rows 0-63 / 64-127 of the block) take turns on the tensor cores (ping-pong):
+//     a turn issues S(j) = Q·K(j)ᵀ (12 x wgmma m64n64k16, both from shared memory) and P(j-1)·V(j-1) (4 x
+//     m64n128k16, P from registers: the S accumulator converts in place; V read MN-major), so one warpgroup's
+//     softmax runs under the other's wgmmas and under its own P·V.
 //
-// Synchronization (checked over every interleaving by benchmarks/probes/prefill_wgmma_emulation.py, "library
-// kernel (persistent)"):
-//   fullQ                      mbarrier, count 1: the producer's arrive.expect_tx with Q's bytes, after writing the
-//                              item slot; the k-th handed item completes phase k (consumers wait parity k & 1). After
-//                              the last item a plain arrival with n = 0 in the slot ends the consumers' loop.
-//   emptyQ                     count 8: lane 0 of each consumer warp once the item's last S is done (its last read of
-//                              Q and, long before, of the slot); the producer waits phase k - 1 before handing item k.
-//   fullK[s], fullV[s]         count 1: expect_tx with the boxes' bytes; the CTA's g-th tile (counted across items)
-//                              completes phase g / 4 of stage g % 4's (consumers wait with parity (g / 4) & 1).
-//   empty[s]                   count 8: lane 0 of each consumer warp after the wgmma.wait_group covering the tile's
-//                              P·V (its last read of the stage); the producer refills stage s with tile g >= 4 after
-//                              phase g / 4 - 1.
-//   tailV[s]                   count 32: warp 8's lanes, each after zeroing its share of the item's last tile's V rows
-//                              past the sequence's end (after fullV) and fence.proxy.async; the consumers wait on it
-//                              instead of fullV for that tile, each side keeping one parity bit per stage.
+// Synchronization (checked over every interleaving by benchmarks/probes/prefill_wgmma_emulation.py, TMA variant):
+//   fullQ, fullK[s], fullV[s]  mbarriers, count 1: the producer's arrive.expect_tx with its boxes' bytes; tile i
+//                              completes phase i / 4 of stage i % 4's (consumers wait with parity (i / 4) & 1).
+//   empty[s]                   count 8: lane 0 of each consumer warp after the wgmma.wait_group covering the
+//                              tile's P·V (its last read of the stage); the producer refills stage s with tile
+//                              i >= 4 after phase i / 4 - 1.
+//   tailV                      count 32: warp 8's lanes, each after zeroing its share of the last tile's V rows
+//                              past the sequence's end and fence.proxy.async; the consumers wait on it instead of
+//                              fullV for that tile.
 //   named barriers 1 (TURN0: WG1 -> WG0) and 2 (TURN1: WG0 -> WG1) over the 256 consumer threads order the turns:
-//   WG1 arrives at TURN0 once before its first turn and after each of its turns; WG0 syncs TURN0 before each of its
-//   turns and arrives at TURN1 after each; WG1 syncs TURN1 before each of its turns; WG0 syncs TURN0 once after its
-//   last item (WG1's last arrival). Named barriers 3 and 4 (128 threads): a warpgroup's Q codes written.
+//   WG1 arrives at TURN0 once before its first turn and after each turn but its last; WG0 syncs TURN0 before each
+//   of its turns and arrives at TURN1 after each; WG1 syncs TURN1 before each of its turns.
 // Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
 
 #include "hopper.cuh"
@@ -70,16 +56,16 @@ namespace {
 constexpr int kBM = 128, kBN = 64, kDqk = 192, kDv = 128, kStages = 4;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
 constexpr int kProducerRegs = 80, kConsumerRegs = 208;  // setmaxnreg: 80 + 2 x 208 <= 3 x 168
-constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kBarQ0 = 3, kPairThreads = 256;  // kBarQ0 + wg: a warpgroup's Q
+constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kPairThreads = 256;
 constexpr int kSlab = 64 * 128;                         // one [64 rows x 128 B] slab
 constexpr int kQWgBytes = 64 * kDqk * 2;                // one consumer's Q rows: 3 slabs
 constexpr int kKBytes = kBN * kDqk * 2;                 // K tile: 3 slabs
 constexpr int kVBytes = kBN * kDv * 2;                  // V tile: 2 slabs (row-major: the MN-major operand)
 constexpr int kStageBytes = kKBytes + kVBytes;          // 40,960
-constexpr int kBars = 2 + 4 * kStages;                  // fullQ, emptyQ, tailV[4], fullK[4], fullV[4], empty[4]
-constexpr int kItemBytes = 32;                          // the work item the producer hands over (struct Item)
-constexpr int kSmemBytes = 2 * kQWgBytes + kStages * kStageBytes + kBars * 8 + kItemBytes + 1024;  // + alignment slack
-constexpr int kMaxDevices = 64;                         // devices whose attributes are remembered
+constexpr int kBars = 2 + 3 * kStages;                  // fullQ, tailV, fullK[4], fullV[4], empty[4]
+constexpr int kSmemBytes = 2 * kQWgBytes + kStages * kStageBytes + kBars * 8 + 1024;  // + 1024-alignment slack
+constexpr int kMaxDevices = 64;                         // devices whose shared-memory attribute is remembered
+constexpr int kMaxGridZ = 65535;                        // sequences per launch (grid z)
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 
@@ -145,18 +131,6 @@ __device__ __forceinline__ uint32_t e4m3_as_bf16x2(float q_lo, float q_hi) {
   const __half2 h = *reinterpret_cast<const __half2*>(&h2);
   return bf16x2_bits(__low2float(h), __high2float(h));
 }
-// Eight bf16 values (16 bytes) to their FP8 E4M3 codes as bf16: bf16(e4m3(x / scale)), the IEEE quotient. The QDQ
-// pre-pass (K, V) and the kernel's in-place conversion of Q use this one rule.
-__device__ __forceinline__ uint4 codes8(const uint4& w, float scale) {
-  const uint32_t in[4] = {w.x, w.y, w.z, w.w};
-  uint32_t res[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&in[c]);
-    res[c] = e4m3_as_bf16x2(__fdiv_rn(__low2float(v), scale), __fdiv_rn(__high2float(v), scale));
-  }
-  return make_uint4(res[0], res[1], res[2], res[3]);
-}
 // P's codes, kP 1: the correctly rounded quotient p / scale without a division (Markstein: q = p·r, q + fma(-q,
 // scale, p)·r, r the correctly rounded 1 / scale; exact for the decode kernel's proven scale range); kP 2: IEEE.
 template <int kP>
@@ -209,58 +183,50 @@ __device__ __forceinline__ int cta_tiles(int q0, int len_q, int len_k, int causa
   return last_key < 0 ? 0 : last_key / kBN + 1;
 }
 
-// 128-row query blocks per sequence (work items per sequence and head): ceil(min(max_seqlen_q, total_q) / 128).
-__host__ __device__ __forceinline__ int64_t query_blocks(const PrefillParams& p) {
-  const int64_t rows = p.max_seqlen_q < p.total_q ? p.max_seqlen_q : p.total_q;
-  return (rows + kBM - 1) / kBM;
-}
-
-// One work item: the 128 query rows from q0 of sequence b for query head h, as the producer hands it to the
-// consumers (shared memory; n >= 1 key tiles; n = 0: no more items).
-struct Item {
-  int q_begin, len_q, len_k, h, q0, n, pad0, pad1;
-};
-
-// The 128 rows of an item with no visible key (len_k 0, or causal rows all before the keys): output 0, LSE -inf;
-// written by the 32 lanes of the producer warp.
-__device__ __forceinline__ void write_empty_rows(const PrefillParams& p, int q_begin, int len_q, int h, int q0,
-                                                 int lane) {
-  const int rows = min(kBM, len_q - q0);
-  for (int idx = lane; idx < rows * (kDv / 8); idx += 32) {  // 16 chunks of 16 B per row
-    const int r = idx / (kDv / 8), c = idx % (kDv / 8);
-    *reinterpret_cast<uint4*>(p.out + ((int64_t)(q_begin + q0 + r) * p.heads + h) * kDv + 8 * c) =
-        make_uint4(0u, 0u, 0u, 0u);
-  }
-  if (p.lse)
-    for (int r = lane; r < rows; r += 32) p.lse[(int64_t)h * p.total_q + q_begin + q0 + r] = -INFINITY;
-}
-
-// Persistent: gridDim.x CTAs (at most one per SM) take work items from a global counter, item w = the 128-row
-// query block mb of head h of sequence b with w = (b · heads + h) · blocks + (blocks - 1 - mb): a sequence's heads
-// in turn (their K / V shared in L2 by the CTAs running at once), each head's longest (causal) blocks first.
 template <int kP>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_kernel(const PrefillParams p, const __grid_constant__ TmaMaps tm) {
+    prefill_kernel(const PrefillParams p, const __grid_constant__ TmaMaps tm, int b0) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
   uint8_t* sstage = sq + 2 * kQWgBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(sstage + kStages * kStageBytes);
   uint64_t* full_q = bars;
-  uint64_t* empty_q = bars + 1;
-  uint64_t* tail_v = bars + 2;
-  uint64_t* full_k = tail_v + kStages;
+  uint64_t* tail_v = bars + 1;
+  uint64_t* full_k = bars + 2;
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty = full_v + kStages;
-  Item* item = reinterpret_cast<Item*>(bars + kBars);
 
   const int tid = threadIdx.x;
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-  const int lane = tid & 31;
+  const int h = blockIdx.y, b = b0 + blockIdx.z;
+  const int hk = h / (p.heads / p.kv_heads);
+  const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+  int q_begin_seq, len_q, k_begin_seq, len_k;
+  seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
+  seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
+  const int q0 = mb * kBM;
+  if (q0 >= len_q) return;
+  const int n = cta_tiles(q0, len_q, len_k, p.causal);
+  const int t = tid & 127, wg = warp >> 2, lane = tid & 31;
+  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // this thread's rows: row_lo, row_lo + 8 of its warpgroup
+  const int qrow_lo = q0 + 64 * wg + row_lo;           // position in the sequence
+  if (n == 0) {  // no visible key for any row of the block: output 0, LSE -inf
+    if (wg < 2) {
+      for (int r = 0; r < 2; ++r) {
+        const int qr = qrow_lo + 8 * r;
+        if (qr >= len_q) continue;
+        uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
+        for (int c = 2 * (t & 3); c < kDv; c += 8) *reinterpret_cast<uint32_t*>(orow + c) = 0u;
+        if ((t & 3) == 0 && p.lse) p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = -INFINITY;
+      }
+    }
+    return;
+  }
+  const int tail_keys = len_k - (n - 1) * kBN;  // keys of the CTA's last tile that exist (< 64: V rows to zero)
   if (tid == 0) {
     mbar_init(full_q, 1);
-    mbar_init(empty_q, 8);
+    mbar_init(tail_v, 32);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&tail_v[s], 32);
       mbar_init(&full_k[s], 1);
       mbar_init(&full_v[s], 1);
       mbar_init(&empty[s], 8);
@@ -272,101 +238,62 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= 8) {  // the producer warpgroup: warp 8 alone stays
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (warp != 8) return;
-    const int64_t blocks = query_blocks(p), per_seq = blocks * p.heads, items = per_seq * p.batch;
-    uint32_t g = 0;  // tiles loaded so far: tile g goes to stage g % 4, completing phase g / 4 of its barriers
-    int handed = 0;  // items handed to the consumers
-    for (;;) {
-      unsigned long long w = 0;
-      if (lane == 0) w = atomicAdd(p.counter, 1ull);
-      w = __shfl_sync(0xffffffffu, w, 0);
-      if (w >= static_cast<unsigned long long>(items)) break;
-      const int b = static_cast<int>(w / per_seq);
-      const int h = static_cast<int>((w % per_seq) / blocks);
-      const int mb = static_cast<int>(blocks - 1 - static_cast<int64_t>(w % blocks));
-      const int hk = h / (p.heads / p.kv_heads);
-      int q_begin, len_q, k_begin, len_k;
-      seq_range(p.cu_q, b, p.total_q, q_begin, len_q);
-      seq_range(p.cu_k, b, p.total_k, k_begin, len_k);
-      const int q0 = mb * kBM;
-      if (q0 >= len_q) {  // the head's first (blocks - its block count) items are empty: skip them for every CTA
-        const int64_t nb = (len_q + kBM - 1) / kBM;
-        if (lane == 0)
-          atomicMax(p.counter, static_cast<unsigned long long>(
-                                   nb == 0 ? (b + 1) * per_seq : (static_cast<int64_t>(b) * p.heads + h) * blocks +
-                                                                     (blocks - nb)));
-        continue;
-      }
-      const int n = cta_tiles(q0, len_q, len_k, p.causal);
-      if (n == 0) {
-        write_empty_rows(p, q_begin, len_q, h, q0, lane);
-        continue;
-      }
-      if (handed > 0) mbar_wait(empty_q, (handed - 1) & 1);  // both consumers' last S of the item before read Q
-      if (lane == 0) {  // tile i is published when its bytes land (no lag: >= 2 stages suffice)
-        *item = Item{q_begin, len_q, len_k, h, q0, n, 0, 0};
-        mbar_expect_tx(full_q, 2 * kQWgBytes);
+    if (lane == 0) {  // tile i is published when its bytes land (no lag: >= 2 stages suffice)
+      for (int i = 0; i < n; ++i) {
+        const int s = i % kStages;
+        if (i >= kStages) mbar_wait(&empty[s], (i / kStages - 1) & 1);
+        if (i == 0) {
+          mbar_expect_tx(full_q, 2 * kQWgBytes);
 #pragma unroll
-        for (int c = 0; c < 6; ++c)
-          tma_slab(sq + (c / 3) * kQWgBytes + (c % 3) * kSlab, &tm.q, 64 * (c % 3), h, q_begin + q0 + 64 * (c / 3),
-                   full_q);
-        for (int i = 0; i < n; ++i) {
-          const uint32_t gi = g + i;
-          const int s = gi % kStages;
-          if (gi >= kStages) mbar_wait(&empty[s], (gi / kStages - 1) & 1);
-          uint8_t* sk = sstage + s * kStageBytes;
-          const int row = k_begin + i * kBN;
-          mbar_expect_tx(&full_k[s], kKBytes);
-#pragma unroll
-          for (int c = 0; c < 3; ++c) tma_slab(sk + c * kSlab, &tm.k, 64 * c, hk, row, &full_k[s]);
-          mbar_expect_tx(&full_v[s], kVBytes);
-#pragma unroll
-          for (int c = 0; c < 2; ++c) tma_slab(sk + kKBytes + c * kSlab, &tm.v, 64 * c, hk, row, &full_v[s]);
+          for (int c = 0; c < 6; ++c)
+            tma_slab(sq + (c / 3) * kQWgBytes + (c % 3) * kSlab, &tm.q, 64 * (c % 3), h, q_begin_seq + q0 + 64 * (c / 3),
+                     full_q);
         }
+        uint8_t* sk = sstage + s * kStageBytes;
+        const int row = k_begin_seq + i * kBN;
+        mbar_expect_tx(&full_k[s], kKBytes);
+#pragma unroll
+        for (int c = 0; c < 3; ++c) tma_slab(sk + c * kSlab, &tm.k, 64 * c, hk, row, &full_k[s]);
+        mbar_expect_tx(&full_v[s], kVBytes);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) tma_slab(sk + kKBytes + c * kSlab, &tm.v, 64 * c, hk, row, &full_v[s]);
       }
-      __syncwarp();
-      const int tail_keys = len_k - (n - 1) * kBN;  // keys of the item's last tile that exist (< 64: rows to zero)
-      if (tail_keys < kBN) {  // its V rows past the sequence's end: zeros before any consumer reads them
-        const uint32_t gl = g + n - 1;
-        const int s = gl % kStages;
-        mbar_wait(&full_v[s], (gl / kStages) & 1);
-        uint8_t* sv = sstage + s * kStageBytes + kKBytes;
-        for (int idx = lane; idx < (kBN - tail_keys) * 16; idx += 32) {  // 16 chunks of 16 B per row: 8 per slab
-          const int r = tail_keys + (idx >> 4), c = idx & 15;
-          *reinterpret_cast<uint4*>(sv + (c >> 3) * kSlab + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
-        }
-        fence_proxy_async();
-        mbar_arrive(&tail_v[s]);
-      }
-      g += n;
-      ++handed;
     }
-    if (handed > 0) mbar_wait(empty_q, (handed - 1) & 1);
-    if (lane == 0) {  // no more items: n = 0 ends the consumers' loop
-      item->n = 0;
-      mbar_arrive(full_q);
+    __syncwarp();
+    if (tail_keys < kBN) {  // the last tile's V rows past the sequence's end: zeros before any consumer reads them
+      const int s = (n - 1) % kStages;
+      mbar_wait(&full_v[s], ((n - 1) / kStages) & 1);
+      uint8_t* sv = sstage + s * kStageBytes + kKBytes;
+      for (int idx = lane; idx < (kBN - tail_keys) * 16; idx += 32) {  // 16 chunks of 16 B per row: 8 per slab
+        const int r = tail_keys + (idx >> 4), c = idx & 15;
+        *reinterpret_cast<uint4*>(sv + (c >> 3) * kSlab + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();
+      mbar_arrive(tail_v);
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 
-  const int t = tid & 127, wg = warp >> 2;
-  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // this thread's rows: row_lo, row_lo + 8 of its warpgroup
-  uint8_t* sqw = sq + wg * kQWgBytes;
+  const uint8_t* sqw = sq + wg * kQWgBytes;
   const int my_turn = wg == 0 ? kBarTurn0 : kBarTurn1, other_turn = wg == 0 ? kBarTurn1 : kBarTurn0;
+  const int off = len_k - len_q;       // causal: row qr sees keys <= qr + off
+  const int first_row = q0 + 64 * wg;  // the warpgroup's first row: a tile needs a mask past its limit
   float o[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] = 0.f;
   float sc[32];
-  uint32_t pa[4][4];  // P of the previous tile: the RS A fragments of 4 k16 steps
-  float m_lo, m_hi;   // running maxima, log2 units (scores x scale_log2)
-  float l_lo, l_hi;   // row sums: this thread's 16 of each row's 64 columns per tile
-  int len_k, off, first_row, qrow_lo;
+  uint32_t pa[4][4];                         // P of the previous tile: the RS A fragments of 4 k16 steps
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running maxima, log2 units (scores x scale_log2)
+  float l_lo = 0.f, l_hi = 0.f;              // row sums: this thread's 16 of each row's 64 columns per tile
 
   // Descriptors built once per operand; each k-step adds its byte offset / 16 to the start-address field (shared
   // addresses stay below 2^18: the add never carries out of the field).
   const uint64_t dq = kmajor_desc(sqw);
   const uint64_t dk0 = kmajor_desc(sstage), dv0 = mnmajor_desc(sstage + kKBytes);
-  // S of the tile in stage s into sc: 12 k16 steps over the 192 features (32 B each inside a slab, 128 B a slab).
-  auto issue_s = [&](int s) {
-    const uint64_t dk = dk0 + static_cast<uint64_t>(s * (kStageBytes >> 4));
+  // S(j) into sc: 12 k16 steps over the 192 features (32 B each inside a slab, one slab per 128 B).
+  auto issue_s = [&](int j) {
+    const uint64_t dk = dk0 + static_cast<uint64_t>((j % kStages) * (kStageBytes >> 4));
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks) {
       const uint32_t byte = ((ks * 32) >> 7) * kSlab + ((ks * 32) & 127);
@@ -374,9 +301,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wg_commit();
   };
-  // O += P·V of the tile in stage s: 4 k16 steps over the tile's 64 keys (16 rows of 128 B each).
-  auto issue_pv = [&](int s) {
-    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (kStageBytes >> 4));
+  // O += P(j)·V(j): 4 k16 steps over the tile's 64 keys (16 rows of 128 B each).
+  auto issue_pv = [&](int j) {
+    const uint64_t dv = dv0 + static_cast<uint64_t>((j % kStages) * (kStageBytes >> 4));
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_pv_rs(o, pa[ks], dv + static_cast<uint64_t>(ks * 16 * 128 / 16));
     wg_commit();
@@ -436,123 +363,97 @@ __global__ void __launch_bounds__(kThreads, 1)
           pa[ks][i] = p_codes<kP>(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1], p.p_scale, p.p_rscale);
       }
   };
-  auto release = [&](uint64_t* bar) {  // this warp's reads of a stage (or of Q) are done
+  auto release = [&](int j) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
+    if (lane == 0) mbar_arrive(&empty[j % kStages]);
   };
 
-  // The turns run on across items: WG1 arrives at TURN0 once first and after each of its turns, WG0 after each of
-  // its own at TURN1; WG0 takes WG1's last arrival after the loop.
+  // Tile 0: S alone in the first turn.
+  mbar_wait(full_q, 0);
   if (wg == 1) nb_arrive<kPairThreads>(kBarTurn0);
-  uint32_t g = 0;         // the item's first tile in the ring (as the producer counts)
-  uint32_t tail_par = 0;  // bit s: the parity of tail_v[s]'s next phase
-  for (int taken = 0;; ++taken) {
-    mbar_wait(full_q, taken & 1);
-    const Item it = *item;
-    const int n = __shfl_sync(0xffffffffu, it.n, 0);  // warp-uniform for the compiler: the stage math stays scalar
-    if (n == 0) break;
-    const int len_q = it.len_q;
-    len_k = it.len_k;
-    off = len_k - len_q;           // causal: row qr sees keys <= qr + off
-    first_row = it.q0 + 64 * wg;   // the warpgroup's first row: a tile needs a mask past its limit
-    qrow_lo = first_row + row_lo;  // position in the sequence
-    if (p.q_scale > 0.f) {  // the FP8 recipe's Q: this warpgroup's rows to their codes in place (codes8, as K / V)
-      uint4* qw = reinterpret_cast<uint4*>(sqw);
-#pragma unroll 4
-      for (int i = t; i < kQWgBytes / 16; i += 128) qw[i] = codes8(qw[i], p.q_scale);
-      fence_proxy_async();  // the generic stores before the wgmma's (async proxy) reads
-      nb_sync<128>(kBarQ0 + wg);
-    }
-#pragma unroll
-    for (int j = 0; j < 64; ++j) o[j] = 0.f;
-    m_lo = m_hi = -INFINITY;
-    l_lo = l_hi = 0.f;
+  mbar_wait(&full_k[0], 0);
+  nb_sync<kPairThreads>(my_turn);
+  wg_fence();
+  issue_s(0);
+  if (wg == 0 || n > 1) nb_arrive<kPairThreads>(other_turn);
+  wg_wait<0>();
+  reg_fence(sc);
+  {
+    float a_lo, a_hi;
+    softmax(0, a_lo, a_hi);  // O is 0: no rescale
+  }
+  pack_p();
 
-    // Tile 0: S alone in the first turn.
-    mbar_wait(&full_k[g % kStages], (g / kStages) & 1);
+  for (int j = 1; j < n; ++j) {
+    const int s = j % kStages, sp = (j - 1) % kStages;
+    mbar_wait(&full_k[s], (j / kStages) & 1);
+    mbar_wait(&full_v[sp], ((j - 1) / kStages) & 1);
     nb_sync<kPairThreads>(my_turn);
     wg_fence();
-    issue_s(g % kStages);
-    nb_arrive<kPairThreads>(other_turn);
-    wg_wait<0>();
+    issue_s(j);
+    issue_pv(j - 1);
+    if (wg == 0 || j < n - 1) nb_arrive<kPairThreads>(other_turn);
+    wg_wait<1>();  // S(j) done; P·V(j-1) may still run
     reg_fence(sc);
-    if (n == 1) release(empty_q);
-    {
-      float a_lo, a_hi;
-      softmax(0, a_lo, a_hi);  // O is 0: no rescale
-    }
-    pack_p();
-
-    for (int j = 1; j < n; ++j) {
-      const uint32_t gj = g + j;
-      const int s = gj % kStages, sp = (gj - 1) % kStages;
-      mbar_wait(&full_k[s], (gj / kStages) & 1);
-      mbar_wait(&full_v[sp], ((gj - 1) / kStages) & 1);
-      nb_sync<kPairThreads>(my_turn);
-      wg_fence();
-      issue_s(s);
-      issue_pv(sp);
-      nb_arrive<kPairThreads>(other_turn);
-      wg_wait<1>();  // S(j) done; P·V(j-1) may still run
-      reg_fence(sc);
-      if (j == n - 1) release(empty_q);  // the item's last read of Q
-      float a_lo, a_hi;
-      softmax(j, a_lo, a_hi);
-      block_boundary(l_lo);
-      wg_wait<0>();  // P·V(j-1) done: stage j-1 is free, O and the A fragments may be written
-      reg_fence(o);
-      release(&empty[sp]);
-      // x·1 = x: a warp whose 16 rows all keep their maximum skips the multiply (no bit changes)
-      if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);
-      pack_p();
-    }
-    const uint32_t gl = g + n - 1;
-    const int sl = gl % kStages;
-    if (len_k - (n - 1) * kBN < kBN) {  // the last tile's V with its rows past the sequence's end zeroed
-      mbar_wait(&tail_v[sl], (tail_par >> sl) & 1);
-      tail_par ^= 1u << sl;
-    } else {
-      mbar_wait(&full_v[sl], (gl / kStages) & 1);
-    }
-    wg_fence();
-    issue_pv(sl);
-    wg_wait<0>();
+    float a_lo, a_hi;
+    softmax(j, a_lo, a_hi);
+    block_boundary(l_lo);
+    wg_wait<0>();  // P·V(j-1) done: stage j-1 is free, O and the A fragments may be written
     reg_fence(o);
-    release(&empty[sl]);
-    g += n;
+    release(j - 1);
+    // x·1 = x: a warp whose 16 rows all keep their maximum skips the multiply (no bit changes)
+    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);
+    pack_p();
+  }
+  if (tail_keys < kBN)
+    mbar_wait(tail_v, 0);  // the last tile's V with its rows past the sequence's end zeroed
+  else
+    mbar_wait(&full_v[(n - 1) % kStages], ((n - 1) / kStages) & 1);
+  wg_fence();
+  issue_pv(n - 1);
+  wg_wait<0>();
+  reg_fence(o);
+  release(n - 1);
 
-    // Row sums over the quad (the 4 threads of a row), normalization, LSE (natural log).
+  // Row sums over the quad (the 4 threads of a row), normalization, LSE (natural log).
 #pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {
-      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
-      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
+  for (int d = 1; d <= 2; d <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
+  }
+  const float inv_lo = l_lo > 0.f ? p.out_scale * rcp_approx(l_lo) : 0.f;
+  const float inv_hi = l_hi > 0.f ? p.out_scale * rcp_approx(l_hi) : 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qr = qrow_lo + 8 * r;
+    if (qr >= len_q) continue;
+    const float inv = r ? inv_hi : inv_lo;
+    uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
+#pragma unroll
+    for (int j = 2 * r; j < 64; j += 4) {  // j, j+1: columns 8(j/4) + 2(t%4) + {0, 1} of row r
+      const int col = 8 * (j >> 2) + 2 * (t & 3);
+      *reinterpret_cast<uint32_t*>(orow + col) = bf16x2_bits(o[j] * inv, o[j + 1] * inv);
     }
-    const float inv_lo = l_lo > 0.f ? p.out_scale * rcp_approx(l_lo) : 0.f;
-    const float inv_hi = l_hi > 0.f ? p.out_scale * rcp_approx(l_hi) : 0.f;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int qr = qrow_lo + 8 * r;
-      if (qr >= len_q) continue;
-      const float inv = r ? inv_hi : inv_lo;
-      uint16_t* orow = p.out + ((int64_t)(it.q_begin + qr) * p.heads + it.h) * kDv;
-#pragma unroll
-      for (int j = 2 * r; j < 64; j += 4) {  // j, j+1: columns 8(j/4) + 2(t%4) + {0, 1} of row r
-        const int col = 8 * (j >> 2) + 2 * (t & 3);
-        *reinterpret_cast<uint32_t*>(orow + col) = bf16x2_bits(o[j] * inv, o[j + 1] * inv);
-      }
-      if ((t & 3) == 0 && p.lse) {
-        const float l = r ? l_hi : l_lo, m = r ? m_hi : m_lo;
-        p.lse[(int64_t)it.h * p.total_q + it.q_begin + qr] = l > 0.f ? (m + lg2_approx(l)) * kLn2 : -INFINITY;
-      }
+    if ((t & 3) == 0 && p.lse) {
+      const float l = r ? l_hi : l_lo, m = r ? m_hi : m_lo;
+      p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = l > 0.f ? (m + lg2_approx(l)) * kLn2 : -INFINITY;
     }
   }
-  if (wg == 0) nb_sync<kPairThreads>(kBarTurn0);
 }
 
 // Eight elements per thread: out = bf16(e4m3(x / scale)), the IEEE quotient.
 __global__ void fp8_codes_kernel(const uint4* x, uint4* out, int64_t n8, float scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x)
-    out[i] = codes8(x[i], scale);
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+    const uint4 w = x[i];
+    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+    uint32_t res[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&in[c]);
+      res[c] = e4m3_as_bf16x2(__fdiv_rn(__low2float(v), scale), __fdiv_rn(__high2float(v), scale));
+    }
+    out[i] = make_uint4(res[0], res[1], res[2], res[3]);
+  }
 }
 
 typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -588,33 +489,25 @@ bool slab_map(CUtensorMap* m, EncodeTiledFn encode, const uint16_t* x, int64_t r
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// One CTA per SM (fewer when there are fewer work items): each takes items until the counter runs past them.
-template <int kP>
-cudaError_t launch_on(const PrefillParams& p, const TmaMaps& maps, int sms, cudaStream_t stream) {
-  const int64_t items = query_blocks(p) * p.heads * p.batch;
-  const unsigned ctas = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(sms, items)));
-  prefill_kernel<kP><<<ctas, kThreads, kSmemBytes, stream>>>(p, maps);
-  return cudaGetLastError();
-}
-
 template <int kP>
 cudaError_t launch(const PrefillParams& p, const TmaMaps& maps, cudaStream_t stream) {
   static bool attribute_set[kMaxDevices] = {};  // once per device (not a stream operation: capture-safe)
-  static int sm_count[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices || !attribute_set[device]) {
     err = cudaFuncSetAttribute(prefill_kernel<kP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
-    int sms = 0;
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-    if (device >= kMaxDevices) return launch_on<kP>(p, maps, sms, stream);
-    sm_count[device] = sms;
-    attribute_set[device] = true;
+    if (device < kMaxDevices) attribute_set[device] = true;
   }
-  return launch_on<kP>(p, maps, sm_count[device], stream);
+  const unsigned blocks = static_cast<unsigned>((std::min<int64_t>(p.max_seqlen_q, p.total_q) + kBM - 1) / kBM);
+  for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
+    const dim3 grid(blocks, static_cast<unsigned>(p.heads), static_cast<unsigned>(std::min(kMaxGridZ, p.batch - b0)));
+    prefill_kernel<kP><<<grid, kThreads, kSmemBytes, stream>>>(p, maps, b0);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -630,7 +523,7 @@ bool prefill_wgmma_supported(const PrefillParams& p) {
 }
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
-  if (!prefill_wgmma_supported(p) || p.counter == nullptr) return cudaErrorInvalidValue;
+  if (!prefill_wgmma_supported(p)) return cudaErrorInvalidValue;
   const EncodeTiledFn encode = encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   TmaMaps maps;

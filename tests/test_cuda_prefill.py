@@ -7,8 +7,8 @@ NaN-filled buffers (an unwritten element fails), with the triton tests' toleranc
 1e-4 + 1e-5 |lse|); lengths on the 64-key and 128-row tile edges (mla_core.testing.shapes), empty sequences, causal
 with a cached prefix (and len_q > len_k), non-causal, GQA, LSE, P in FP8 and the full FP8 recipe, strided and
 misaligned views, K / V rows holding NaN and Inf between sequences (the kernel's TMA reads past a sequence's end),
-CUDA-graph capture, the persistent schedule's work list (empty items skipped, more and fewer items than CTAs); the
-QDQ pre-pass's codes equal mla_core.numerics' FP8 QDQ bit for bit, and the kernel's in-place Q codes the pre-pass's.
+ragged batches whose launch is mostly empty query blocks, CUDA-graph capture; the QDQ pre-pass's codes equal
+mla_core.numerics' FP8 QDQ bit for bit.
 """
 from __future__ import annotations
 
@@ -161,11 +161,11 @@ def test_launch_arguments_bf16():
     out, lse = cuda_prefill.run(rec, _call(inputs), {})
     assert out.shape == (5, 2, 128) and out.dtype == torch.bfloat16 and lse.shape == (2, 5)
     (kind, args), = rec.calls
-    q, k, v, cu_q, cu_k, max_q, o, l, causal, scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_scale = args
+    q, k, v, cu_q, cu_k, max_q, o, l, causal, scale_log2, out_scale, p_fmt, p_scale, p_rscale = args
     assert q is inputs[0] and k is inputs[1] and v is inputs[2]  # dense, aligned: no copies
     assert cu_q.dtype == torch.int32 and max_q == 5 and o is out and l is lse and causal is True
     assert scale_log2 == pytest.approx(192 ** -0.5 * math.log2(math.e), rel=1e-6)
-    assert (out_scale, p_fmt, p_scale, q_scale) == (1.0, 0, 1.0, 0.0)
+    assert (out_scale, p_fmt, p_scale) == (1.0, 0, 1.0)
 
 
 def test_launch_arguments_fp8_recipe():
@@ -173,18 +173,16 @@ def test_launch_arguments_fp8_recipe():
     rec = _Recorder()
     cuda_prefill.run(rec, _call(inputs, **FP8, **AMAX), {})
     scales = [s for kind, s in rec.calls if kind == "codes"]
-    assert scales == [_f32(4.0 / 448), _f32(3.0 / 448)]  # K and V by the pre-pass; Q's codes made in the kernel
+    assert scales == [_f32(3.5 / 448), _f32(4.0 / 448), _f32(3.0 / 448)]
     args = rec.calls[-1][1]
     q, k, v = args[:3]
-    assert q is inputs[0]
-    assert k.dtype == torch.bfloat16 and torch.equal(k.float() * scales[0], numerics.qdq_fp8(inputs[1], 4.0))
-    assert torch.equal(v.float() * scales[1], numerics.qdq_fp8(inputs[2], 3.0))
-    scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_scale = args[9:]
-    assert q_scale == _f32(3.5 / 448)
-    assert scale_log2 == pytest.approx(192 ** -0.5 * q_scale * scales[0] * math.log2(math.e), rel=1e-6)
+    assert q.dtype == torch.bfloat16 and torch.equal(q.float() * scales[0], numerics.qdq_fp8(inputs[0], 3.5))
+    assert torch.equal(v.float() * scales[2], numerics.qdq_fp8(inputs[2], 3.0))
+    scale_log2, out_scale, p_fmt, p_scale, p_rscale = args[9:]
+    assert scale_log2 == pytest.approx(192 ** -0.5 * scales[0] * scales[1] * math.log2(math.e), rel=1e-6)
     assert p_fmt == 1 and p_scale == _f32(1 / 448)
     assert p_rscale == float(torch.tensor(1.0) / torch.tensor(p_scale))  # the float32 quotient: 447.99997
-    assert out_scale == pytest.approx(scales[1] * p_scale, rel=1e-7)
+    assert out_scale == pytest.approx(scales[2] * p_scale, rel=1e-7)
 
 
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
@@ -308,36 +306,15 @@ def test_gpu_strided_and_misaligned_views(poisoned_outputs):
 
 
 @gpu
-def test_gpu_persistent_schedule(poisoned_outputs):
-    """The persistent kernel's work list: more items than CTAs with most of them empty (short sequences under a long
-    one's block count: each head's empty items skipped, sequences without queries skipped whole, a keyless one
-    written by the producer), and fewer items than CTAs (one item, one head)."""
+def test_gpu_ragged_batch_of_mostly_empty_blocks(poisoned_outputs):
+    """Many short sequences under a long one's block count (most query blocks of the launch empty), sequences without
+    queries or keys among them, and single-block launches (one head, one short sequence)."""
     seqs = ([(1, 1)] * 20 + [(0, 9), (700, 700), (0, 0), (129, 300), (5, 0), (0, 3)] + [(64, 64)] * 6
             + [(1500, 1500), (2, 1)])
     check(*run_pair(make_inputs(seqs, 8, 2, seed=12), causal=True))
     check(*run_pair(make_inputs(seqs[-4:], 8, 2, seed=13), causal=False))
     for seqs in ([(100, 100)], [(1, 1)], [(3, 700)]):
         check(*run_pair(make_inputs(seqs, 1, 1, seed=14), causal=True))
-
-
-@gpu
-def test_gpu_q_codes_in_kernel_equal_the_prepass():
-    """The kernel's in-place Q codes (q_scale > 0) give bit for bit the output of the kernel run on the pre-pass's
-    codes of q (q_scale 0, the same folded scales): saturating values (amax below the data's) included."""
-    module, reason = build.load_or_reason()
-    assert module is not None, reason
-    q, k, v, cu_q, cu_k, max_q = make_inputs([(300, 300), (1, 65), (129, 129)], 4, 2, seed=15)
-    q = q * 3  # |q| up to ~15 against amax 4: codes saturate at 448
-    results = []
-    for in_kernel in (True, False):
-        codes, scale = cuda_prefill.fp8_codes(module, q, 4.0)
-        out = torch.full((q.shape[0], 4, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
-        lse = torch.full((4, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
-        module.prefill_wgmma(q if in_kernel else codes, k, v, cu_q, cu_k, max_q, out, lse, True,
-                             0.07 * scale * math.log2(math.e), 1.0, 0, 1.0, 1.0, scale if in_kernel else 0.0)
-        results.append((out, lse))
-    assert not results[0][0].isnan().any()
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
 @gpu

@@ -4,8 +4,9 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DPREFILL_SRC='"<dir>/mla_prefill_wgmma.cu"' \
 //        [-DAB_PERSISTENT] -o ab_x benchmarks/probes/prefill_ab.cu
 //   ./ab_x <label>
-// AB_PERSISTENT: the version with PrefillParams::counter (zeroed before each launch, outside the events) and
-// q_scale (the fp8 recipe's Q codes made in the kernel; without it the recipe runs the pre-pass over Q too).
+// AB_PERSISTENT: a version with PrefillParams::counter (zeroed before each launch, outside the events) and q_scale
+// (the fp8 recipe's Q codes made in the kernel; without it the recipe runs the pre-pass over Q too): the persistent
+// variant of round 2 (89103da, not kept: benchmarks/NOTES.md "cuda prefill, round 2").
 // Causal, 128 heads, q/k 192, v 128, inputs uniform in [-2, 2); 4 x 4096, 1 x 16384 and ragged16 (bench_prefill.py's
 // cases), bf16 and the fp8 recipe
 // (Q/K/V/P, amax 4 and 1): median and minimum µs of 12 launches, each after a 256 MB memset (L2 flushed).

@@ -16,9 +16,10 @@ actor that fires the pending landings in any order) for 2..4 stages. Checked:
   - no named-barrier generation completed by one side alone or by two arrivals, none left open at the end.
 A warpgroup is one actor: each generation of a 256-thread named barrier needs all 4 warps of both sides, and the
 per-warp empty arrivals come after the warp's own wait (modelled as one arrival per warpgroup, count 2).
-Broken variants of the protocol must be caught (a check that a mistake would show).
+Broken variants of the protocol must be caught (a check that a mistake would show). Then the persistent variant
+of round 2 (89103da: work items from a counter, a Q / item slot between items; see below), its own broken variants.
 
-    python3 benchmarks/probes/prefill_wgmma_emulation.py     # about 6 s
+    python3 benchmarks/probes/prefill_wgmma_emulation.py     # about 25 s
 """
 import sys
 
@@ -212,7 +213,9 @@ def explore(n, stages, mutant=None, pingpong=True, tma=False):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The library kernel (csrc/mla_prefill_wgmma.cu), persistent: one CTA takes a list of work items; items with n = 0
+# The persistent variant of the library kernel (csrc/mla_prefill_wgmma.cu at 89103da; measured no faster than the
+# one-item-per-CTA grid and not kept: benchmarks/NOTES.md "cuda prefill, round 2"; modelled here for the next attempt,
+# e.g. with a second Q buffer), persistent: one CTA takes a list of work items; items with n = 0
 # key tiles are written by the producer warp alone (no barrier operation). Per handed item the producer waits for
 # both consumers' release of Q (emptyQ, count 2 here: one per warpgroup), writes the item slot and loads Q (fullQ by
 # its landing), then the item's tiles into the ring continuing its global tile count g, and for a tail item waits
@@ -488,7 +491,7 @@ def main():
             caught, why = True, f"hazard: {e}"
         print(f"  {mutant:18s} ({'TMA, ' if tma else ''}stages {stages}, {n} tiles): {why}")
         ok &= caught
-    print("library kernel (persistent), every interleaving of producer / WG0 / WG1 / TMA landings over item lists:")
+    print("persistent variant (89103da), every interleaving of producer / WG0 / WG1 / TMA landings over item lists:")
     for stages in (2, 3, 4):
         for items in PERSISTENT_ITEMS:
             tag = f"stages {stages}, items {items}"

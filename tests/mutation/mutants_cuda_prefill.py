@@ -3,21 +3,15 @@ plausible bug tests/test_cuda_prefill.py's GPU tests must notice. ``old`` occurs
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda_prefill.py`` judges every mutant with its ``tests`` selection
 (the runner: gpu_mutants.py; builds reused from ``$MUTANT_WORK``); ``--prepare`` only builds (a device script starts
-it beside the main build and runs the tests later). ``PREFILL_MUTANTS=round2``: only round 2's (issue 12) mutants
-and the two Python ones.
+it beside the main build and runs the tests later).
 """
 from __future__ import annotations
-
-import os
 
 SELECTION = ("tests/test_cuda_prefill.py::test_gpu_boundary_lengths "
              "tests/test_cuda_prefill.py::test_gpu_cached_prefix_and_gqa "
              "tests/test_cuda_prefill.py::test_gpu_fp8 "
              "tests/test_cuda_prefill.py::test_gpu_nan_and_inf_rows_between_sequences")
 """Fast cases: tile-edge lengths both ways, cached prefixes and GQA, the FP8 recipes, poisoned rows between sequences."""
-SCHEDULE = ("tests/test_cuda_prefill.py::test_gpu_persistent_schedule "
-            "tests/test_cuda_prefill.py::test_gpu_boundary_lengths")
-"""The persistent kernel's work list (empty items skipped, keyless items written by the producer)."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -60,28 +54,7 @@ MUTANTS = [
          new="    if call.v_quant",
          tests=[SELECTION], gpu=True,
          why="K's FP8 scale left out of the score scale (Q / K codes multiplied as if scale 1)"),
-    # round 2 (issue 12): the persistent schedule and Q's codes made in the kernel
-    dict(file="csrc/mla_prefill_wgmma.cu", old="(blocks - nb)));", new="(blocks - nb + 1)));",
-         tests=[SCHEDULE], gpu=True, round2=True,
-         why="empty-item skip one too far: a head's longest non-empty query block is never computed"),
-    dict(file="csrc/mla_prefill_wgmma.cu", old="nb == 0 ? (b + 1) * per_seq", new="nb == 0 ? (b + 2) * per_seq",
-         tests=[SCHEDULE], gpu=True, round2=True,
-         why="a sequence without queries skips the next sequence's items too"),
-    dict(file="csrc/mla_prefill_wgmma.cu", old="  const int rows = min(kBM, len_q - q0);",
-         new="  const int rows = min(kBM, len_q - q0) - 1;",
-         tests=[SCHEDULE], gpu=True, round2=True,
-         why="the producer's empty rows (an item without a visible key) miss the block's last row"),
-    dict(file="csrc/mla_prefill_wgmma.cu", old="    if (p.q_scale > 0.f) {", new="    if (p.q_scale < 0.f) {",
-         tests=["tests/test_cuda_prefill.py::test_gpu_fp8 "
-                "tests/test_cuda_prefill.py::test_gpu_q_codes_in_kernel_equal_the_prepass"], gpu=True, round2=True,
-         why="Q's codes not made in the kernel: the raw Q multiplied with Q's FP8 scale folded in"),
-    dict(file="backends/cuda/mla_core_cuda/prefill.py", old="        scale_qk *= q_scale\n",
-         new="",
-         tests=["tests/test_cuda_prefill.py::test_gpu_fp8"], gpu=True, round2=True,
-         why="Q's FP8 scale left out of the score scale (the codes multiplied as if scale 1)"),
 ]
-if os.environ.get("PREFILL_MUTANTS") == "round2":  # this round's mutants, and the two Python ones never judged
-    MUTANTS = [m for m in MUTANTS if m.get("round2") or m["file"].endswith(".py")]
 
 
 if __name__ == "__main__":

@@ -3,12 +3,11 @@
 The kernel serves :func:`mla_core.mla_prefill` at MLA's prefill shapes: bf16 q / k [tokens, heads, 192] and v
 [tokens, kv_heads, 128], any batch of ``cu_seqlens`` (len_q and len_k per sequence free: causal is bottom-right,
 queries the suffix of their key span), GQA, LSE, the P tile ``block_n = 64`` (docs/numerics.md), P unquantized
-(rounded to bf16) or ``p_quant="fp8"``. K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``:
-E4M3 codes of ``x / scale``, the IEEE quotient, stored as bf16 values, which hold every code exactly), Q's in the
-kernel by the same rule on each loaded block (``q_scale``), the kernel running on the codes with the per-tensor
-factors folded into the score scale and the output scale: the fused definition up to float32 summation order
-(tests/test_cuda_prefill.py checks the codes against :func:`mla_core.numerics.qdq_fp8` bit for bit, and the
-in-kernel Q against the pre-pass's). NVFP4 operands, N:M sparsity, other dtypes and head dims are
+(rounded to bf16) or ``p_quant="fp8"``. Q / K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``:
+E4M3 codes of ``x / scale``, the IEEE quotient, stored as bf16 values, which hold every code exactly) followed by
+the kernel on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
+definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
+:func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands, N:M sparsity, other dtypes and head dims are
 refused by :func:`why_not` (triton and the reference run them).
 
 Tensor maps are built per call from the tensors' strides; a view TMA cannot address (data or a token / head stride
@@ -119,10 +118,9 @@ def run(module, call: PrefillCall, config: dict):
             lse.fill_(float("-inf"))
         return out, lse
     scale_qk = out_scale = 1.0
-    q_scale = 0.0  # > 0: the kernel turns Q into its codes (no pre-pass over q)
     if call.q_quant == "fp8":
-        q_scale = _f32(numerics.fp8_scale(call.q_amax))
-        scale_qk *= q_scale
+        q, s = fp8_codes(module, q, call.q_amax)
+        scale_qk *= s
     if call.k_quant == "fp8":
         k, s = fp8_codes(module, k, call.k_amax)
         scale_qk *= s
@@ -138,5 +136,5 @@ def run(module, call: PrefillCall, config: dict):
     cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
                          call.causal, _f32(call.softmax_scale) * _f32(scale_qk) * math.log2(math.e),
-                         _f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale), q_scale)
+                         _f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale))
     return out, lse
