@@ -3,11 +3,27 @@
 # the benchmark (ratios to the cuda bf16 time), memcheck of the decode workload, the new WGMMA mutants (their
 # builds start in the background after the main build). Logs in $OUT.
 #   MLA_COMMIT=<hash> bash benchmarks/cuda_decode_qdq_device.sh
+#   QDQ_QUICK=1: the build, a selection of the tests (QDQ_TESTS) and two benchmark shapes only (H16 / H128, B32, L8192).
 set -u
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-/tmp}
 echo "commit ${MLA_COMMIT:-unknown}"
-{ time python3 -c "from mla_core_cuda import build; print(build.build().__file__)"; } 2>&1 | tee "$LOGS/qdq_build.log" | tail -4
+# this checkout's sources first on the path, its entry points declared by hand (a warm machine may hold another
+# tree's editable install: the first run of this script imported one and tested its older launcher)
+ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
+printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
+printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n' \
+  >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
+export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep"
+{ time python3 -c "import mla_core_cuda; from mla_core_cuda import build; print(mla_core_cuda.__file__, build.build().__file__)"; } 2>&1 | tee "$LOGS/qdq_build.log" | tail -4
+if [ "${QDQ_QUICK:-0}" = 1 ]; then
+  timeout "${TEST_TIMEOUT:-30}" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line tests/test_cuda_decode.py \
+    -k "${QDQ_TESTS:-agree or exact or calibrated or graph or (deepseek and (fp8-128-16 or fp8_p_nvfp4-16-64))}" \
+    2>&1 | tee "$LOGS/qdq_gpu_tests_quick.log" | tail -12
+  OUT=$LOGS timeout "${BENCH_TIMEOUT:-20}" python3 benchmarks/bench_decode_qdq_cuda.py --heads 16,128 --batch 32 \
+    --lengths 8192 2>&1 | tee "$LOGS/qdq_bench_quick.log" | tail -7
+  exit 0
+fi
 work=$(mktemp -d)
 judge() {  # $1: prepare (build only) or judge
   WORK=$work MUTANT_INDICES=${QDQ_MUTANTS:-2,16,17,18,19,20,21,22} python3 - "$1" <<'PY'
