@@ -33,8 +33,10 @@ class CudaBackend(mla_core.Backend):
     version = "0.3 (sm_90a, mma.sync + wgmma, wgmma prefill)"  # the shipped H200 choices carry this string: change both together
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
-    """Above triton's 200: unquantized decode on the WGMMA kernel where it was measured faster (H200, graph
-    replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed")."""
+    """Above triton's 200: decode on the WGMMA kernel where it was measured faster unquantized (H200, graph
+    replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed");
+    the K = V FP8 recipes it runs rank alike on a prediction, not yet measured (benchmarks/NOTES.md, "fused fake
+    quantization on WGMMA")."""
     PRIORITY_PREFILL = 220
     """Prefill: above triton (200), below cuDNN's 250 where cuDNN serves the problem (bf16 dense batches, and ragged
     ones where torch keeps its cuDNN graph). Measured on the H200 (causal, 128 heads, 4 x 4096 and 1 x 16384):
