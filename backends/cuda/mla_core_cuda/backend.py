@@ -35,8 +35,9 @@ class CudaBackend(mla_core.Backend):
     PRIORITY_WGMMA = 210
     """Above triton's 200: decode on the WGMMA kernel where it was measured faster unquantized (H200, graph
     replays: 1.5-3.4x triton's speed at 128 heads with auto splits, 1.8-2.4x at 32 splits; docs/cuda.md "Speed");
-    the K = V FP8 recipes it runs rank alike on a prediction, not yet measured (benchmarks/NOTES.md, "fused fake
-    quantization on WGMMA")."""
+    the K = V FP8 recipes it runs rank alike: the fp8 recipe measured 522 us at 128 heads, batch 32, 8k keys (auto
+    splits) against triton's 856 at 32 splits, and the TP 8 warm-up picked it over triton at 16 heads from 4k keys
+    (benchmarks/NOTES.md, "fused fake quantization on WGMMA", lead's run)."""
     PRIORITY_PREFILL = 220
     """Prefill: above triton (200), below cuDNN's 250 where cuDNN serves the problem (bf16 dense batches, and ragged
     ones where torch keeps its cuDNN graph). Measured on the H200 (causal, 128 heads, 4 x 4096 and 1 x 16384):
