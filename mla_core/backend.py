@@ -23,22 +23,28 @@ class OpCapability:
     ``limits`` maps a :class:`~mla_core.problem.Problem` parameter name to the values supported
     (any container; a ``range`` works for head counts); parameters not named are unrestricted.
     ``features`` is the set of optional behaviours supported (a problem needing one outside it is
-    rejected). ``notes`` is free text shown by ``mla-core backends``.
+    rejected). ``notes`` is free text shown by ``mla-core backends``. ``why`` maps a limit's name or a
+    feature to why the kernel does not run what is outside it (and who does): :meth:`why_not` then says
+    ``"name=value: <why>"`` instead of listing the supported values.
     """
 
     limits: Mapping[str, Collection[Any]] = field(default_factory=dict)
     features: frozenset[str] = frozenset()
     notes: str = ""
+    why: Mapping[str, str] = field(default_factory=dict)
 
     def why_not(self, problem: Problem) -> list[str]:
         reasons = []
         for name, allowed in self.limits.items():
             value = problem.get(name, _MISSING)
             if value is not _MISSING and value not in allowed:
-                reasons.append(f"{name}={value} (supported: {_show(allowed)})")
+                reasons.append(f"{name}={value}: {self.why[name]}" if name in self.why
+                               else f"{name}={value} (supported: {_show(allowed)})")
         missing = problem.features - self.features
-        if missing:
-            reasons.append(f"needs {', '.join(sorted(missing))} (supported: {_show(self.features) or 'none'})")
+        reasons += [f"{feature}: {self.why[feature]}" for feature in sorted(missing) if feature in self.why]
+        unexplained = sorted(f for f in missing if f not in self.why)
+        if unexplained:
+            reasons.append(f"needs {', '.join(unexplained)} (supported: {_show(self.features) or 'none'})")
         return reasons
 
 

@@ -32,6 +32,18 @@ def fakes():
     plugins.reload()
 
 
+def test_capability_why_replaces_the_generic_line_for_the_limits_and_features_it_explains():
+    """``OpCapability.why``: a refused value or a missing feature it explains reads ``name=value: why``; the rest
+    keep the generic ``(supported: ...)`` line, listing only the unexplained features."""
+    cap = mla_core.OpCapability(limits={"dtype": {"float32"}, "heads": range(1, 9)}, features=frozenset({"lse"}),
+                                why={"dtype": "written for float32 sums", "nm_sparsity": "no key groups here"})
+    problem = mla_core.Problem.make("prefill", "cpu", {"lse", "nm_sparsity", "gqa"}, dtype="bfloat16", heads=16)
+    assert cap.why_not(problem) == ["dtype=bfloat16: written for float32 sums", "heads=16 (supported: 1..8)",
+                                    "nm_sparsity: no key groups here", "needs gqa (supported: lse)"]
+    fine = mla_core.Problem.make("prefill", "cpu", {"lse"}, dtype="float32", heads=8)
+    assert cap.why_not(fine) == []
+
+
 def _merge_args(dtype=torch.float32):
     return inputs.merge_inputs(5, heads=2, head_dim=8, dtype=dtype, seed=1)
 

@@ -71,7 +71,18 @@ class CudaBackend(mla_core.Backend):
             features=frozenset({"lse", "gqa"}),
             notes="sm_90 (H100/H200) only, WGMMA + TMA; bf16 q/k 192 (128 + 64 RoPE), v 128; varlen, causal "
                   "(bottom-right) and non-causal, any len_q / len_k, GQA; P tile block_n 64; P in bf16 or FP8; "
-                  "Q/K/V FP8 as a QDQ pre-pass to codes; no NVFP4, no N:M sparsity"),
+                  "Q/K/V FP8 as a QDQ pre-pass to codes; no NVFP4, no N:M sparsity",
+            why={"dtype": "the kernel's tensor-core products and TMA maps are bf16 (fp16 / fp32: triton)",
+                 "qk_dim": "the kernel is written for MLA's q/k width 192 = 128 + 64 RoPE (three 128-byte slabs "
+                           "per row)",
+                 "v_dim": "the kernel is written for MLA's v width 128 (one m64n128 accumulator per warpgroup)",
+                 "block_n": "the P tile (docs/numerics.md) is the kernel's 64-key tile; another block_n rounds P "
+                            "against other maxima (triton, reference)",
+                 **dict.fromkeys(("q_quant", "k_quant", "v_quant", "p_quant"),
+                                 "NVFP4 operands are not run (FP8 only: QDQ pre-pass for Q / K / V, in-kernel "
+                                 "rounding for P); triton runs NVFP4"),
+                 "nm_sparsity": "N:M sparsity ranks scores inside key groups, which this kernel does not (triton "
+                                "runs it)"}),
     }
 
     def priority_for(self, problem) -> int:
@@ -99,16 +110,6 @@ class CudaBackend(mla_core.Backend):
         """Build (or load) the extension now; a failed build is remembered as :meth:`unavailable_reason`."""
         if device_reason() is None:
             build.load_or_reason()
-
-    def why_not(self, problem) -> list[str]:
-        reasons = super().why_not(problem)
-        if problem.op != "prefill" or (reasons and reasons[0].startswith("unavailable")):
-            return reasons
-        from . import prefill
-        # the limits' generic lines replaced by the kernel's reasons (what it is written for, who runs the rest)
-        generic = ("dtype=", "qk_dim=", "v_dim=", "block_n=", "q_quant=", "k_quant=", "v_quant=", "p_quant=")
-        return ([r for r in reasons if not r.startswith(generic) and "nm_sparsity" not in r]
-                + prefill.why_not(problem))
 
     def build(self, verbose: bool = False) -> str | None:
         """``mla-core build``: build the kernels now (or find the cached build); no GPU needed, only nvcc.

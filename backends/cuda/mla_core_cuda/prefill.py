@@ -27,37 +27,6 @@ from .decode import EXACT_DIV_FREE_RANGE, _f32  # P's FP8 scales divided without
 QK_DIM, V_DIM, P_TILE = 192, 128, 64
 QUANT = frozenset({None, "fp8"})
 
-_REFUSED = {
-    "dtype": "the kernel's tensor-core products and TMA maps are bf16 (fp16 / fp32: triton)",
-    "qk_dim": "the kernel is written for MLA's q/k width 192 = 128 + 64 RoPE (three 128-byte slabs per row)",
-    "v_dim": "the kernel is written for MLA's v width 128 (one m64n128 accumulator per warpgroup)",
-    "block_n": "the P tile (docs/numerics.md) is the kernel's 64-key tile; another block_n rounds P against other "
-               "maxima (triton, reference)",
-    "quant": "NVFP4 operands are not run (FP8 only: QDQ pre-pass for Q / K / V, in-kernel rounding for P); "
-             "triton runs NVFP4",
-    "nm_sparsity": "N:M sparsity ranks scores inside key groups, which this kernel does not (triton runs it)",
-}
-
-
-def why_not(problem) -> list[str]:
-    """Reasons, with the why, this kernel cannot run a prefill ``problem`` (empty: it can)."""
-    reasons = []
-    if problem.get("dtype") != "bfloat16":
-        reasons.append(f"dtype={problem.get('dtype')}: {_REFUSED['dtype']}")
-    if problem.get("qk_dim") != QK_DIM:
-        reasons.append(f"qk_dim={problem.get('qk_dim')}: {_REFUSED['qk_dim']}")
-    if problem.get("v_dim") != V_DIM:
-        reasons.append(f"v_dim={problem.get('v_dim')}: {_REFUSED['v_dim']}")
-    if problem.get("block_n") != P_TILE:
-        reasons.append(f"block_n={problem.get('block_n')}: {_REFUSED['block_n']}")
-    for name in ("q_quant", "k_quant", "v_quant", "p_quant"):
-        if problem.get(name) not in QUANT:
-            reasons.append(f"{name}={problem.get(name)}: {_REFUSED['quant']}")
-    if "nm_sparsity" in problem.features:
-        reasons.append(f"nm_sparsity: {_REFUSED['nm_sparsity']}")
-    return reasons
-
-
 def configs(problem) -> list[dict]:
     """One launch shape (128 query rows per CTA, 64-key tiles, 4 stages): nothing to tune."""
     return [{}]
