@@ -46,7 +46,7 @@ MUTANTS = [
          new="        acc[mt][nt][2] *= a0;",
          tests=["tests/test_cuda_decode.py"],
          why="wrong row: the accumulator of heads g + 8 rescaled by row g's running-max factor"),
-    dict(file="csrc/mla_decode.cu",
+    dict(file="csrc/qdq.cuh",
          old="  r = r > 6.f ? 6.f : r;",
          new="  r = r > 4.f ? 4.f : r;",
          tests=["tests/test_cuda_decode.py"],
