@@ -68,3 +68,11 @@ def test_mutant_indices_judge_only_those(tmp_path, capsys, monkeypatch):
                            work=tmp_path / "work") == 0
     out = capsys.readouterr().out
     assert "mutant 1 (drops" in out and "mutant 0" not in out and "1/1 killed" in out
+
+
+def test_every_mutant_still_names_its_line():
+    """Every mutant of every list (the CPU ones and the CUDA ones the device runs) names text that occurs exactly
+    once in its file: moving code a mutant targets must move the mutant too, found here rather than on the GPU."""
+    import run as mutation_run
+    problems = [f"{m.id} ({m.file}): {'; '.join(m.problems)}" for m in mutation_run.load_mutants() if m.problems]
+    assert not problems, problems
