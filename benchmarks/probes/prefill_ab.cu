@@ -2,11 +2,10 @@
 // alternately, so two kernels are compared in the same machine state (the bench's one-run ratios move +-3-6 % from
 // run to run with the clock):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DPREFILL_SRC='"<dir>/mla_prefill_wgmma.cu"' \
-//        [-DAB_PERSISTENT] -o ab_x benchmarks/probes/prefill_ab.cu
+//        -o ab_x benchmarks/probes/prefill_ab.cu
 //   ./ab_x <label>
-// AB_PERSISTENT: a version with PrefillParams::counter (zeroed before each launch, outside the events) and q_scale
-// (the fp8 recipe's Q codes made in the kernel; without it the recipe runs the pre-pass over Q too): the persistent
-// variant of round 2 (89103da, not kept: benchmarks/NOTES.md "cuda prefill, round 2").
+// (The round-2 persistent variant it was written for, 89103da, needed a counter and Q's scale in PrefillParams:
+// that version of this file is in git at 3c974bf; benchmarks/NOTES.md "cuda prefill, round 2".)
 // Causal, 128 heads, q/k 192, v 128, inputs uniform in [-2, 2); 4 x 4096, 1 x 16384 and ragged16 (bench_prefill.py's
 // cases), bf16 and the fp8 recipe
 // (Q/K/V/P, amax 4 and 1): median and minimum µs of 12 launches, each after a 256 MB memset (L2 flushed).
@@ -46,7 +45,6 @@ int main(int argc, char** argv) {
   uint16_t *q, *k, *v, *qc, *kc, *vc, *out;
   float* lse;
   int32_t* cu;
-  unsigned long long* counter;
   void* flush;
   CHECK(cudaMalloc(&q, nq * 2));
   CHECK(cudaMalloc(&k, nq * 2));
@@ -57,7 +55,6 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&out, nv * 2));
   CHECK(cudaMalloc(&lse, T * H * 4));
   CHECK(cudaMalloc(&cu, 17 * 4));
-  CHECK(cudaMalloc(&counter, 8));
   CHECK(cudaMalloc(&flush, 256 << 20));
   fill_uniform<<<1024, 256>>>(q, nq, 1);
   fill_uniform<<<1024, 256>>>(k, nq, 2);
@@ -106,19 +103,12 @@ int main(int argc, char** argv) {
         p.scale_log2 = sm * log2e * s_in * s_in;
         p.out_scale = s_in * p_scale;
       }
-#ifdef AB_PERSISTENT
-      p.counter = counter;
-#endif
       auto run = [&]() -> cudaError_t {
         cudaError_t e = cudaSuccess;
         p.q = q, p.k = k, p.v = v;
         if (fp8) {
-#ifdef AB_PERSISTENT
-          p.q_scale = s_in;
-#else
           if ((e = launch_fp8_codes_bf16(q, qc, tokens * H * 192, s_in, 0)) != cudaSuccess) return e;
           p.q = qc;
-#endif
           if ((e = launch_fp8_codes_bf16(k, kc, tokens * H * 192, s_in, 0)) != cudaSuccess) return e;
           if ((e = launch_fp8_codes_bf16(v, vc, tokens * H * 128, s_in, 0)) != cudaSuccess) return e;
           p.k = kc, p.v = vc;
@@ -128,7 +118,6 @@ int main(int argc, char** argv) {
       std::vector<float> ts;
       for (int it = 0; it < 14; ++it) {
         CHECK(cudaMemsetAsync(flush, it & 0xff, 256 << 20));
-        CHECK(cudaMemsetAsync(counter, 0, 8));
         CHECK(cudaEventRecord(e0));
         CHECK(run());
         CHECK(cudaEventRecord(e1));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of two versions of the prefill kernel (prefill_ab.cu): the tree's csrc/ ("new", AB_NEW_FLAGS) against AB_OLD, a
 # folder holding another mla_prefill_wgmma.cu with its mla_prefill.h and hopper.cuh ("old", AB_OLD_FLAGS; e.g. the
-# files of 89103da with -DAB_PERSISTENT); both built in parallel, then run alternately ROUNDS times (SM clock logged).
+# files of an earlier commit); both built in parallel, then run alternately ROUNDS times (SM clock logged).
 #   AB_OLD=<folder> [ROUNDS=2] bash benchmarks/probes/run_prefill_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")"
