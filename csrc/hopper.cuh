@@ -1,6 +1,6 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
-// descriptors, the wgmma fence / commit and register fence, cp.async, mbarriers and named barriers, 1024-byte
+// descriptors, the wgmma fence / commit / wait and register fence, cp.async, mbarriers and named barriers, 1024-byte
 // alignment, 2^x, E4M3 codes to bf16, two floats packed as bf16, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
 // blocks, verified"). Inline PTX only; a wgmma instruction compiles only where the target is sm_90a.
 #pragma once
@@ -26,7 +26,7 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint
 }
 
 // wgmma ordering: fence before the first wgmma that reads registers or shared memory written since, commit the
-// issued wgmma as one group (outside sm_90a both are empty; the wgmma themselves trap there).
+// issued wgmma as one group, wait for groups (outside sm_90a all are empty; the wgmma themselves trap there).
 __device__ __forceinline__ void wg_fence() {
 #ifdef MLA_HOPPER_SM90A
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -35,6 +35,13 @@ __device__ __forceinline__ void wg_fence() {
 __device__ __forceinline__ void wg_commit() {
 #ifdef MLA_HOPPER_SM90A
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most N committed wgmma groups of this warpgroup are in flight.
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#ifdef MLA_HOPPER_SM90A
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 // Ties registers to a point in the instruction stream, so the compiler neither reads accumulators before the

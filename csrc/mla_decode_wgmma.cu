@@ -48,6 +48,7 @@
 #include "mla_decode.h"
 #include "mla_decode_split.cuh"
 #include "qdq.cuh"
+#include "seesaw.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,15 +63,10 @@
 namespace mla_core_cuda {
 namespace {
 
-constexpr int kHeads = 64;                         // heads per CTA: the wgmma M
-constexpr int kKeys = 64;                          // keys per step: two 32-key P tiles
-constexpr int kPTile = 32;                         // the contract's P tile
-constexpr int kNope = 512;                         // V width (kv_lora_rank)
+// The CTA's shape, the seesaw's named barriers and the slab layout: seesaw.cuh (kHeads, kKeys, kNope, ...).
+constexpr int kPTile = 32;                         // the contract's P tile: a step is two
 constexpr int kRowBytes = 576 * 2;                 // a K row (512 latent + 64 rope), 16-bit elements
 constexpr int kChunks = kRowBytes / 16;            // 16-byte chunks per row
-constexpr int kConsumerThreads = 256;              // two consumer warpgroups (warps 0-7)
-constexpr int kThreads = 384;                      // + the producer warpgroup (warps 8-11)
-constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the launch share)
 constexpr int kTileBytes = kKeys * kRowBytes;      // 73,728 B: 9 slabs of [64 rows x 128 B] (Q alike)
 constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
                            + kHeads * 128          // P slab [64 heads x 64 keys]
@@ -78,27 +74,7 @@ constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
                            + 2 * 4 * 4             // [2 stages][4 producer warps] validity bits of 16 keys
                            + 4 * 8                 // mbarriers full[2], empty[2]
                            + 1024;                 // alignment slack: slabs start 1024-aligned
-constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarAll = 5;  // named barriers
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxDevices = 64;                    // devices whose shared-memory attribute is remembered
-
-// Byte offset of (row, byte) in the slab layout of a [64 rows x 1152 B] operand: 128-byte slabs of 64 rows,
-// slab after slab; chunk c of row r at chunk position c ^ (r % 8) (the 128-byte swizzle).
-__device__ __forceinline__ uint32_t slab_off(uint32_t row, uint32_t byte) {
-  return (byte >> 7) * (kKeys * 128u) + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
-}
-
-// K-major operand (64-row slabs), the k16 step `kbyte` bytes into each row: SBO 1024 (8 rows), LBO unused (16).
-__device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s, uint32_t kbyte) {
-  return make_desc(smem_u32(s) + (kbyte >> 7) * kKeys * 128u + (kbyte & 127u), 16u, 1024u);
-}
-// MN-major operand (V: rows = keys, the slab runs along the output columns), the k16 step at key `k0`:
-// LBO = bytes between 64-column slabs, SBO 1024 (8 keys).
-__device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) {
-  return make_desc(smem_u32(s) + k0 * 128u, kKeys * 128u, 1024u);
-}
-
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
 // The wgmma products in the element type T (D f32 += A T * B T): S half m64n32k16 (A = Q, B = K, both
 // K-major), P V m64n256k16 with P from shared memory (pv: A K-major, B = V MN-major; `accumulate` 0: D = A B)
@@ -232,24 +208,6 @@ __device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[ks][i] = Wgmma<T>::pack(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
 }
-// The fragments into the P slab at keys key0 .. key0 + 31 (rows row_lo, row_lo + 8 of this thread).
-__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], int row_lo, int key0, int t) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const int key = key0 + 16 * ks + 2 * (t & 3);
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, key * 2)) = a[ks][0];
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, key * 2)) = a[ks][1];
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, (key + 8) * 2)) = a[ks][2];
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, (key + 8) * 2)) = a[ks][3];
-  }
-}
-// O rows scaled by a_lo / a_hi unless both are exactly 1 in every row of the warp (x * 1 = x: skipping changes
-// no bit). A factor is 1 once a row's running max has settled, so most steps skip it.
-__device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi) {
-  if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows(o, a_lo, a_hi);
-}
-// A row without a valid key so far has max -inf: its factors and P are taken against 0 (no -inf - -inf NaN).
-__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
 
 // Two elements of T (the lower in the low half) as float32.
 template <typename T> __device__ __forceinline__ void unpack(uint32_t w, float& lo, float& hi);
@@ -428,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     for (int ks = 0; ks < kRowBytes / 32; ++ks)
       Wgmma<T>::s_half(sc, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
     wg_commit();
-    wg_wait_all();
+    wg_wait<0>();
     reg_fence(sc);
 
     const uint32_t valid = s_valid[4 * s + 2 * wg] | (s_valid[4 * s + 2 * wg + 1] << 16);  // this half's keys
@@ -440,29 +398,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       sc[j] = x;
       if (j & 2) mx_hi = fmaxf(mx_hi, x); else mx_lo = fmaxf(mx_lo, x);
     }
-#pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {  // the 4 threads of a quad share rows
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
-    }
+    quad_max(mx_lo, mx_hi);
 
     uint32_t a[2][4];  // this half's P as the RS A operand
     if (wg == 0) {
-      if ((t & 3) == 0) {
-        smx0[row_lo] = mx_lo;
-        smx0[row_lo + 8] = mx_hi;
-      }
+      store_row_pair(smx0, row_lo, t, mx_lo, mx_hi);
       nb_arrive<kConsumerThreads>(kBarMx0);
       const float m1_lo = fmaxf(m_lo, mx_lo), m1_hi = fmaxf(m_hi, mx_hi);
       const float z1_lo = finite_or_zero(m1_lo), z1_hi = finite_or_zero(m1_hi);
       const float a1_lo = ex2(m_lo - z1_lo), a1_hi = ex2(m_hi - z1_hi);
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float e = ex2(sc[j] - ((j & 2) ? z1_hi : z1_lo));
-        sc[j] = e;
-        if (j & 2) sum_hi += e; else sum_lo += e;
-      }
+      float sum_lo, sum_hi;
+      exponentiate(sc, m1_lo, m1_hi, sum_lo, sum_hi);
       p_qdq<T, PF>(p, sc);  // the row sums are of the float32 P
       p_fragments<T>(sc, a);
       if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous step read the slab
@@ -481,14 +427,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       l_hi = (l_hi * a1_hi + sum_hi) * a2_hi;
       m_lo = m2_lo;
       m_hi = m2_hi;
-      wg_wait_all();
+      wg_wait<0>();
       reg_fence(o);
       rescale(o, a2_lo, a2_hi);
       wg_fence();
       Wgmma<T>::pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
       Wgmma<T>::pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
       wg_commit();
-      wg_wait_all();
+      wg_wait<0>();
       reg_fence(o);
     } else {
       nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima
@@ -497,13 +443,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       const float z2_lo = finite_or_zero(m2_lo), z2_hi = finite_or_zero(m2_hi);
       const float a1_lo = ex2(m_lo - finite_or_zero(m1_lo)), a1_hi = ex2(m_hi - finite_or_zero(m1_hi));
       const float a2_lo = ex2(m1_lo - z2_lo), a2_hi = ex2(m1_hi - z2_hi);
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float e = ex2(sc[j] - ((j & 2) ? z2_hi : z2_lo));
-        sc[j] = e;
-        if (j & 2) sum_hi += e; else sum_lo += e;
-      }
+      float sum_lo, sum_hi;
+      exponentiate(sc, m2_lo, m2_hi, sum_lo, sum_hi);
       l_lo = (l_lo * a1_lo) * a2_lo + sum_lo;
       l_hi = (l_hi * a1_hi) * a2_hi + sum_hi;
       m_lo = m2_lo;
@@ -511,10 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       p_qdq<T, PF>(p, sc);
       p_fragments<T>(sc, a);
       store_p(sp, a, row_lo, kPTile, t);
-      if ((t & 3) == 0) {
-        smx1[row_lo] = mx_lo;
-        smx1[row_lo + 8] = mx_hi;
-      }
+      store_row_pair(smx1, row_lo, t, mx_lo, mx_hi);
       fence_proxy_async();
       nb_arrive<kConsumerThreads>(kBarH1Full);
       rescale(o, a1_lo, a1_hi);
@@ -523,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       Wgmma<T>::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
       Wgmma<T>::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
       wg_commit();
-      wg_wait_all();
+      wg_wait<0>();
       reg_fence(o);
       if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
       rescale(o, a2_lo, a2_hi);
@@ -531,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       Wgmma<T>::pv_rs(o, a[0], mnmajor_desc(sv, 32));
       Wgmma<T>::pv_rs(o, a[1], mnmajor_desc(sv, 48));
       wg_commit();
-      wg_wait_all();
+      wg_wait<0>();
       reg_fence(o);
     }
     // Every wgmma of this warp that reads stage s has completed: release the stage to the producer.

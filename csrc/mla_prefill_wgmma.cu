@@ -77,10 +77,6 @@ struct TmaMaps {
 __device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s) { return make_desc(smem_u32(s), 16u, 1024u); }
 // V [64 keys x 128] row-major as the MN-major operand: LBO = one slab (the next 64 columns), SBO 1024 (8 keys).
 __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s) { return make_desc(smem_u32(s), kSlab, 1024u); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 // The wgmma products, bf16 x bf16 -> f32. S: m64n64k16, A = Q and B = K rows, both K-major (`accumulate` 0: D = A B).
 // P V: m64n128k16, A = P from registers (the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8, c..),
 // a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = row_lo, c = 16 ks + 2 (t % 4): S's accumulator layout), B = V

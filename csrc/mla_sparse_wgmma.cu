@@ -71,6 +71,7 @@
 
 #include "hopper.cuh"
 #include "mla_sparse.h"
+#include "seesaw.cuh"
 
 #include <cuda_bf16.h>
 
@@ -84,17 +85,11 @@
 namespace mla_core_cuda {
 namespace {
 
-constexpr int kHeads = 64;                 // heads per CTA: the wgmma M
-constexpr int kKeys = 64;                  // slots per tile
+// The CTA's shape, the seesaw's named barriers and the slab layout: seesaw.cuh (kHeads, kKeys = slots per tile, ...).
 constexpr int kDim = 576;                  // values of a query / key row: 512 latent + 64 RoPE
 constexpr int kRowDs = 656;                // bytes of an fp8_ds_mla cache row (MATE's rows: kDim codes)
 constexpr int kDsScales = 512, kDsRope = 528;  // fp8_ds_mla: byte offsets of the 4 float32 scales, the bf16 RoPE
-constexpr int kNope = 512;                 // V width
 constexpr int kChunks = kDim / 16;         // 16-byte chunks of codes per 576-byte row
-constexpr int kConsumerThreads = 256;      // two consumer warpgroups (warps 0-7)
-constexpr int kThreads = 384;              // + the producer warpgroup (warps 8-11)
-constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the launch share)
-constexpr int kSlab = kKeys * 128;         // one [64 rows x 128 B] slab
 constexpr int kTileBytes = 9 * kSlab;      // a [64 x 576] bf16 operand: 9 slabs (Q, a stage)
 constexpr int kCodeBlock = kKeys * 64;     // a code block: 4 chunks of every row
 constexpr int kCodeOff = kTileBytes - kKeys * kDim;  // the codes' place in a stage: its upper 36,864 B
@@ -105,11 +100,9 @@ constexpr int kOffP = 3 * kTileBytes,      // Q, two stages
               kOffValid = kOffX + 4 * kHeads * 4,   // [2 stages][64 slots] validity flags
               kOffBar = kOffValid + 2 * kKeys,      // mbarriers full[2], empty[2]
               kSmemBytes = kOffBar + 4 * 8 + 1024;  // + alignment slack: slabs start 1024-aligned
-constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarAll = 5, kBarProd = 6;
-constexpr int kProducerThreads = kThreads - kConsumerThreads;
+constexpr int kBarProd = 6;                // the producer warpgroup's own named barrier (header comment)
 constexpr int kMaxSplits = 32;
 constexpr int kMaxDevices = 64;            // devices whose shared-memory attribute is remembered
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 static_assert(kCodeOff == 36864 && kCodeOff + 9 * kCodeBlock == kTileBytes, "the codes fill a stage's upper half");
 static_assert(kCodeOffDs + 8 * kCodeBlock == 8 * kSlab && 2 * kKeys * 16 <= kSlab,
@@ -121,25 +114,6 @@ static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 
 __device__ __forceinline__ uint8_t* shared_align1024(uint8_t* p) {
   return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
-// Byte offset of (row, byte) in a 64-row slab operand: slab byte / 128, 16-byte chunk position swizzled by row % 8.
-__device__ __forceinline__ uint32_t slab_off(uint32_t row, uint32_t byte) {
-  return (byte >> 7) * kSlab + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
-}
-// K-major operand (slabs), the k16 step `kbyte` bytes into each row: SBO 1024 (8 rows), LBO unused (16).
-__device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s, uint32_t kbyte) {
-  return make_desc(smem_u32(s) + (kbyte >> 7) * kSlab + (kbyte & 127u), 16u, 1024u);
-}
-// MN-major operand (V: rows = keys, slabs along the output columns), the k16 step at key k0: LBO = one slab
-// (the next 64 columns), SBO 1024 (the next 8 keys).
-__device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) {
-  return make_desc(smem_u32(s) + k0 * 128u, kSlab, 1024u);
-}
-// Waits until at most kPending committed wgmma groups of this warpgroup are in flight.
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 // The wgmma products, bf16 x bf16 -> f32 (`accumulate` 0: D = A B, else D += A B). S: m64n32k16, A = Q and
 // B = K rows, both K-major. P V: m64n256k16, B = V MN-major (transposed, imm-trans-b 1), A = P from the shared P
 // slab (pv: K-major) or from registers (pv_rs: the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8,
@@ -381,41 +355,12 @@ __device__ __forceinline__ void store_rows(const SparseDecodeParams& p, const fl
 
 // 2^(from - to); 1 when `to` is -inf (no valid key yet: the factor multiplies zeros).
 __device__ __forceinline__ float rescale_factor(float from, float to) { return to == -INFINITY ? 1.f : ex2(from - to); }
-// O rows scaled by a_lo / a_hi unless both are exactly 1 in every row of the warp (x * 1 = x: skipping changes no
-// bit). A factor is 1 once a row's running max has settled, so most tiles skip it.
-__device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi) {
-  if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows(o, a_lo, a_hi);
-}
-// The scores of this warpgroup's 32 keys as P = 2^(s - max) against the rows' max (0 while it is -inf: masked
-// scores give 2^-inf = 0), in place; returns the float32 row sums.
-__device__ __forceinline__ void exponentiate(float (&s)[16], float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
-  const float base_lo = m_lo == -INFINITY ? 0.f : m_lo, base_hi = m_hi == -INFINITY ? 0.f : m_hi;
-  sum_lo = sum_hi = 0.f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float e = ex2(s[j] - ((j & 2) ? base_hi : base_lo));
-    s[j] = e;
-    if (j & 2) sum_hi += e;
-    else sum_lo += e;
-  }
-}
 // This thread's P (16 float32 of the S accumulator layout) as the two m64k16 A fragments of its warpgroup's keys.
 __device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[2][4]) {
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[ks][i] = bf16x2_bits(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
-}
-// The fragments into the P slab at keys key0 .. key0 + 31 (rows row_lo, row_lo + 8 of this thread).
-__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], int row_lo, int key0, int t) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const int key = key0 + 16 * ks + 2 * (t & 3);
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key)) = a[ks][0];
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key)) = a[ks][1];
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key + 16)) = a[ks][2];
-    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key + 16)) = a[ks][3];
-  }
 }
 
 // fp8_ds_mla helpers. Scales: the stage's [64 slots][4] float32, scale j of a slot for its values 128j..128j+127.
@@ -579,13 +524,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
           wgmma_s(acc[j & 1], kmajor_desc(sq, 256 * j + 32 * ks), kmajor_desc(kw, 256 * j + 32 * ks), ks > 0);
         wg_commit();
         if (j > 0) {
-          wgmma_wait<1>();
+          wg_wait<1>();
           reg_fence(sc);
           reg_fence(acc[(j - 1) & 1]);
           add_scaled(sc, acc[(j - 1) & 1], ssc, 32 * wg, j - 1, t);
         }
       }
-      wgmma_wait<0>();
+      wg_wait<0>();
       reg_fence(sc);
       reg_fence(acc[1]);
       add_scaled(sc, acc[1], ssc, 32 * wg, 3, t);
@@ -593,7 +538,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
 #pragma unroll
       for (int ks = 0; ks < kDim / 16; ++ks) wgmma_s(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
       wg_commit();
-      wgmma_wait_all();
+      wg_wait<0>();
       reg_fence(sc);
     }
 
@@ -606,20 +551,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if (j & 2) mx_hi = fmaxf(mx_hi, x);
       else mx_lo = fmaxf(mx_lo, x);
     }
-#pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {  // the 4 threads of a quad share rows
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
-    }
+    quad_max(mx_lo, mx_hi);
 
     // a: a P half as the RS A operand (kDs: a[b] = P times the scales of the warpgroup's block 2w + b; else a[0]).
     uint32_t a[2][2][4];
     float sum_lo, sum_hi;
     if (wg == 0) {
-      if ((t & 3) == 0) {
-        smx0[row_lo] = mx_lo;
-        smx0[row_lo + 8] = mx_hi;
-      }
+      store_row_pair(smx0, row_lo, t, mx_lo, mx_hi);
       nb_arrive<kConsumerThreads>(kBarMx0);
       const float m1_lo = fmaxf(m_lo, mx_lo), m1_hi = fmaxf(m_hi, mx_hi);
       const float a1_lo = rescale_factor(m_lo, m1_lo), a1_hi = rescale_factor(m_hi, m1_hi);
@@ -654,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       l_hi = (l_hi * a1_hi + sum_hi) * a2_hi;
       m_lo = m2_lo;
       m_hi = m2_hi;
-      wgmma_wait_all();
+      wg_wait<0>();
       reg_fence(o);
       rescale(o, a2_lo, a2_hi);
       if constexpr (kDs) {  // WG1's float32 P1 (in the stage's RoPE slab) times the scales of blocks 0, 1
@@ -671,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         wgmma_pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
       }
       wg_commit();
-      wgmma_wait_all();
+      wg_wait<0>();
       reg_fence(o);
     } else {
       nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima (and its S done: kDs overwrites the RoPE slab)
@@ -690,10 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         p_fragments(sc, a[0]);
         store_p(sp, a[0], row_lo, 32, t);
       }
-      if ((t & 3) == 0) {
-        smx1[row_lo] = mx_lo;
-        smx1[row_lo + 8] = mx_hi;
-      }
+      store_row_pair(smx1, row_lo, t, mx_lo, mx_hi);
       if constexpr (!kDs) fence_proxy_async();
       nb_arrive<kConsumerThreads>(kBarH1Full);
       rescale(o, a1_lo, a1_hi);
@@ -707,14 +642,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         wg_fence();
         pv_scaled(o, a, sv, 0);
         wg_commit();
-        wgmma_wait_all();
+        wg_wait<0>();
         reg_fence(o);
       } else {
         wg_fence();
         wgmma_pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
         wgmma_pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
         wg_commit();
-        wgmma_wait_all();
+        wg_wait<0>();
         reg_fence(o);
         if (it + 1 < ntiles) nb_arrive<kConsumerThreads>(kBarP0Empty);
       }
@@ -733,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         wgmma_pv_rs(o, a[0][1], mnmajor_desc(sv, 48));
       }
       wg_commit();
-      wgmma_wait_all();
+      wg_wait<0>();
       reg_fence(o);
     }
     // Every wgmma of this warp that reads stage s has completed and its flags were read: release the stage.

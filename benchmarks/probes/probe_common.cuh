@@ -50,13 +50,7 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0, 
 
 // ---------------------------------------------------------------------------------------------------------
 // wgmma wrappers. `accumulate` = 0 makes D = A·B (the old D is ignored), 1 makes D += A·B.
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-#ifdef PROBE_SM90A
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
+// (wg_wait<N>: hopper.cuh)
 __device__ __forceinline__ void wgmma_n64_ss_bf16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
 #ifdef PROBE_SM90A
   asm volatile(

@@ -1,0 +1,111 @@
+// seesaw.cuh: what the two "seesaw" WGMMA decode kernels share, one definition: mla_decode_wgmma.cu (paged bf16 /
+// fp16 rows) and mla_sparse_wgmma.cu (top-k FP8 rows, converted to bf16 by the producer). Both run one CTA of three
+// warpgroups per (group of 64 heads, split) over 64-key steps in a 2-stage ring of [64 rows x 128 B] slabs: a
+// producer warpgroup (warps 8-11) fills the ring, two consumer warpgroups (warps 0-3, 4-7) compute S for keys
+// 32w..32w+31, own output columns 256w..256w+255 and meet only on named barriers. Per step, with half h's row max
+// mx_h: m1 = max(m, mx_0), m2 = max(m1, mx_1), a1 = 2^(m - m1), a2 = 2^(m1 - m2), P0 = 2^(S0 - m1),
+// P1 = 2^(S1 - m2) (against 0 while the max is -inf), row sums from the float32 P: l_0 = (l_0 a1 + sum P0) a2,
+// l_1 = (l_1 a1) a2 + sum P1, l = l_0 + l_1 at the end; O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (m64n256k16, V = the
+// stage's first 512 columns read MN-major; a warpgroup's own P half from registers, the other's from the shared P
+// slab). Each kernel's header comment gives its producer, its rounding of P and its step with the barriers below.
+//
+// Synchronization (step i in stage i % 2):
+//   full[s]  mbarrier, 128 arrivals: each producer thread once the step's rows are in the stage and visible to
+//            wgmma (fence.proxy.async); step i completes phase i / 2, consumers wait with parity (i / 2) & 1.
+//   empty[s] mbarrier, 8 arrivals: lane 0 of each consumer warp after its last wgmma reading the stage
+//            completed; the producer refills stage s with step j >= 2 after phase (j - 2) / 2.
+//   named barriers over the 256 consumer threads (one warpgroup arrives, the other waits):
+//     1 MX0  WG0 -> WG1: half 0's row maxima written          2 P0F  WG0 -> WG1: P0 in the slab (+ proxy fence)
+//     3 H1F  WG1 -> WG0: P1 in the slab + half 1's maxima      4 P0E  WG1 -> WG0: WG1's P0 V0 of step i done
+//     5 ALL  both (Q in its slabs; final row sums exchanged)
+//   Per step: WG0: S0; maxima; arrive MX0; P0; [i > 0: sync P0E]; write P0; arrive P0F; O a1; P0 V0 (RS);
+//             sync H1F; a2; O a2; P1 V1 (SS); release.   WG1: S1; sync MX0; P1; write P1 + maxima; arrive H1F;
+//             O a1; sync P0F; P0 V0 (SS); [i < T - 1: arrive P0E]; O a2; P1 V1 (RS); release.
+//   Between two arrivals of one warpgroup at one id it waits on a barrier the other arrives at only after its
+//   wait at that id, so no generation completes on arrivals alone; every generation is 128 + 128 threads.
+// Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
+#pragma once
+
+#include "hopper.cuh"
+
+#include <cmath>
+#include <cstdint>
+
+namespace mla_core_cuda {
+
+constexpr int kHeads = 64;                      // heads per CTA: the wgmma M
+constexpr int kKeys = 64;                       // keys per step: two 32-key halves, one per consumer warpgroup
+constexpr int kNope = 512;                      // V width (kv_lora_rank): 256 output columns per consumer warpgroup
+constexpr int kSlab = kKeys * 128;              // one [64 rows x 128 B] slab
+constexpr int kConsumerThreads = 256;           // two consumer warpgroups (warps 0-7)
+constexpr int kThreads = 384;                   // + the producer warpgroup (warps 8-11)
+constexpr int kProducerThreads = kThreads - kConsumerThreads;
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // setmaxnreg: 56 + 2 x 224 = 3 x 168 (the launch share)
+constexpr int kBarMx0 = 1, kBarP0Full = 2, kBarH1Full = 3, kBarP0Empty = 4, kBarAll = 5;  // named barriers (above)
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Byte offset of (row, byte) in a 64-row slab operand: slab byte / 128, slab after slab; chunk c of row r at chunk
+// position c ^ (r % 8) (the 128-byte swizzle).
+__device__ __forceinline__ uint32_t slab_off(uint32_t row, uint32_t byte) {
+  return (byte >> 7) * kSlab + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
+}
+// K-major operand (64-row slabs), the k16 step `kbyte` bytes into each row: SBO 1024 (8 rows), LBO unused (16).
+__device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s, uint32_t kbyte) {
+  return make_desc(smem_u32(s) + (kbyte >> 7) * kSlab + (kbyte & 127u), 16u, 1024u);
+}
+// MN-major operand (V: rows = keys, slabs along the output columns), the k16 step at key k0: LBO = one slab
+// (the next 64 columns), SBO 1024 (the next 8 keys).
+__device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) {
+  return make_desc(smem_u32(s) + k0 * 128u, kSlab, 1024u);
+}
+
+// The row maxima of this thread's rows lo and hi = lo + 8 over the 4 threads of its quad (they share rows).
+__device__ __forceinline__ void quad_max(float& lo, float& hi) {
+#pragma unroll
+  for (int d = 1; d <= 2; d <<= 1) {
+    lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, d));
+  }
+}
+// A row pair's quad-reduced values into shared memory (dst[row_lo], dst[row_lo + 8]), by the quad's first thread.
+__device__ __forceinline__ void store_row_pair(float* dst, int row_lo, int t, float lo, float hi) {
+  if ((t & 3) == 0) {
+    dst[row_lo] = lo;
+    dst[row_lo + 8] = hi;
+  }
+}
+
+// A row without a valid key so far has max -inf: its factors and P are taken against 0 (no -inf - -inf NaN).
+__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
+// The scores of this warpgroup's 32 keys as P = 2^(s - max) against the rows' max (finite_or_zero: masked scores
+// give 2^-inf = 0), in place; returns the float32 row sums of this thread's 8 keys.
+__device__ __forceinline__ void exponentiate(float (&s)[16], float m_lo, float m_hi, float& sum_lo, float& sum_hi) {
+  const float base_lo = finite_or_zero(m_lo), base_hi = finite_or_zero(m_hi);
+  sum_lo = sum_hi = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float e = ex2(s[j] - ((j & 2) ? base_hi : base_lo));
+    s[j] = e;
+    if (j & 2) sum_hi += e;
+    else sum_lo += e;
+  }
+}
+// O rows scaled by a_lo / a_hi unless both are exactly 1 in every row of the warp (x * 1 = x: skipping changes no
+// bit). A factor is 1 once a row's running max has settled, so most steps skip it.
+__device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi) {
+  if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows(o, a_lo, a_hi);
+}
+// This thread's P fragments (two m64k16 A fragments: the S accumulator layout) into the P slab at keys
+// key0 .. key0 + 31 (rows row_lo, row_lo + 8).
+__device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], int row_lo, int key0, int t) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int key = key0 + 16 * ks + 2 * (t & 3);
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key)) = a[ks][0];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key)) = a[ks][1];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo, 2 * key + 16)) = a[ks][2];
+    *reinterpret_cast<uint32_t*>(sp + slab_off(row_lo + 8, 2 * key + 16)) = a[ks][3];
+  }
+}
+
+}  // namespace mla_core_cuda
