@@ -189,6 +189,16 @@ def test_a_prefill_without_then_with_lse_runs_the_reference_once(counted_referen
     assert wrong_lse.winner is None and len(counted_reference) == 1  # the kept LSE judged it
 
 
+def test_a_warm_up_leaves_no_kept_reference_behind(counted_reference, monkeypatch):
+    from mla_core.autotune import warmup
+    plain, lse = _prefill_pair()
+    real_tune = tuner.tune
+    monkeypatch.setattr(tuner, "tune", lambda problem, **kw: real_tune(problem, [_RefPrefill()], warmup=1, repeats=1))
+    rows = warmup.run([plain, lse])
+    assert [r.status for r in rows] == ["tuned", "tuned"] and len(counted_reference) == 1  # shared during it
+    assert tuner._shared_reference is None  # its tensors (result and inputs) are not kept past the warm-up
+
+
 def test_the_kept_reference_is_not_used_for_other_inputs_or_another_judge(counted_reference):
     plain, lse = _prefill_pair()
     tuner.tune(plain, [_RefPrefill()], warmup=1, repeats=1)

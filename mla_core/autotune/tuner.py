@@ -528,6 +528,13 @@ class _SharedReference:
 _shared_reference: _SharedReference | None = None
 
 
+def release_shared_reference() -> None:
+    """Drop the kept reference result (and the inputs it was computed on): :func:`mla_core.autotune.warmup.run`
+    calls it when done, so a warm-up leaves no tensors behind."""
+    global _shared_reference
+    _shared_reference = None
+
+
 def _same_inputs(a: Any, b: Any) -> bool:
     """Whether two call objects hold equal arguments: tensors of one shape, dtype and device with equal values,
     every other field equal."""

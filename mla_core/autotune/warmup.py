@@ -270,6 +270,7 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
                       "check_s": result.check_s,
                       "note": f"{result.wall_s:.1f} s ({result.first_call_s:.1f} s in first calls, "
                               f"{result.check_s:.1f} s checking)"}
+    tuner.release_shared_reference()
     if dist is not None and world > 1:
         results = {int(i): r for part in tuner.all_gather_json(results) for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "recorded", "cached")}
