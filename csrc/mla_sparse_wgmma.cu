@@ -114,37 +114,10 @@ static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 
 __device__ __forceinline__ uint8_t* shared_align1024(uint8_t* p) {
   return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
-// The wgmma products, bf16 x bf16 -> f32 (`accumulate` 0: D = A B, else D += A B). S: m64n32k16, A = Q and
-// B = K rows, both K-major. P V: m64n256k16, B = V MN-major (transposed, imm-trans-b 1), A = P from the shared P
-// slab (pv: K-major) or from registers (pv_rs: the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8,
-// c..), a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = row_lo, c = 16 ks + 2 (t % 4): the accumulator layout of
-// S, so P converts in place; always accumulates).
+// The wgmma products: Wgmma<__nv_bfloat16> (seesaw.cuh), and the fp8_ds_mla variant's own two below.
+using Mma = Wgmma<__nv_bfloat16>;
 #define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
-__device__ __forceinline__ void wgmma_s(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : MLA_F16(0)
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_pv(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n"
-      : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
 // fp8_ds_mla: S's RoPE part with A = Q's RoPE fragments from registers (the layout of pv_rs's a), B = K rows
 // (K-major); P V over one 128-column scale block, the accumulator o[kOff .. kOff + 63] (kOff 0: the warpgroup's
 // first 128 columns, 64: its next 128), A = P times the block's scales from registers.
@@ -355,13 +328,6 @@ __device__ __forceinline__ void store_rows(const SparseDecodeParams& p, const fl
 
 // 2^(from - to); 1 when `to` is -inf (no valid key yet: the factor multiplies zeros).
 __device__ __forceinline__ float rescale_factor(float from, float to) { return to == -INFINITY ? 1.f : ex2(from - to); }
-// This thread's P (16 float32 of the S accumulator layout) as the two m64k16 A fragments of its warpgroup's keys.
-__device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[2][4]) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[ks][i] = bf16x2_bits(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
-}
 
 // fp8_ds_mla helpers. Scales: the stage's [64 slots][4] float32, scale j of a slot for its values 128j..128j+127.
 // This thread's Q RoPE values (rows row_lo, row_lo + 8 of the CTA's heads, columns 512..575) as the m64k16 A
@@ -521,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         if (j > 0) wg_fence();  // acc[j % 2] was read by add_scaled
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks)
-          wgmma_s(acc[j & 1], kmajor_desc(sq, 256 * j + 32 * ks), kmajor_desc(kw, 256 * j + 32 * ks), ks > 0);
+          Mma::s_half(acc[j & 1], kmajor_desc(sq, 256 * j + 32 * ks), kmajor_desc(kw, 256 * j + 32 * ks), ks > 0);
         wg_commit();
         if (j > 0) {
           wg_wait<1>();
@@ -536,7 +502,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       add_scaled(sc, acc[1], ssc, 32 * wg, 3, t);
     } else {
 #pragma unroll
-      for (int ks = 0; ks < kDim / 16; ++ks) wgmma_s(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
+      for (int ks = 0; ks < kDim / 16; ++ks)
+        Mma::s_half(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
       wg_commit();
       wg_wait<0>();
       reg_fence(sc);
@@ -566,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         scaled_fragments(sc, ssc, 0, 0, t, a[0]);
         scaled_fragments(sc, ssc, 0, 1, t, a[1]);
       } else {
-        p_fragments(sc, a[0]);
+        p_fragments<__nv_bfloat16>(sc, a[0]);
       }
       if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous tile read the slab
       if constexpr (kDs) {
@@ -581,8 +548,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 0);
       } else {
-        wgmma_pv_rs(o, a[0][0], mnmajor_desc(sv, 0));
-        wgmma_pv_rs(o, a[0][1], mnmajor_desc(sv, 16));
+        Mma::pv_rs(o, a[0][0], mnmajor_desc(sv, 0));
+        Mma::pv_rs(o, a[0][1], mnmajor_desc(sv, 16));
       }
       wg_commit();
       nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
@@ -605,8 +572,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 32);
       } else {
-        wgmma_pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
-        wgmma_pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
+        Mma::pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
+        Mma::pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
       }
       wg_commit();
       wg_wait<0>();
@@ -625,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         store_p32(sk + 8 * kSlab, sc, t);  // float32 P1 over the RoPE slab, which both S products have read
       } else {
-        p_fragments(sc, a[0]);
+        p_fragments<__nv_bfloat16>(sc, a[0]);
         store_p(sp, a[0], row_lo, 32, t);
       }
       store_row_pair(smx1, row_lo, t, mx_lo, mx_hi);
@@ -646,8 +613,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         reg_fence(o);
       } else {
         wg_fence();
-        wgmma_pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
-        wgmma_pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+        Mma::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
+        Mma::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -664,8 +631,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 32);
       } else {
-        wgmma_pv_rs(o, a[0][0], mnmajor_desc(sv, 32));
-        wgmma_pv_rs(o, a[0][1], mnmajor_desc(sv, 48));
+        Mma::pv_rs(o, a[0][0], mnmajor_desc(sv, 32));
+        Mma::pv_rs(o, a[0][1], mnmajor_desc(sv, 48));
       }
       wg_commit();
       wg_wait<0>();
