@@ -65,7 +65,7 @@ namespace {
 
 // The CTA's shape, the seesaw's named barriers and the slab layout: seesaw.cuh (kHeads, kKeys, kNope, ...).
 constexpr int kPTile = 32;                         // the contract's P tile: a step is two
-constexpr int kRowBytes = 576 * 2;                 // a K row (512 latent + 64 rope), 16-bit elements
+constexpr int kRowBytes = kDim * 2;                // a K row (512 latent + 64 rope), 16-bit elements
 constexpr int kChunks = kRowBytes / 16;            // 16-byte chunks per row
 constexpr int kTileBytes = kKeys * kRowBytes;      // 73,728 B: 9 slabs of [64 rows x 128 B] (Q alike)
 constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
@@ -330,20 +330,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     const uint8_t* sk = sk0 + s * kTileBytes;
     const uint8_t* sv = sk + wg * 4 * kKeys * 128;  // this warpgroup's V columns: slabs 4 wg .. 4 wg + 3
 
-    // S of this warpgroup's half (rows 32 wg.. of every K slab: a multiple of 8, the same swizzle phase).
+    // S of this warpgroup's half (rows 32 wg.. of every K slab).
     float sc[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) sc[j] = 0.f;
-    reg_fence(sc);
-    mbar_wait(&full[s], (it >> 1) & 1);
-    wg_fence();
-    const uint8_t* skw = sk + wg * kPTile * 128;
-#pragma unroll
-    for (int ks = 0; ks < kRowBytes / 32; ++ks)
-      Wgmma<T>::s_half(sc, kmajor_desc(sq, ks * 32), kmajor_desc(skw, ks * 32), ks > 0);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(sc);
+    begin_step(sc, full, it);
+    s_product<T>(sc, sq, sk + wg * kPTile * 128);
 
     const uint32_t valid = s_valid[4 * s + 2 * wg] | (s_valid[4 * s + 2 * wg + 1] << 16);  // this half's keys
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
@@ -373,8 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       nb_arrive<kConsumerThreads>(kBarP0Full);
       rescale(o, a1_lo, a1_hi);
       wg_fence();
-      Wgmma<T>::pv_rs(o, a[0], mnmajor_desc(sv, 0));
-      Wgmma<T>::pv_rs(o, a[1], mnmajor_desc(sv, 16));
+      pv_regs<T>(o, a, sv, 0);
       wg_commit();
       nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
       const float m2_lo = fmaxf(m1_lo, smx1[row_lo]), m2_hi = fmaxf(m1_hi, smx1[row_lo + 8]);
@@ -387,8 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       reg_fence(o);
       rescale(o, a2_lo, a2_hi);
       wg_fence();
-      Wgmma<T>::pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
-      Wgmma<T>::pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
+      pv_slab<T>(o, sp, sv, 32);
       wg_commit();
       wg_wait<0>();
       reg_fence(o);
@@ -414,23 +402,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       rescale(o, a1_lo, a1_hi);
       nb_sync<kConsumerThreads>(kBarP0Full);  // WG0's P0
       wg_fence();
-      Wgmma<T>::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
-      Wgmma<T>::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+      pv_slab<T>(o, sp, sv, 0);
       wg_commit();
       wg_wait<0>();
       reg_fence(o);
       if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
       rescale(o, a2_lo, a2_hi);
       wg_fence();
-      Wgmma<T>::pv_rs(o, a[0], mnmajor_desc(sv, 32));
-      Wgmma<T>::pv_rs(o, a[1], mnmajor_desc(sv, 48));
+      pv_regs<T>(o, a, sv, 32);
       wg_commit();
       wg_wait<0>();
       reg_fence(o);
     }
-    // Every wgmma of this warp that reads stage s has completed: release the stage to the producer.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s has completed
   }
 
   // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).

@@ -86,7 +86,6 @@ namespace mla_core_cuda {
 namespace {
 
 // The CTA's shape, the seesaw's named barriers and the slab layout: seesaw.cuh (kHeads, kKeys = slots per tile, ...).
-constexpr int kDim = 576;                  // values of a query / key row: 512 latent + 64 RoPE
 constexpr int kRowDs = 656;                // bytes of an fp8_ds_mla cache row (MATE's rows: kDim codes)
 constexpr int kDsScales = 512, kDsRope = 528;  // fp8_ds_mla: byte offsets of the 4 float32 scales, the bf16 RoPE
 constexpr int kChunks = kDim / 16;         // 16-byte chunks of codes per 576-byte row
@@ -114,32 +113,7 @@ static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 
 __device__ __forceinline__ uint8_t* shared_align1024(uint8_t* p) {
   return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
-// The wgmma products: Wgmma<__nv_bfloat16> (seesaw.cuh), and the fp8_ds_mla variant's own two below.
-using Mma = Wgmma<__nv_bfloat16>;
-#define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
-// fp8_ds_mla: S's RoPE part with A = Q's RoPE fragments from registers (the layout of pv_rs's a), B = K rows
-// (K-major); P V over one 128-column scale block, the accumulator o[kOff .. kOff + 63] (kOff 0: the warpgroup's
-// first 128 columns, 64: its next 128), A = P times the block's scales from registers.
-__device__ __forceinline__ void wgmma_s_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : MLA_F16(0)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
-template <int kOff>
-__device__ __forceinline__ void wgmma_pv128_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n"
-      : MLA_F16(kOff), MLA_F16(kOff + 16), MLA_F16(kOff + 32), MLA_F16(kOff + 48)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-#undef MLA_F16
-#undef MLA_F4
+using Mma = Wgmma<__nv_bfloat16>;  // the wgmma products (seesaw.cuh): bf16 operands (Q, the converted codes, P)
 
 // kDs: the fp8_ds_mla variant (656-byte rows, bf16 query); else MATE's 576-byte rows and an E4M3 query.
 template <bool kDs>
@@ -387,10 +361,10 @@ __device__ __forceinline__ void load_p32(const uint8_t* src, float (&e)[16], int
 // P V over this warpgroup's two scale blocks for keys k0..k0 + 31 (two k16 steps): a[b] = P times block 2w + b's
 // scales, V's columns 128b.. of the warpgroup's slabs (o[64 b ..]).
 __device__ __forceinline__ void pv_scaled(float (&o)[128], const uint32_t (&a)[2][2][4], const uint8_t* sv, int k0) {
-  wgmma_pv128_rs<0>(o, a[0][0], mnmajor_desc(sv, k0));
-  wgmma_pv128_rs<0>(o, a[0][1], mnmajor_desc(sv, k0 + 16));
-  wgmma_pv128_rs<64>(o, a[1][0], mnmajor_desc(sv + 2 * kSlab, k0));
-  wgmma_pv128_rs<64>(o, a[1][1], mnmajor_desc(sv + 2 * kSlab, k0 + 16));
+  Mma::pv128_rs<0>(o, a[0][0], mnmajor_desc(sv, k0));
+  Mma::pv128_rs<0>(o, a[0][1], mnmajor_desc(sv, k0 + 16));
+  Mma::pv128_rs<64>(o, a[1][0], mnmajor_desc(sv + 2 * kSlab, k0));
+  Mma::pv128_rs<64>(o, a[1][1], mnmajor_desc(sv + 2 * kSlab, k0 + 16));
 }
 
 template <bool kDs>
@@ -470,18 +444,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     const float* ssc = reinterpret_cast<const float*>(sscale + 16 * kKeys * s);  // kDs: the tile's scales
 
     float sc[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) sc[j] = 0.f;
-    reg_fence(sc);
-    mbar_wait(&full[s], (it >> 1) & 1);
-    wg_fence();
+    begin_step(sc, full, it);
     const uint8_t* kw = sk + wg * 32 * 128;  // rows 32w.. of every slab (the same swizzle phase)
     if constexpr (kDs) {
       // s = q_rope . k_rope + sum_j scale_j (q_j . codes_j): the RoPE part into sc, block j's 8 k16 steps into
       // acc[j % 2], each block added with its scale once its group completed while the next one runs.
       float acc[2][16];
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) wgmma_s_rs(sc, qr[ks], kmajor_desc(kw, kNope * 2 + 32 * ks), ks > 0);
+      for (int ks = 0; ks < 4; ++ks) Mma::s_rs(sc, qr[ks], kmajor_desc(kw, kNope * 2 + 32 * ks), ks > 0);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (j > 0) wg_fence();  // acc[j % 2] was read by add_scaled
@@ -501,12 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       reg_fence(acc[1]);
       add_scaled(sc, acc[1], ssc, 32 * wg, 3, t);
     } else {
-#pragma unroll
-      for (int ks = 0; ks < kDim / 16; ++ks)
-        Mma::s_half(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(kw, 32 * ks), ks > 0);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence(sc);
+      s_product<__nv_bfloat16>(sc, sq, kw);
     }
 
     const uint8_t* flag = sval + kKeys * s + 32 * wg;
@@ -548,8 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 0);
       } else {
-        Mma::pv_rs(o, a[0][0], mnmajor_desc(sv, 0));
-        Mma::pv_rs(o, a[0][1], mnmajor_desc(sv, 16));
+        pv_regs<__nv_bfloat16>(o, a[0], sv, 0);
       }
       wg_commit();
       nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
@@ -572,8 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 32);
       } else {
-        Mma::pv(o, kmajor_desc(sp, 64), mnmajor_desc(sv, 32), 1);
-        Mma::pv(o, kmajor_desc(sp, 96), mnmajor_desc(sv, 48), 1);
+        pv_slab<__nv_bfloat16>(o, sp, sv, 32);
       }
       wg_commit();
       wg_wait<0>();
@@ -613,8 +576,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         reg_fence(o);
       } else {
         wg_fence();
-        Mma::pv(o, kmajor_desc(sp, 0), mnmajor_desc(sv, 0), 1);
-        Mma::pv(o, kmajor_desc(sp, 32), mnmajor_desc(sv, 16), 1);
+        pv_slab<__nv_bfloat16>(o, sp, sv, 0);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -631,16 +593,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 32);
       } else {
-        Mma::pv_rs(o, a[0][0], mnmajor_desc(sv, 32));
-        Mma::pv_rs(o, a[0][1], mnmajor_desc(sv, 48));
+        pv_regs<__nv_bfloat16>(o, a[0], sv, 32);
       }
       wg_commit();
       wg_wait<0>();
       reg_fence(o);
     }
-    // Every wgmma of this warp that reads stage s has completed and its flags were read: release the stage.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s completed, its flags were read
   }
   // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).
 #pragma unroll

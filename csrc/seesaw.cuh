@@ -38,6 +38,7 @@ namespace mla_core_cuda {
 
 constexpr int kHeads = 64;                      // heads per CTA: the wgmma M
 constexpr int kKeys = 64;                       // keys per step: two 32-key halves, one per consumer warpgroup
+constexpr int kDim = 576;                       // values of a query / key row: 512 latent + 64 RoPE (S's k)
 constexpr int kNope = 512;                      // V width (kv_lora_rank): 256 output columns per consumer warpgroup
 constexpr int kSlab = kKeys * 128;              // one [64 rows x 128 B] slab
 constexpr int kConsumerThreads = 256;           // two consumer warpgroups (warps 0-7)
@@ -62,41 +63,65 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) 
   return make_desc(smem_u32(s) + k0 * 128u, kSlab, 1024u);
 }
 
-// The wgmma products in the element type T (D f32 += A T * B T): S half m64n32k16 (A = Q, B = K, both
-// K-major), P V m64n256k16 with P from shared memory (pv: A K-major, B = V MN-major; `accumulate` 0: D = A B)
+// The wgmma products in the element type T (D f32 += A T * B T; `accumulate` 0: D = A B): S half m64n32k16
+// (s_half: A = Q, B = K, both K-major), P V m64n256k16 with P from shared memory (pv: A K-major, B = V MN-major)
 // or from registers (pv_rs: A = the m64k16 fragment, a[0] = (row r, keys c, c + 1), a[1] = (r + 8, c..),
 // a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = 16 (t / 32) + (t % 32) / 4, c = 16 ks + 2 (t % 4): the
-// accumulator layout of S, so P converts in place; always accumulates).
+// accumulator layout of S, so P converts in place; always accumulates). The sparse kernel's fp8_ds_mla variant
+// also takes S's RoPE part with A = Q's RoPE fragments from registers (s_rs: pv_rs's layout, B = K rows K-major)
+// and P V over one 128-column scale block (pv128_rs: m64n128k16 into o[kOff .. kOff + 63], A from registers).
+#define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
+#define MLA_F128 MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
 template <typename T> struct Wgmma;
-#define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                   \
-  template <> struct Wgmma<T_> {                                                                               \
-    static __device__ __forceinline__ void s_half(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-                 : "l"(da), "l"(db), "r"(accumulate));                                                         \
-    }                                                                                                          \
-    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                             \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-                 : "l"(da), "l"(db), "r"(accumulate));                                                         \
-    }                                                                                                          \
-    static __device__ __forceinline__ void pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {       \
-    asm volatile("{\n"                                                                                         \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                      \
-    }                                                                                                          \
-    /* two float32 rounded to T (nearest even), the lower column in the low half */                            \
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {                                      \
-      const PAIR v = CONVERT(lo, hi);                                                                          \
-      return *reinterpret_cast<const uint32_t*>(&v);                                                           \
-    }                                                                                                          \
+#define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                           \
+  template <> struct Wgmma<T_> {                                                                                       \
+    static __device__ __forceinline__ void s_half(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {          \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                        \
+                   "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
+                   : MLA_F16(0)                                                                                        \
+                   : "l"(da), "l"(db), "r"(accumulate));                                                               \
+    }                                                                                                                  \
+    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {             \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                       \
+                   "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
+                   : MLA_F128                                                                                          \
+                   : "l"(da), "l"(db), "r"(accumulate));                                                               \
+    }                                                                                                                  \
+    static __device__ __forceinline__ void pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {               \
+      asm volatile("{\n"                                                                                               \
+                   "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n}\n" \
+                   : MLA_F128                                                                                          \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                             \
+    }                                                                                                                  \
+    static __device__ __forceinline__ void s_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db,                   \
+                                                int accumulate) {                                                      \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                        \
+                   "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                                         \
+                   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n" \
+                   : MLA_F16(0)                                                                                        \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));                            \
+    }                                                                                                                  \
+    template <int kOff>                                                                                                \
+    static __device__ __forceinline__ void pv128_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {            \
+      asm volatile("{\n"                                                                                               \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                                        \
+                   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n" \
+                   : MLA_F16(kOff), MLA_F16(kOff + 16), MLA_F16(kOff + 32), MLA_F16(kOff + 48)                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                             \
+    }                                                                                                                  \
+    /* two float32 rounded to T (nearest even), the lower column in the low half */                                    \
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {                                              \
+      const PAIR v = CONVERT(lo, hi);                                                                                  \
+      return *reinterpret_cast<const uint32_t*>(&v);                                                                   \
+    }                                                                                                                  \
   };
 MLA_WGMMA_OPS(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn)
 MLA_WGMMA_OPS(__half, "f16", __half2, __floats2half2_rn)
 #undef MLA_WGMMA_OPS
+#undef MLA_F128
+#undef MLA_F16
+#undef MLA_F4
 
 // This thread's P half (16 float32 of the S accumulator layout) as the two m64k16 A fragments of its keys.
 template <typename T>
@@ -105,6 +130,45 @@ __device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[
   for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[ks][i] = Wgmma<T>::pack(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
+}
+
+// The start of step `it` for a consumer warpgroup: the S accumulator zeroed (tied before the wait: no wgmma
+// overtakes it), the wait for the step's stage (full[it % 2], phase parity (it / 2) & 1), the wgmma fence.
+__device__ __forceinline__ void begin_step(float (&sc)[16], uint64_t* full, int it) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) sc[j] = 0.f;
+  reg_fence(sc);
+  mbar_wait(&full[it & 1], (it >> 1) & 1);
+  wg_fence();
+}
+// S of this warpgroup's 32 keys (their rows at `sk`: rows 32w.. of the stage's slabs, a multiple of 8, so the same
+// swizzle phase) against Q's slabs at `sq` over all kDim columns: 36 k16 steps, one group, waited for.
+template <typename T>
+__device__ __forceinline__ void s_product(float (&sc)[16], const uint8_t* sq, const uint8_t* sk) {
+#pragma unroll
+  for (int ks = 0; ks < kDim / 16; ++ks)
+    Wgmma<T>::s_half(sc, kmajor_desc(sq, 32 * ks), kmajor_desc(sk, 32 * ks), ks > 0);
+  wg_commit();
+  wg_wait<0>();
+  reg_fence(sc);
+}
+// P V of keys k0 .. k0 + 31 (two k16 steps) into this warpgroup's 256 columns, V = the stage's slabs at `sv`
+// (MN-major), P from registers (pv_regs: the warpgroup's own half, p_fragments' a) or from the P slab at `sp`
+// (pv_slab: the other warpgroup's half). Issued only: the caller fences, commits and waits.
+template <typename T>
+__device__ __forceinline__ void pv_regs(float (&o)[128], const uint32_t (&a)[2][4], const uint8_t* sv, int k0) {
+  Wgmma<T>::pv_rs(o, a[0], mnmajor_desc(sv, k0));
+  Wgmma<T>::pv_rs(o, a[1], mnmajor_desc(sv, k0 + 16));
+}
+template <typename T>
+__device__ __forceinline__ void pv_slab(float (&o)[128], const uint8_t* sp, const uint8_t* sv, int k0) {
+  Wgmma<T>::pv(o, kmajor_desc(sp, 2 * k0), mnmajor_desc(sv, k0), 1);
+  Wgmma<T>::pv(o, kmajor_desc(sp, 2 * k0 + 32), mnmajor_desc(sv, k0 + 16), 1);
+}
+// The end of a step, once every wgmma of this warp that reads stage s has completed: lane 0 releases the stage.
+__device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(&empty[s]);
 }
 
 // The row maxima of this thread's rows lo and hi = lo + 8 over the 4 threads of its quad (they share rows).

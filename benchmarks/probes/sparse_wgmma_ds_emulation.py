@@ -53,6 +53,7 @@ import decode_wgmma_z_emulation as z  # noqa: E402  (variant Z's consumer progra
 import sparse_wgmma_s_emulation as s  # noqa: E402  (variant S: slab_off, its producer program)
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc", "mla_sparse_wgmma.cu")
+SEESAW = os.path.join(os.path.dirname(SRC), "seesaw.cuh")  # the constants and helpers it shares with the decode
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -60,8 +61,8 @@ SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc
 
 
 def kernel_constants(path=SRC):
-    """The kernel's `constexpr int` names and values (expressions evaluated in source order)."""
-    text = re.sub(r"//[^\n]*", "", open(path).read())
+    """The kernel's `constexpr int` names and values (seesaw.cuh's first; expressions evaluated in source order)."""
+    text = re.sub(r"//[^\n]*", "", open(SEESAW).read() + open(path).read())
     env = {}
     for decl in re.findall(r"constexpr int ([^;]*);", text):
         for part in decl.split(","):
@@ -717,13 +718,14 @@ def specialize_kds(text):
 
 
 TOKENS = [  # (regex, token) in priority order
-    (r"mbar_wait\(&full", "mwait full"), (r"mbar_wait\(&empty", "mwait empty"), (r"wgmma_s_rs\(", "S"),
+    (r"mbar_wait\(&full|begin_step\(", "mwait full"), (r"mbar_wait\(&empty", "mwait empty"), (r"Mma::s_rs\(", "S"),
     (r"add_scaled\(|scaled_fragments\(", "sc"), (r"flag\[", "flags"),
-    (r"smx0\[row_lo[^\]]*\] =", "w mx0"), (r"smx0\[row_lo", "r mx0"),
-    (r"smx1\[row_lo[^\]]*\] =", "w mx1"), (r"smx1\[row_lo", "r mx1"),
+    (r"smx0\[row_lo[^\]]*\] =|store_row_pair\(smx0", "w mx0"), (r"smx0\[row_lo", "r mx0"),
+    (r"smx1\[row_lo[^\]]*\] =|store_row_pair\(smx1", "w mx1"), (r"smx1\[row_lo", "r mx1"),
     (r"nb_(?:arrive|sync)<k\w+>\(kBar\w+\)", None), (r"store_p32\(sp", "w P0"),
     (r"store_p32\(sk \+ 8 \* kSlab", "w P1"), (r"load_p32\(sp", "r P0"),
-    (r"load_p32\(sk \+ 8 \* kSlab", "r P1"), (r"pv_scaled\(", "pv"), (r"mbar_arrive\(&empty", "release"),
+    (r"load_p32\(sk \+ 8 \* kSlab", "r P1"), (r"pv_scaled\(", "pv"),
+    (r"mbar_arrive\(&empty|release_stage\(", "release"),
     (r"gather_tile<", "gather"), (r"cp_async_wait_all\(", "landed"), (r"mbar_arrive\(&full", "marrive full"),
     (r"convert_in_place<", "convert"),
 ]

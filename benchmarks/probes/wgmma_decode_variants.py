@@ -24,13 +24,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = "mla_decode_wgmma.cu"
-VARIANTS = {
+VARIANTS = {  # (file in csrc/, old, new)
     "base": [],
     # no validity bits read by the consumers (every key valid)
-    "nomask": [("      const float x = (valid >> key) & 1u ? sc[j] * p.qk_scale_log2 : -INFINITY;",
+    "nomask": [(KERNEL, "      const float x = (valid >> key) & 1u ? sc[j] * p.qk_scale_log2 : -INFINITY;",
                 "      const float x = sc[j] * p.qk_scale_log2;")],
-    # no -inf guard on the running maxima
-    "noguard": [("__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }",
+    # no -inf guard on the running maxima (the seesaw kernels' shared helper)
+    "noguard": [("seesaw.cuh",
+                 "__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }",
                  "__device__ __forceinline__ float finite_or_zero(float m) { return m; }")],
 }
 VARIANTS["all"] = VARIANTS["nomask"] + VARIANTS["noguard"]
@@ -40,11 +41,10 @@ SHAPES = [(128, 32, 8192, 2), (128, 128, 8192, 1), (16, 32, 8192, 4), (128, 1, 8
 def build_variant(name: str, work: Path) -> dict:
     src = work / name
     shutil.copytree(ROOT / "csrc", src)
-    text = (src / KERNEL).read_text()
-    for old, new in VARIANTS[name]:
+    for file, old, new in VARIANTS[name]:
+        text = (src / file).read_text()
         assert text.count(old) == 1, (name, old)
-        text = text.replace(old, new)
-    (src / KERNEL).write_text(text)
+        (src / file).write_text(text.replace(old, new))
     env = dict(os.environ, MLA_CORE_CUDA_SRC=str(src))
     done = subprocess.run([sys.executable, "-c", "from mla_core_cuda import build; print(build.build().__file__)"],
                           env=env, capture_output=True, text=True)
