@@ -261,10 +261,10 @@ __device__ void write_empty(const SparseDecodeParams& p, int64_t tok, int split,
   }
 }
 
-// This warpgroup's 256 output columns of the thread's rows lo and hi = lo + 8 (o[j] at column 8 (j / 4) + j % 2
-// from the thread's first column, row hi when j % 4 >= 2), times bmm2_scale / l; warpgroup 0 writes the LSE.
-__device__ __forceinline__ void store_rows(const SparseDecodeParams& p, const float (&o)[128], int64_t tok, int split,
-                                           int h_lo, float m_lo, float m_hi, float l_lo, float l_hi) {
+// This warpgroup's 256 output columns of the thread's rows lo and hi = lo + 8 (store_rows), times bmm2_scale / l;
+// warpgroup 0 writes the LSE.
+__device__ __forceinline__ void store_outputs(const SparseDecodeParams& p, const float (&o)[128], int64_t tok,
+                                              int split, int h_lo, float m_lo, float m_hi, float l_lo, float l_hi) {
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   const int col0 = 256 * wg + 2 * (t & 3);
   const float inv_lo = l_lo > 0.f ? p.bmm2_scale / l_lo : 0.f, inv_hi = l_hi > 0.f ? p.bmm2_scale / l_hi : 0.f;
@@ -273,26 +273,16 @@ __device__ __forceinline__ void store_rows(const SparseDecodeParams& p, const fl
   const bool lse_writer = wg == 0 && (t & 3) == 0;
   if (p.num_splits == 1) {
     const int64_t row = tok * p.heads + h_lo;
-    uint32_t* out_lo = reinterpret_cast<uint32_t*>(p.out + row * kNope + col0);
-    uint32_t* out_hi = out_lo + 8 * kNope / 2;
-#pragma unroll
-    for (int j = 0; j < 128; j += 4) {
-      out_lo[4 * (j >> 2)] = bf16x2_bits(o[j] * inv_lo, o[j + 1] * inv_lo);
-      out_hi[4 * (j >> 2)] = bf16x2_bits(o[j + 2] * inv_hi, o[j + 3] * inv_hi);
-    }
+    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out) + row * kNope + col0;
+    store_rows(out, out + 8 * kNope, o, inv_lo, inv_hi, true);
     if (lse_writer) {
       p.lse[row] = lse_lo;
       p.lse[row + 8] = lse_hi;
     }
   } else {
     const int64_t row = (tok * p.num_splits + split) * p.heads + h_lo;
-    float* part_lo = p.part_o + row * kNope + col0;
-    float* part_hi = part_lo + 8 * kNope;
-#pragma unroll
-    for (int j = 0; j < 128; j += 4) {
-      *reinterpret_cast<float2*>(part_lo + 8 * (j >> 2)) = make_float2(o[j] * inv_lo, o[j + 1] * inv_lo);
-      *reinterpret_cast<float2*>(part_hi + 8 * (j >> 2)) = make_float2(o[j + 2] * inv_hi, o[j + 3] * inv_hi);
-    }
+    float* part = p.part_o + row * kNope + col0;
+    store_rows(part, part + 8 * kNope, o, inv_lo, inv_hi, true);
     if (lse_writer) {
       p.part_lse[row] = lse_lo;
       p.part_lse[row + 8] = lse_hi;
@@ -612,8 +602,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     sl[wg * kHeads + row_lo + 8] = l_hi;
   }
   nb_sync<kConsumerThreads>(kBarAll);
-  store_rows(p, o, tok, split, h0 + row_lo, m_lo, m_hi, sl[row_lo] + sl[kHeads + row_lo],
-             sl[row_lo + 8] + sl[kHeads + row_lo + 8]);
+  store_outputs(p, o, tok, split, h0 + row_lo, m_lo, m_hi, sl[row_lo] + sl[kHeads + row_lo],
+                sl[row_lo + 8] + sl[kHeads + row_lo + 8]);
 }
 
 // One CTA of 128 threads per (token, head), 4 columns each: out = sum_i exp(lse_i - lse) o_i over the splits with

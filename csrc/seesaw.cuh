@@ -171,6 +171,28 @@ __device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) 
   if (lane == 0) mbar_arrive(&empty[s]);
 }
 
+// The output epilogue: two adjacent values of a row as one store (float32, or rounded to bf16 / fp16, nearest even).
+__device__ __forceinline__ void store_pair(float* dst, float a, float b) {
+  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__half* dst, float a, float b) {
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+}
+// This thread's 2 x 64 accumulator values of rows lo and hi (= lo + 8; stored when `store_hi`) times inv_lo /
+// inv_hi: o[j] sits at column 8 (j / 4) + j % 2 from the thread's first column, row hi when j % 4 >= 2.
+template <typename OutT>
+__device__ __forceinline__ void store_rows(OutT* lo, OutT* hi, const float (&o)[128], float inv_lo, float inv_hi,
+                                           bool store_hi) {
+#pragma unroll
+  for (int j = 0; j < 128; j += 4) {
+    store_pair(lo + 8 * (j >> 2), o[j] * inv_lo, o[j + 1] * inv_lo);
+    if (store_hi) store_pair(hi + 8 * (j >> 2), o[j + 2] * inv_hi, o[j + 3] * inv_hi);
+  }
+}
+
 // The row maxima of this thread's rows lo and hi = lo + 8 over the 4 threads of its quad (they share rows).
 __device__ __forceinline__ void quad_max(float& lo, float& hi) {
 #pragma unroll
