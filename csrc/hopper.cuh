@@ -1,8 +1,10 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
-// descriptors, the wgmma fence / commit / wait and register fence, cp.async, mbarriers and named barriers, 1024-byte
-// alignment, 2^x, E4M3 codes to bf16, two floats packed as bf16, and the scaling of m64n256 accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building
-// blocks, verified"). Inline PTX only; a wgmma instruction compiles only where the target is sm_90a.
+// descriptors, the wgmma fence / commit / wait and register fence, setmaxnreg, cp.async, mbarriers and named
+// barriers, 1024-byte alignment, 2^x, E4M3 codes to bf16, two floats packed as bf16, and the scaling of m64n256
+// accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
+// Inline PTX only; a wgmma instruction compiles only where the target is sm_90a. What only the two seesaw decode
+// kernels share: seesaw.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,6 +52,20 @@ template <int N>
 __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Warp specialization: this warpgroup's per-thread register budget lowered / raised to N (all its warps execute
+// it; a producer warpgroup gives registers to the consumers).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef MLA_HOPPER_SM90A
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef MLA_HOPPER_SM90A
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
 }
 // Orders generic-proxy writes to shared memory before async-proxy reads (wgmma, TMA) of them.
 __device__ __forceinline__ void fence_proxy_async() {

@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
                          (p.cache_stride_tok % 8 == 0);
     // Lane l < 16 looks up row 16 (warp - 8) + l of the next step while this step's copies are in flight.
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  setmaxnreg_inc<kConsumerRegs>();
   const int wg = warp >> 2, t = tid & 127;
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // accumulator rows of this thread: row_lo, row_lo + 8
   const int h0 = hg * kHeads;                           // rows h0 + r >= heads are zero (padding)

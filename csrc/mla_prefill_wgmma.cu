@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup: warp 8 alone stays
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     if (warp != 8) return;
     if (lane == 0) {  // tile i is published when its bytes land (no lag: >= 2 stages suffice)
       for (int i = 0; i < n; ++i) {
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  setmaxnreg_inc<kConsumerRegs>();
 
   const uint8_t* sqw = sq + wg * kQWgBytes;
   const int my_turn = wg == 0 ? kBarTurn0 : kBarTurn1, other_turn = wg == 0 ? kBarTurn1 : kBarTurn0;

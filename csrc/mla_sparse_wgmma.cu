@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     const int pw = warp - 8;
     const int32_t* idx = p.indices + tok * p.top_k;
     // Lane l < 16: the offset of row 16 pw + l of the next tile, looked up while this tile's copies fly.
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  setmaxnreg_inc<kConsumerRegs>();
   const int wg = warp >> 2, t = tid & 127;
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // the thread's accumulator rows: row_lo, row_lo + 8
   load_query<kDs>(sq, p, tok, h0);
