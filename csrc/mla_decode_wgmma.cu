@@ -241,12 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   const int64_t lo = keys.lo, hi = keys.hi;
   const int steps = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
 
-  if (tid == 0) {
-    mbar_init(&full[0], 128);
-    mbar_init(&full[1], 128);
-    mbar_init(&empty[0], 8);
-    mbar_init(&empty[1], 8);
-  }
+  if (tid == 0) init_ring(full, empty);
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup

@@ -386,12 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     return;
   }
   const int ntiles = (end - start + kKeys - 1) / kKeys;
-  if (tid == 0) {
-    mbar_init(&full[0], kProducerThreads);
-    mbar_init(&full[1], kProducerThreads);
-    mbar_init(&empty[0], kConsumerThreads / 32);
-    mbar_init(&empty[1], kConsumerThreads / 32);
-  }
+  if (tid == 0) init_ring(full, empty);
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup

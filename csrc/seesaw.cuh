@@ -132,6 +132,14 @@ __device__ __forceinline__ void p_fragments(const float (&e)[16], uint32_t (&a)[
     for (int i = 0; i < 4; ++i) a[ks][i] = Wgmma<T>::pack(e[8 * ks + 2 * i], e[8 * ks + 2 * i + 1]);
 }
 
+// The ring's mbarriers (thread 0, before the CTA barrier that publishes them): full[s] counts the 128 producer
+// threads, empty[s] the 8 consumer warps (protocol above).
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty) {
+  mbar_init(&full[0], kProducerThreads);
+  mbar_init(&full[1], kProducerThreads);
+  mbar_init(&empty[0], kConsumerThreads / 32);
+  mbar_init(&empty[1], kConsumerThreads / 32);
+}
 // The start of step `it` for a consumer warpgroup: the S accumulator zeroed (tied before the wait: no wgmma
 // overtakes it), the wait for the step's stage (full[it % 2], phase parity (it / 2) & 1), the wgmma fence.
 __device__ __forceinline__ void begin_step(float (&sc)[16], uint64_t* full, int it) {
