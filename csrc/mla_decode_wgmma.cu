@@ -6,43 +6,21 @@
 //
 // One CTA of three warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
 // 32-key P tiles of the numerics contract: a split starts at a multiple of 32, so each half is a P tile at an
-// absolute position). Warp specialization with a "seesaw" between the two consumer warpgroups:
+// absolute position) in the seesaw of csrc/seesaw.cuh (its comment gives the consumers' step, the mbarrier ring,
+// the named barriers and their order; setmaxnreg gives the producer 56 registers and the consumers 224). Here:
 //   - the producer warpgroup (warps 8-11) gathers the 64 cache rows of each step through the block table with
-//     cp.async into a 2-stage ring of 128-byte-swizzled slabs (warp 8 + w copies rows 16w..16w+15; a key past
-//     the split's end or whose page lies outside the cache is zero-filled, never read, and masked in the
-//     stage's validity bits), then publishes the stage on an mbarrier; consumers release a stage on another.
-//     The next step's block-table entries are read while a step's copies are in flight (off the critical path);
-//     setmaxnreg gives the producer 56 registers and the consumers 224;
-//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory) and owns
-//     output columns 256w..256w+255. They never meet at a CTA barrier inside the loop: each waits, on named
-//     barriers, only for what it needs from the other (protocol below), so one's softmax runs under the
-//     other's wgmmas;
-//   - per step, with half h's row max mx_h: m1 = max(m, mx_0), m2 = max(m1, mx_1), a1 = 2^(m - m1),
-//     a2 = 2^(m1 - m2), P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype), row sums from the
-//     float32 P: l_0 = (l_0 a1 + sum P0) a2, l_1 = (l_1 a1) a2 + sum P1, l = l_0 + l_1 at the end;
-//     O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (wgmma m64n256k16, V = the first 512 columns of the same K rows read
-//     MN-major; each warpgroup's own P half from registers, the other's from the shared P slab). A multiply
-//     by a factor that is exactly 1 for all 16 rows of a warp is skipped (x * 1 = x: no bit changes).
+//     cp.async into the ring's 128-byte-swizzled slabs (warp 8 + w copies rows 16w..16w+15; a key past the
+//     split's end or whose page lies outside the cache is zero-filled, never read, and masked in the stage's
+//     validity bits, written before the stage is published). The next step's block-table entries are read while
+//     a step's copies are in flight (off the critical path). Each producer thread arrives on full[s] after its
+//     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async;
+//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory), masked by
+//     the validity bits; P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded
+//     first, p_qdq), row sums from the float32 P; factors and P are taken against 0 while a row's max is -inf.
 // Outputs, LSE, empty rows and splits as the mma.sync kernel (0 and -inf), partials merged by its combine kernel.
-//
-// Synchronization (T = the split's steps, step i in stage i % 2):
-//   full[s]  mbarrier, 128 arrivals: each producer thread after its copies of the step landed
-//            (cp.async.wait_group 0) and fence.proxy.async (generic writes -> wgmma reads); step i completes
-//            phase i / 2, consumers wait with parity (i / 2) & 1. The stage's validity bits are written before.
-//   empty[s] mbarrier, 8 arrivals: lane 0 of each consumer warp after its last wgmma reading the stage
-//            completed; the producer refills stage s with step j >= 2 after phase (j - 2) / 2.
-//   named barriers over the 256 consumer threads (one warpgroup arrives, the other waits):
-//     1 MX0  WG0 -> WG1: half 0's row maxima written          2 P0F  WG0 -> WG1: P0 in the slab (+ proxy fence)
-//     3 H1F  WG1 -> WG0: P1 in the slab + half 1's maxima      4 P0E  WG1 -> WG0: WG1's P0 V0 of step i done
-//     5 ALL  both (Q loaded; final row sums exchanged)
-//   Per step: WG0: S0; maxima; arrive MX0; P0; [i > 0: sync P0E]; write P0; arrive P0F; O a1; P0 V0 (RS);
-//             sync H1F; a2; O a2; P1 V1 (SS); release.   WG1: S1; sync MX0; P1; write P1 + maxima; arrive H1F;
-//             O a1; sync P0F; P0 V0 (SS); [i < T - 1: arrive P0E]; O a2; P1 V1 (RS); release.
-//   Between two arrivals of one warpgroup at one id it waits on a barrier the other arrives at only after its
-//   wait at that id, so no generation completes on arrivals alone; every generation is 128 + 128 threads.
-//   The protocol was checked over every interleaving for 1-6 steps (benchmarks/probes/decode_wgmma_z_emulation.py)
-//   and measured as variant Z of the decode probe (benchmarks/NOTES.md). Layout, descriptors and ordering
-//   rules: docs/cuda.md ("Hopper building blocks, verified").
+// The protocol was checked over every interleaving for 1-6 steps (benchmarks/probes/decode_wgmma_z_emulation.py)
+// and measured as variant Z of the decode probe (benchmarks/NOTES.md). Layout, descriptors and ordering rules:
+// docs/cuda.md ("Hopper building blocks, verified").
 
 #include "hopper.cuh"
 #include "mla_decode.h"

@@ -4,8 +4,8 @@
 // lengths per request. Numerics: docs/sparse.md (the reference backend's definition), up to float32 summation order.
 //
 // One CTA of three warpgroups per (query token and group of 64 heads, split) walks its split's valid slots in
-// tiles of 64 (a split is a run of whole tiles; tile i in bf16 stage i % 2), the decode kernel's schedule
-// (csrc/mla_decode_wgmma.cu: a producer warpgroup and two consumer warpgroups in a seesaw) over E4M3 codes:
+// tiles of 64 (a split is a run of whole tiles; tile i in bf16 stage i % 2) in the decode kernel's seesaw
+// (csrc/seesaw.cuh: its comment gives the consumers' step, the mbarrier ring and the named barriers), over E4M3 codes:
 //   - the producer warpgroup (warps 8-11; setmaxnreg 56, the consumers 224) gathers each tile's 64 rows of codes
 //     by cp.async through the index list into the upper half of the freed bf16 stage (bytes 36,864..73,727, free
 //     until converted) as 9 code blocks: block k = code chunks 4k..4k+3 of every row, 4,096 B at kCodeOff +
@@ -18,13 +18,9 @@
 //     barrier that precedes the stores of slabs 7 and 8;
 //   - consumer warpgroup w computes S for keys 32w..32w+31 of the tile (36 x m64n32k16 from shared memory;
 //     Q was converted to bf16 slabs once), masked by the stage's flags (-inf), and owns output columns
-//     256w..256w+255. Per tile, with half h's row max mx_h: m1 = max(m, mx_0), m2 = max(m1, mx_1),
-//     a1 = 2^(m - m1), a2 = 2^(m1 - m2) (1 while the target max is -inf: no key yet), P0 = bf16(2^(S0 - m1)),
-//     P1 = bf16(2^(S1 - m2)) (against 0 while the max is -inf), row sums from the float32 P:
-//     l_0 = (l_0 a1 + sum P0) a2, l_1 = (l_1 a1) a2 + sum P1, l = l_0 + l_1 at the end;
-//     O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (m64n256k16, V = the tile's first 512 columns read MN-major; each
-//     warpgroup's own P half from registers, the other's from the shared P slab). A multiply by a factor that is
-//     exactly 1 for all 16 rows of a warp is skipped (x * 1 = x: no bit changes).
+//     256w..256w+255; per tile seesaw.cuh's step with a1 = 2^(m - m1), a2 = 2^(m1 - m2) (1 while the target max
+//     is -inf: no key yet), P0 = bf16(2^(S0 - m1)), P1 = bf16(2^(S1 - m2)) (against 0 while the max is -inf),
+//     row sums from the float32 P.
 //
 // fp8_ds_mla (the kernel's kDs variant; FlashMLA's / vLLM's 656-byte rows: bytes 0..511 E4M3 codes, 512..527 four
 // float32 scales, scale j for values 128j..128j+127, 528..655 the 64 RoPE values in bf16; bf16 query), the same
@@ -45,21 +41,11 @@
 // several splits each writes float32 partials and the combine kernel merges them by log-sum-exp (a split without a
 // valid slot has LSE -inf and weight 0).
 //
-// Synchronization (the decode kernel's, plus the producer's own barrier):
-//   full[s]  mbarrier, 128 arrivals: each producer thread after the tile's conversion and fence.proxy.async
-//            (generic writes -> wgmma reads); tile i completes phase i / 2, consumers wait with parity
-//            (i / 2) & 1. The stage's flags are written before.
-//   empty[s] mbarrier, 8 arrivals: lane 0 of each consumer warp after its last wgmma reading the stage (and its
-//            flag reads) completed; the producer refills stage s with tile j >= 2 after phase (j - 2) / 2.
-//   named barriers over the 256 consumer threads (one warpgroup arrives, the other waits):
-//     1 MX0  WG0 -> WG1: half 0's row maxima written          2 P0F  WG0 -> WG1: P0 in the slab (+ proxy fence)
-//     3 H1F  WG1 -> WG0: P1 in the slab + half 1's maxima      4 P0E  WG1 -> WG0: WG1's P0 V0 of tile i done
-//     5 ALL  both (Q converted; final row sums exchanged)
+// Synchronization (seesaw.cuh's, tile = step, plus the producer's own barrier):
+//   full[s]  each producer thread arrives after the tile's conversion and fence.proxy.async; the stage's flags
+//            are written before. empty[s]: a consumer warp's release also follows its flag reads.
 //   named barrier 6 PROD over the 128 producer threads, three generations per tile: every copy of the tile
 //     landed (cp.async.wait_group 0 before it), blocks 0-4 read by all, blocks 5-8 read by all.
-//   Per tile: WG0: S0; maxima; arrive MX0; P0; [i > 0: sync P0E]; write P0; arrive P0F; O a1; P0 V0 (RS);
-//             sync H1F; a2; O a2; P1 V1 (SS); release.   WG1: S1; sync MX0; P1; write P1 + maxima; arrive H1F;
-//             O a1; sync P0F; P0 V0 (SS); [i < T - 1: arrive P0E]; O a2; P1 V1 (RS); release.
 //   fp8_ds_mla: the same barriers in the same places (PROD's second and third generations as above); P0 / P1 are
 //   float32 (P1 in the stage's RoPE slab: written after MX0, read by WG0 after H1F, before either releases the
 //   stage), both P V halves RS, and WG1 arrives P0E once P0 is in its registers (before its P0 V0).

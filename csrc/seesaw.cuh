@@ -7,7 +7,8 @@
 // P1 = 2^(S1 - m2) (against 0 while the max is -inf), row sums from the float32 P: l_0 = (l_0 a1 + sum P0) a2,
 // l_1 = (l_1 a1) a2 + sum P1, l = l_0 + l_1 at the end; O_w = (O_w a1 + P0 V0_w) a2 + P1 V1_w (m64n256k16, V = the
 // stage's first 512 columns read MN-major; a warpgroup's own P half from registers, the other's from the shared P
-// slab). Each kernel's header comment gives its producer, its rounding of P and its step with the barriers below.
+// slab). A multiply by a factor that is exactly 1 for all 16 rows of a warp is skipped (rescale). Each kernel's
+// header comment gives its producer, its masking and rounding of P, and what it adds to the synchronization below.
 //
 // Synchronization (step i in stage i % 2):
 //   full[s]  mbarrier, 128 arrivals: each producer thread once the step's rows are in the stage and visible to
