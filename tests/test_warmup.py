@@ -1,6 +1,8 @@
 """``mla-core warmup``: presets, the no-GPU message, a CPU run with fake backends, the summary table and JSON."""
 import argparse
+import contextlib
 import json
+import warnings
 
 import pytest
 import torch
@@ -130,10 +132,19 @@ def test_precompile_runs_every_unit_in_worker_processes_and_reports_failures():
     assert precompile.run_unit(bad, "cpu")  # an error line, not an exception
 
 
+@contextlib.contextmanager
+def _rejections_allowed():
+    """The CLI-flag tests below tune with the fakes, whose wrong one is fastest only on an idle machine (it
+    sleeps 0 ms, the fast one 1 ms): its rejection warning may or may not come, and is not what they test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tuner.AutotuneWarning)
+        yield
+
+
 def test_warmup_cli_takes_compile_jobs(fake_world, capsys):
     argv = ["warmup", "--device", "cpu", "--ops", "merge", "--prefill-lengths", "16", "--tp", "8", "--no-progress",
             "--compile-jobs", "1"]
-    with pytest.warns(tuner.AutotuneWarning):
+    with _rejections_allowed():
         assert _cli(*argv) == 0
     out = capsys.readouterr().out
     assert "tuning s (1st calls, check)" in out
@@ -144,10 +155,10 @@ def test_warmup_cli_passes_the_timing_kind_to_the_tuner(fake_world, capsys, monk
     original = tuner.tune
     monkeypatch.setattr(tuner, "tune", lambda *a, **kw: seen.append(kw["timing"]) or original(*a, **kw))
     argv = ["warmup", "--device", "cpu", "--ops", "merge", "--prefill-lengths", "16", "--tp", "8", "--no-progress"]
-    with pytest.warns(tuner.AutotuneWarning):
+    with _rejections_allowed():
         assert _cli(*argv, "--timing", "eager") == 0
     assert seen == ["eager"]
-    with pytest.warns(tuner.AutotuneWarning):
+    with _rejections_allowed():
         assert _cli(*argv, "--force") == 0
     assert seen == ["eager", None]  # None: MLA_CORE_TUNE_TIMING, else auto
     with pytest.raises(SystemExit):
