@@ -518,7 +518,8 @@ each prefill shape without and then with LSE on the same inputs (decode keys the
 
 @dataclass
 class _SharedReference:
-    """The last reference result of a :data:`SHARE_REFERENCE_OPS` check: ``call`` run with LSE, ``result`` (out, lse)."""
+    """The last reference result of a :data:`SHARE_REFERENCE_OPS` check: ``call`` run with LSE, ``result``
+    (out, lse)."""
 
     key: str
     call: Any

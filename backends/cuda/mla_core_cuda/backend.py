@@ -30,7 +30,8 @@ def device_reason() -> str | None:
 
 class CudaBackend(mla_core.Backend):
     name = "cuda"
-    version = "0.4 (sm_90a, mma.sync + wgmma with FP8 K=V and P quantization, wgmma prefill)"  # the shipped H200 choices carry this string: change both together
+    # the shipped H200 choices (autotune_cache/) carry this string: change both together
+    version = "0.4 (sm_90a, mma.sync + wgmma with FP8 K=V and P quantization, wgmma prefill)"
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
     """Above triton's 200: decode on the WGMMA kernel where it was measured faster unquantized (H200, graph
