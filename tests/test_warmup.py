@@ -135,10 +135,17 @@ def test_precompile_runs_every_unit_in_worker_processes_and_reports_failures():
 @contextlib.contextmanager
 def _rejections_allowed():
     """The CLI-flag tests below tune with the fakes, whose wrong one is fastest only on an idle machine (it
-    sleeps 0 ms, the fast one 1 ms): its rejection warning may or may not come, and is not what they test."""
+    sleeps 0 ms, the fast one 1 ms): its rejection warning may or may not come; they check instead that it never
+    wins (:func:`_assert_wrong_fake_never_cached`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tuner.AutotuneWarning)
         yield
+
+
+def _assert_wrong_fake_never_cached():
+    """What the rejection warning stood for, on a busy machine too: the wrong fake wins no cache entry."""
+    entries = cache.user_entries("cpu")
+    assert entries and all(e["backend"] != "tt_wrong" for e in entries.values()), entries
 
 
 def test_warmup_cli_takes_compile_jobs(fake_world, capsys):
@@ -148,6 +155,7 @@ def test_warmup_cli_takes_compile_jobs(fake_world, capsys):
         assert _cli(*argv) == 0
     out = capsys.readouterr().out
     assert "tuning s (1st calls, check)" in out
+    _assert_wrong_fake_never_cached()
 
 
 def test_warmup_cli_passes_the_timing_kind_to_the_tuner(fake_world, capsys, monkeypatch):
@@ -161,6 +169,7 @@ def test_warmup_cli_passes_the_timing_kind_to_the_tuner(fake_world, capsys, monk
     with _rejections_allowed():
         assert _cli(*argv, "--force") == 0
     assert seen == ["eager", None]  # None: MLA_CORE_TUNE_TIMING, else auto
+    _assert_wrong_fake_never_cached()
     with pytest.raises(SystemExit):
         _cli(*argv, "--timing", "fast")
     assert "invalid choice: 'fast'" in capsys.readouterr().err
