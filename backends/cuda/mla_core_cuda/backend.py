@@ -9,7 +9,7 @@ from __future__ import annotations
 import mla_core
 from mla_core import OpCapability
 
-from . import build
+from . import build, prefill
 
 _FORMATS = frozenset({None, "fp8", "nvfp4"})
 CAPABILITY = (9, 0)
@@ -65,10 +65,9 @@ class CudaBackend(mla_core.Backend):
                   "656-byte fp8_ds_mla rows (bf16 query); heads a multiple of 64 (others: musa_fp8); q_len 1..4; "
                   "any top-k multiple of 64"),
         "prefill": OpCapability(
-            limits={"dtype": frozenset({"bfloat16"}), "qk_dim": frozenset({192}), "v_dim": frozenset({128}),
-                    "block_n": frozenset({64}), "q_quant": frozenset({None, "fp8"}),
-                    "k_quant": frozenset({None, "fp8"}), "v_quant": frozenset({None, "fp8"}),
-                    "p_quant": frozenset({None, "fp8"})},
+            limits={"dtype": frozenset({"bfloat16"}), "qk_dim": frozenset({prefill.QK_DIM}),
+                    "v_dim": frozenset({prefill.V_DIM}), "block_n": frozenset({prefill.P_TILE}),
+                    **dict.fromkeys(("q_quant", "k_quant", "v_quant", "p_quant"), prefill.QUANT)},
             features=frozenset({"lse", "gqa"}),
             notes="sm_90 (H100/H200) only, WGMMA + TMA; bf16 q/k 192 (128 + 64 RoPE), v 128; varlen, causal "
                   "(bottom-right) and non-causal, any len_q / len_k, GQA; P tile block_n 64; P in bf16 or FP8; "

@@ -23,9 +23,12 @@ from mla_core import numerics
 from mla_core.specs import PrefillCall
 
 from .decode import EXACT_DIV_FREE_RANGE, _f32  # P's FP8 scales divided without a division there too
+from .sparse import aligned
 
 QK_DIM, V_DIM, P_TILE = 192, 128, 64
 QUANT = frozenset({None, "fp8"})
+"""Q / K / V / P formats the kernel runs (the backend's prefill capability declares these constants)."""
+
 
 def configs(problem) -> list[dict]:
     """One launch shape (128 query rows per CTA, 64-key tiles, 4 stages): nothing to tune."""
@@ -49,9 +52,7 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
 def fp8_codes(module, x: torch.Tensor, amax: float | None) -> tuple[torch.Tensor, float]:
     """(codes, scale): ``x``'s FP8 E4M3 codes of ``x / scale`` as bf16 values (``scale = amax / 448``, float32)."""
     scale = _f32(numerics.fp8_scale(amax))
-    src = x.contiguous()
-    if src.data_ptr() % 16:
-        src = src.clone(memory_format=torch.contiguous_format)
+    src = aligned(x.contiguous(), 16)
     codes = torch.empty(src.shape, dtype=torch.bfloat16, device=x.device)
     module.fp8_codes_bf16(src, codes, scale)
     return codes, scale

@@ -41,7 +41,7 @@ def num_splits_for(tokens: int, heads: int, top_k: int, sms: int, config: dict) 
     return splits
 
 
-def _aligned(t: torch.Tensor, multiple: int) -> torch.Tensor:
+def aligned(t: torch.Tensor, multiple: int) -> torch.Tensor:
     """``t`` itself when its data starts on a ``multiple``-byte boundary, else a fresh (aligned) copy."""
     return t if t.data_ptr() % multiple == 0 else t.clone()
 
@@ -74,7 +74,7 @@ def run(module, call: SparseDecodeCall, config: dict):
     else:
         part_o = part_lse = None
     dst = out if out.data_ptr() % 4 == 0 else torch.empty_like(out)  # bf16 pairs are stored as 4-byte words
-    module.sparse_decode_wgmma(_aligned(query, 16), _aligned(kv, 16), idx, call.metadata.valid_lens, dst, lse,
+    module.sparse_decode_wgmma(aligned(query, 16), aligned(kv, 16), idx, call.metadata.valid_lens, dst, lse,
                                part_o, part_lse, splits, call.bmm1_scale * math.log2(math.e), call.bmm2_scale)
     if dst is not out:
         out.copy_(dst)
