@@ -89,28 +89,42 @@ __device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int b, int6
 // Producer warp w's share of a step: rows 16w .. 16w + 15 into the slab layout at `sk`, lane l < 16 holding
 // row 16w + l's offset (row_offset). An absent key is zero-filled (nothing read); its bit in the warp's 16-bit
 // validity word `valid` is 0. `aligned`: 16-byte cp.async (per group of 4 rows, chunks l and l + 32 of each
-// row, then the rope chunks 64-71 of the 4 rows: 36 copies per lane), else 2-byte loads and stores.
+// row, then the rope chunks 64-71 of the 4 rows: 36 copies per lane), else 2-byte loads and stores. kGroups:
+// each group of 4 rows is committed as its own cp.async group (4 groups, rows 4g .. 4g + 3 in group g), so the
+// FP8 conversion can start on the first rows while the later ones are in flight.
+template <bool kGroups>
 __device__ __forceinline__ void produce_rows(const DecodeParams& p, int64_t my_off, uint8_t* sk, uint32_t* valid,
                                              int w, int lane, bool aligned) {
   const uint32_t bits = __ballot_sync(0xffffffffu, lane < 16 && my_off >= 0);
   if (lane == 0) *valid = bits;
   const uint16_t* cache = static_cast<const uint16_t*>(p.cache);
   const int r0 = 16 * w;
-  if (aligned) {
+  // rows 4g .. 4g + 3: chunks l and l + 32 of each, then the rope chunks 64-71 of the 4 rows (lane l: row l / 8)
+  const auto copy_group = [&](int g) {
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int r = 4 * g + k;
-        const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
-        const uint32_t n = off >= 0 ? 16u : 0u;
-        cp_async16(sk + slab_off(r0 + r, lane * 16), off >= 0 ? cache + off + lane * 8 : cache, n);
-        cp_async16(sk + slab_off(r0 + r, (lane + 32) * 16), off >= 0 ? cache + off + (lane + 32) * 8 : cache, n);
-      }
-      const int r = 4 * g + (lane >> 3), c = 64 + (lane & 7);
+    for (int k = 0; k < 4; ++k) {
+      const int r = 4 * g + k;
       const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
-      cp_async16(sk + slab_off(r0 + r, c * 16), off >= 0 ? cache + off + c * 8 : cache, off >= 0 ? 16u : 0u);
+      const uint32_t n = off >= 0 ? 16u : 0u;
+      cp_async16(sk + slab_off(r0 + r, lane * 16), off >= 0 ? cache + off + lane * 8 : cache, n);
+      cp_async16(sk + slab_off(r0 + r, (lane + 32) * 16), off >= 0 ? cache + off + (lane + 32) * 8 : cache, n);
     }
+    const int r = 4 * g + (lane >> 3), c = 64 + (lane & 7);
+    const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
+    cp_async16(sk + slab_off(r0 + r, c * 16), off >= 0 ? cache + off + c * 8 : cache, off >= 0 ? 16u : 0u);
+  };
+  if (aligned && kGroups) {
+    // lane re-read and the groups in a loop: otherwise the compiler holds the per-lane swizzled offsets of all
+    // 36 copies in registers across the step loop, and the conversion gets 8 of the producer's 56
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+#pragma unroll 1
+    for (int g = 0; g < 4; ++g) {
+      copy_group(g);
+      cp_async_commit();
+    }
+  } else if (aligned) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) copy_group(g);
   } else {
 #pragma unroll 1
     for (int i = lane; i < 16 * kChunks; i += 32) {  // 36 rounds: every lane takes part in each shuffle
@@ -135,25 +149,70 @@ template <> __device__ __forceinline__ void unpack<__half>(uint32_t w, float& lo
   hi = f.y;
 }
 
-// K fake quantization (FP8, k_fmt kFP8) of producer warp w's rows 16w .. 16w + 15 of the stage at `sk`, in place:
-// each element x -> e4m3(x / k_scale), unscaled (exact in T; k_scale is in qk_scale_log2, and V = these codes'
-// first 512 columns with v_scale = k_scale, in out_scale). Elementwise, so the swizzle does not matter: the
-// warp's rows are 2,048 contiguous bytes of each of the 9 slabs, lane l takes every 32nd 8 bytes (8 values in
-// flight: more spill at the producer's 56 registers). inv = RN(1 / k_scale). Division-free quotients only
+// 16 bytes of shared memory at a 32-bit shared-window address (the stage pointers are generic: through them the
+// compiler emits generic LD/ST, which it cannot reorder past each other).
+__device__ __forceinline__ uint4 ld_shared16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared16(uint32_t a, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// Waits until at most n of this thread's most recent cp.async groups are pending (0 <= n <= 3).
+__device__ __forceinline__ void cp_async_wait_upto(int n) {
+  if (n == 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  else if (n == 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  else if (n == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Two elements of T -> their FP8 codes e4m3(x / scale) as two elements of T (exact), the lower in the low half:
+// division-free quotients (inv = RN(1 / scale)), then one paired conversion each way (round_e4m3x2).
+template <typename T> __device__ __forceinline__ uint32_t fp8_codes2(uint32_t w, float scale, float inv);
+template <> __device__ __forceinline__ uint32_t fp8_codes2<__nv_bfloat16>(uint32_t w, float scale, float inv) {
+  const __half2 h = round_e4m3x2(div_rn(__uint_as_float(w << 16), scale, inv, false),
+                                 div_rn(__uint_as_float(w & 0xffff0000u), scale, inv, false));
+  return Wgmma<__nv_bfloat16>::pack(__low2float(h), __high2float(h));
+}
+template <> __device__ __forceinline__ uint32_t fp8_codes2<__half>(uint32_t w, float scale, float inv) {
+  const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w));
+  const __half2 h = round_e4m3x2(div_rn(x.x, scale, inv, false), div_rn(x.y, scale, inv, false));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// K fake quantization (FP8, k_fmt kFP8) of producer warp w's rows 16w .. 16w + 15 of the stage at shared address
+// `sk`, in place: each element x -> e4m3(x / k_scale), unscaled (exact in T; k_scale is in qk_scale_log2, and V
+// = these codes' first 512 columns with v_scale = k_scale, in out_scale). Elementwise, so the swizzle does not
+// matter. Row group g (rows 16w + 4g .. + 3, produce_rows<true>'s cp.async group g) is 512 contiguous bytes of
+// each of the 9 slabs, lane l the 16 bytes at 16 l of each: converted once the group landed (cp.async.wait_group
+// 3 - g, then __syncwarp: every lane's copies visible), while the later groups are in flight; 3 slabs at a time
+// (24 values per lane: 3 loads, the arithmetic, 3 stores). inv = RN(1 / k_scale). Division-free quotients only
 // (decode_wgmma_supported refuses p.exact_div: __fdiv_rn's slow-path call needs registers the producer lacks).
-// Called after the warp's copies landed (cp.async.wait_group, then __syncwarp: every lane's writes visible).
 template <typename T>
-__device__ __forceinline__ void k_codes_fp8(const DecodeParams& p, float inv, uint8_t* sk, int w, int lane) {
-#pragma unroll 2
-  for (int i = lane; i < 8 * (kChunks / 8) * 32; i += 32) {  // 8-byte units: 8 per lane in each of 9 slabs
-    uint2* unit = reinterpret_cast<uint2*>(sk + (i >> 8) * (kKeys * 128) + 16 * w * 128) + (i & 255);
-    uint2 v = *unit;
-    float x0, x1, x2, x3;
-    unpack<T>(v.x, x0, x1);
-    unpack<T>(v.y, x2, x3);
-    v.x = Wgmma<T>::pack(fp8_code(x0, p.k_scale, inv, false), fp8_code(x1, p.k_scale, inv, false));
-    v.y = Wgmma<T>::pack(fp8_code(x2, p.k_scale, inv, false), fp8_code(x3, p.k_scale, inv, false));
-    *unit = v;
+__device__ __forceinline__ void k_codes_fp8(float scale, float inv, uint32_t sk, int w, int lane) {
+#pragma unroll 1
+  for (int g = 0; g < 4; ++g) {
+    cp_async_wait_upto(3 - g);
+    __syncwarp();
+    const uint32_t a = sk + (16 * w + 4 * g) * 128 + 16 * lane;
+#pragma unroll 1
+    for (int k = 0; k < 9; k += 3) {
+      uint4 v[3];
+#pragma unroll
+      for (int u = 0; u < 3; ++u) v[u] = ld_shared16(a + (k + u) * (kKeys * 128));
+#pragma unroll
+      for (int u = 0; u < 3; ++u) {
+        v[u].x = fp8_codes2<T>(v[u].x, scale, inv);
+        v[u].y = fp8_codes2<T>(v[u].y, scale, inv);
+        v[u].z = fp8_codes2<T>(v[u].z, scale, inv);
+        v[u].w = fp8_codes2<T>(v[u].w, scale, inv);
+      }
+#pragma unroll
+      for (int u = 0; u < 3; ++u) st_shared16(a + (k + u) * (kKeys * 128), v[u]);
+    }
   }
 }
 
@@ -233,14 +292,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     for (int i = 0; i < steps; ++i) {
       const int s = i & 1;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
-      produce_rows(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
-      cp_async_commit();
+      produce_rows<KF == kFP8>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane,
+                               aligned);
+      if constexpr (KF != kFP8) cp_async_commit();
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
       next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
-      cp_async_wait_all();
       if constexpr (KF == kFP8) {
-        __syncwarp();
-        k_codes_fp8<T>(p, k_inv, sk0 + s * kTileBytes, warp - 8, lane);
+        k_codes_fp8<T>(p.k_scale, k_inv, smem_u32(sk0 + s * kTileBytes), warp - 8, lane);
+      } else {
+        cp_async_wait_all();
       }
       fence_proxy_async();
       mbar_arrive(&full[s]);

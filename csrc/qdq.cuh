@@ -15,6 +15,14 @@ __device__ __forceinline__ float round_e4m3(float x) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
 }
 
+// Two float32 -> E4M3 by round_e4m3's rule, as an f16 pair (lo in the low half): the same conversion instruction
+// as round_e4m3 (which converts (x, 0)), here on two values at once, and E4M3 -> f16 likewise (exact: every E4M3
+// value is an f16 normal or zero, NaN stays NaN).
+__device__ __forceinline__ __half2 round_e4m3x2(float lo, float hi) {
+  const __nv_fp8x2_storage_t codes = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+  return __half2(__nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3));
+}
+
 // float32 -> E2M1 (+-{0, .5, 1, 1.5, 2, 3, 4, 6}), ties to the even code, saturating at 6. In [0, 2) the
 // grid step is 0.5, in [2, 4) 1, above 2: scaling by the inverse step (exact) and adding 1.5 * 2^23 rounds
 // to an integer with the adder's nearest-even rounding (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4).
