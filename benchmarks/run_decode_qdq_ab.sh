@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A/B of the WGMMA decode's in-place FP8 K conversion (issue 9, branch wip/decode-qdq-conversion), one device call
+# of ~200 s (limits below add to <= 300 s): build A (the base's csrc/) and B (this checkout's csrc/) side by side,
+# the decode GPU tests on B (the recipes the conversion serves first), then bench_decode_qdq_ab.py: both builds
+# timed alternately on bf16 and the fp8 recipe, the ratios, and B's outputs compared with A's bit for bit.
+# A's sources: A_SRC (a csrc/ folder inside the tree, so it travels), else A_REV through git where the tree has
+# its .git. Before the call, here:
+#   mkdir -p benchmarks/ab_base && git archive 80c7803 csrc | tar -x -C benchmarks/ab_base   # untracked: travels
+#   MLA_COMMIT=<hash> A_SRC=benchmarks/ab_base/csrc bash benchmarks/run_decode_qdq_ab.sh   (the device command)
+# Logs and JSON in $OUT. AB_QUICK=1: H16 / H128 x B32 x L8192 only.
+set -u
+cd "$(dirname "$0")/.."
+LOGS=${OUT:-/tmp}
+echo "commit ${MLA_COMMIT:-unknown}"
+if [ -z "${A_SRC:-}" ] && [ -n "${A_REV:-}" ]; then
+  A_SRC=$(mktemp -d)/csrc && mkdir -p "$(dirname "$A_SRC")" && git archive "$A_REV" csrc | tar -x -C "$(dirname "$A_SRC")"
+fi
+if [ ! -f "${A_SRC:-/nonexistent}/mla_decode_wgmma.cu" ]; then
+  echo "A_SRC (${A_SRC:-unset}) holds no csrc/: set A_SRC, or A_REV where git works"; exit 2
+fi
+A_SRC=$(cd "$A_SRC" && pwd)
+# this checkout's packages first on the path, entry points declared by hand (as cuda_decode_qdq_device.sh)
+ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
+printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
+printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n' \
+  >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
+export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep"
+export MLA_CORE_CACHE_DIR=${AB_CACHE:-$(mktemp -d)}  # one fresh cache: the two builds differ in key
+build() {  # $1: csrc folder, $2: log name
+  { time MLA_CORE_CUDA_SRC=$1 timeout "${BUILD_TIMEOUT:-100}" python3 -c \
+      "from mla_core_cuda import build; m = build.build(); print(m.__name__, m.__file__)"; } >"$LOGS/$2" 2>&1
+}
+build "$A_SRC" ab_build_a.log & pa=$!
+build "$PWD/csrc" ab_build_b.log & pb=$!
+wait $pa; wait $pb
+tail -n 4 "$LOGS/ab_build_a.log" "$LOGS/ab_build_b.log"
+timeout "${TEST_TIMEOUT:-110}" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line tests/test_cuda_decode.py \
+  -k "${AB_TESTS:-fp8 or agree or exact or calibrated or graph or fp16}" 2>&1 | tee "$LOGS/ab_gpu_tests.log" | tail -8
+if [ "${AB_QUICK:-0}" = 1 ]; then shape=(--batch 32 --lengths 8192); else shape=(); fi
+timeout "${BENCH_TIMEOUT:-75}" python3 benchmarks/bench_decode_qdq_ab.py --src-a "$A_SRC" --src-b "$PWD/csrc" \
+  "${shape[@]}" 2>&1 | tee "$LOGS/ab_bench.log" | tail -18
+mkdir -p "$LOGS/fp16" && OUT=$LOGS/fp16 timeout "${FP16_TIMEOUT:-15}" python3 benchmarks/bench_decode_qdq_ab.py \
+  --src-a "$A_SRC" --src-b "$PWD/csrc" --dtype fp16 --heads 128 --batch 32 --lengths 8192 2>&1 \
+  | tee "$LOGS/ab_bench_fp16.log" | tail -4
