@@ -33,6 +33,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "mla_decode_wgmma.cu is written for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
@@ -170,17 +171,15 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
 }
 
 // Two elements of T -> their FP8 codes e4m3(x / scale) as two elements of T (exact), the lower in the low half:
-// division-free quotients (inv = RN(1 / scale)), then one paired conversion each way (round_e4m3x2).
-template <typename T> __device__ __forceinline__ uint32_t fp8_codes2(uint32_t w, float scale, float inv);
-template <> __device__ __forceinline__ uint32_t fp8_codes2<__nv_bfloat16>(uint32_t w, float scale, float inv) {
-  const __half2 h = round_e4m3x2(div_rn(__uint_as_float(w << 16), scale, inv, false),
-                                 div_rn(__uint_as_float(w & 0xffff0000u), scale, inv, false));
-  return Wgmma<__nv_bfloat16>::pack(__low2float(h), __high2float(h));
-}
-template <> __device__ __forceinline__ uint32_t fp8_codes2<__half>(uint32_t w, float scale, float inv) {
-  const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w));
-  const __half2 h = round_e4m3x2(div_rn(x.x, scale, inv, false), div_rn(x.y, scale, inv, false));
-  return *reinterpret_cast<const uint32_t*>(&h);
+// division-free quotients (inv = RN(1 / scale)), then one paired conversion each way (round_e4m3x2: f16 codes,
+// stored as they are for fp16, through float32 for bf16).
+template <typename T>
+__device__ __forceinline__ uint32_t fp8_codes2(uint32_t w, float scale, float inv) {
+  float lo, hi;
+  unpack<T>(w, lo, hi);
+  const __half2 h = round_e4m3x2(div_rn(lo, scale, inv, false), div_rn(hi, scale, inv, false));
+  if constexpr (std::is_same_v<T, __half>) return *reinterpret_cast<const uint32_t*>(&h);
+  else return Wgmma<T>::pack(__low2float(h), __high2float(h));
 }
 
 // K fake quantization (FP8, k_fmt kFP8) of producer warp w's rows 16w .. 16w + 15 of the stage at shared address
