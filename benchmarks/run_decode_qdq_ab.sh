@@ -5,7 +5,7 @@
 # timed alternately on bf16 and the fp8 recipe, the ratios, and B's outputs compared with A's bit for bit.
 # A's sources: A_SRC (a csrc/ folder inside the tree, so it travels), else A_REV through git where the tree has
 # its .git. Before the call, here:
-#   mkdir -p benchmarks/ab_base && git archive 80c7803 csrc | tar -x -C benchmarks/ab_base   # untracked: travels
+#   mkdir -p benchmarks/ab_base && git archive 1027f12 csrc | tar -x -C benchmarks/ab_base   # untracked: travels
 #   MLA_COMMIT=<hash> A_SRC=benchmarks/ab_base/csrc bash benchmarks/run_decode_qdq_ab.sh   (the device command)
 # Logs and JSON in $OUT. AB_QUICK=1: H16 / H128 x B32 x L8192 only.
 set -u
