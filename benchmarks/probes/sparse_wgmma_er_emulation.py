@@ -497,6 +497,105 @@ def check_protocol(T, ds, W=1, m=frozenset()):
     return len(seen), finals, deadlocks
 
 
+# ------------------------------------------------------------------------------------------------------------
+# 3. The kernel's text.
+
+
+def _block_end(text, i):
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return j + 1
+    raise AssertionError("unbalanced braces")
+
+
+def specialize(text, ds):
+    """`if constexpr (kDs) A else B` / `if constexpr (!kDs) A` resolved for the instance."""
+    while True:
+        mt = re.search(r"if constexpr \((!?)kDs\)\s*", text)
+        if not mt:
+            return text
+        i = mt.end()
+        end = _block_end(text, i) if text[i] == "{" else text.index(";", i) + 1
+        body, rest = text[i:end], text[end:]
+        me = re.match(r"\s*else\s*", rest)
+        other = ""
+        if me:
+            j = me.end()
+            k = _block_end(rest, j) if rest[j] == "{" else rest.index(";", j) + 1
+            other, rest = rest[j:k], rest[k:]
+        take = body if ds != bool(mt.group(1)) else other
+        text = text[:mt.start()] + take + rest
+
+
+def check_source(path=SRC):
+    text = re.sub(r"//[^\n]*", "", open(path).read())
+    errors = []
+    mt = re.search(r"constexpr int code_slot\(int k\) \{ return ([^;]*); \}", text)
+    if not mt:
+        errors.append("code_slot not found")
+    else:
+        expr = mt.group(1).replace("kCodeBlock", str(BLOCK)).replace("kSlab", str(SLAB))
+        expr = re.sub(r"(.*) \? (.*) : (.*)", r"(\2) if \1 else (\3)", expr).replace("&&", "and")
+        got = [eval(expr, {"__builtins__": {}}, {"k": k}) for k in range(9)]
+        if got != [code_off(k) for k in range(9)]:
+            errors.append(f"code_slot gives {got}, the model {[code_off(k) for k in range(9)]}")
+    if not re.search(r"for \(int j = 0; j < 4; \+\+j\) mbar_init\(&empty\[j\], 4\);", text):
+        errors.append("the four release mbarriers are not initialized for 4 warps each")
+    if "release_stage(empty + 2 * wg, s, lane);" not in text:
+        errors.append("a consumer warpgroup does not release on its own mbarrier")
+    conv = text[text.index("void convert_in_place(uint8_t* stage, int u) {"):]
+    conv = conv[:_block_end(conv, conv.index("{"))]
+    prod = text[text.index("for (int i = 0; i < ntiles; ++i) {"):]
+    prod = prod[:_block_end(prod, prod.index("{"))]
+    for ds in (False, True):
+        c = specialize(conv, ds)
+        got = []
+        rx = (r"for \(int k = 4; k < 8; \+\+k\) \{\s*const uint4 w0 = load\(k, 0\), w1 = load\(k, 1\);\s*"
+              r"store\(k, w0, w1\);\s*\}|w(\d)0 = load\((\d), 0\)|nb_sync|store\((\d), w(\d)0, w(\d)1\)")
+        for m_ in re.finditer(rx, c):
+            if m_.group(0).startswith("for"):
+                got += [x for k in (4, 5, 6, 7) for x in (("ld", k), ("st", k))]
+            elif m_.group(0) == "nb_sync":
+                got.append(("bar",))
+            elif m_.group(1):
+                if m_.group(1) != m_.group(2):
+                    errors.append(f"register w{m_.group(1)}0 loads block {m_.group(2)}")
+                got.append(("ld", int(m_.group(2))))
+            else:
+                if not m_.group(3) == m_.group(4) == m_.group(5):
+                    errors.append(f"slab {m_.group(3)} stored from w{m_.group(4)}0 / w{m_.group(5)}1")
+                got.append(("st", int(m_.group(3))))
+        if got != convert_program(ds):
+            errors.append(f"convert_in_place<{str(ds).lower()}>: kernel {got} != model {convert_program(ds)}")
+        pt = specialize(prod, ds)
+        toks = []
+        for m_ in re.finditer(r"mbar_wait\(&empty\[(2 \+ )?s\]|gather_codes<|gather_rope\(|cp_async_wait<([^>]*)>"
+                              r"|nb_sync<kProducerThreads>\(kBarProd\)|convert_in_place<|mbar_arrive\(&full", pt):
+            g = m_.group(0)
+            toks.append("mwait e1" if m_.group(1) else "mwait e0" if g.startswith("mbar_wait") else
+                        "copy" if g.startswith("gather") else "landed" if g.startswith("cp_async") else
+                        "sync PROD" if g.startswith("nb_sync") else "convert" if g.startswith("convert") else
+                        "marrive full")
+            if g.startswith("cp_async") and m_.group(2) not in (("kDs ? 1 : 0", "0") if ds else ("kDs ? 1 : 0",)):
+                errors.append(f"cp_async_wait<{m_.group(2)}> in the producer loop")
+        want = []
+        for op in programs(3, ds)[0][next(n for n, o in enumerate(programs(3, ds)[0]) if o[0] == "mwait"):]:
+            k = op[0]
+            tok = {"mwait": lambda: "mwait " + op[1][:2], "copy": lambda: "copy", "landed": lambda: "landed",
+                   "sync": lambda: "sync PROD", "cread": lambda: "convert", "store": lambda: None if
+                   op[2][0][0][0] == "fl" else "convert", "marrive": lambda: "marrive full"}[k]()
+            if tok and (not want or want[-1] != tok or tok != "convert"):
+                want.append(tok)
+        # the model's conversion (reads, PROD barriers, stores) is convert_in_place's body, checked above
+        i0 = want.index("sync PROD")
+        want = want[:i0 + 1] + ["convert"] + [w for w in want[i0 + 1:] if w not in ("convert", "sync PROD")]
+        if toks != want:
+            errors.append(f"producer loop ({'ds' if ds else '576'}): kernel {toks} != model {want}")
+    return errors
+
+
 def applies(name, ds):
     return not ((ds and name == "block 8 in slab 4") or
                 (not ds and name in ("RoPE early", "scales early", "full before RoPE landed")))
@@ -530,6 +629,10 @@ def main(argv) -> int:
     if "--op-by-op" in argv:
         MERGE[0] = False
         plan, tiles = ((1, 3),), 3
+    errors = check_source()
+    print(f"the kernel's text (code_slot, the release mbarriers, convert_in_place and the producer loop of both "
+          f"instances) against the model: {'OK' if not errors else 'FAIL: ' + '; '.join(errors)}")
+    bad += bool(errors)
     for ds in (False, True):
         lay = "656-byte rows (fp8_ds_mla)" if ds else "576-byte rows"
         print(f"== {lay}")
