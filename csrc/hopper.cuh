@@ -79,11 +79,6 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, uint32
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed cp.async groups are in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // The first 1024-byte-aligned address at or after p (rounded as an integer: a generic pointer).
 __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {

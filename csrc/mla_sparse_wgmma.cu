@@ -7,15 +7,15 @@
 // tiles of 64 (a split is a run of whole tiles; tile i in bf16 stage i % 2) in the decode kernel's seesaw
 // (csrc/seesaw.cuh: its comment gives the consumers' step, the mbarrier ring and the named barriers), over E4M3 codes:
 //   - the producer warpgroup (warps 8-11; setmaxnreg 56, the consumers 224) gathers each tile's 64 rows of codes
-//     by cp.async through the index list as 9 code blocks (block k = code chunks 4k..4k+3 of every row, 4,096 B,
-//     row r at 64 r) into the bytes of the stage that warpgroup 0's release frees (below): code_slot(k) puts
-//     blocks 4-7 over slabs 0-1, blocks 0-1 over slab 2, 2-3 over slab 3 and block 8 over slab 8's first 4 KB. A
-//     slot past the split's end, with index < 0 or >= rows, is zero-filled, never read, and flagged invalid. The
-//     next tile's indices are read while a tile's copies fly. Once warpgroup 1 released the stage too, it converts
-//     the tile in place into the slab layout (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is a
-//     bf16) in three rounds: blocks 4-7 -> slabs 4-7 (no code there) with blocks 0-1 loaded; a PROD barrier (slabs
-//     0-2 then hold only codes every thread has read); slabs 0-1, block 2 -> slab 2, blocks 3 and 8 loaded; a PROD
-//     barrier; slabs 3 and 8;
+//     by cp.async through the index list into the upper half of the freed bf16 stage (bytes 36,864..73,727, free
+//     until converted) as 9 code blocks: block k = code chunks 4k..4k+3 of every row, 4,096 B at kCodeOff +
+//     4,096 k, row r at 64 r. A slot past the split's end, with index < 0 or >= rows, is zero-filled, never read,
+//     and flagged invalid. The next tile's indices are read while a tile's copies fly. It then converts the tile
+//     in place into the slab layout (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is a bf16):
+//     slabs 0-3 lie below the codes, slab 4 overlaps block 0, slab 5 blocks 1-2, slab 6 blocks 3-4, slab 7
+//     blocks 5-6, slab 8 blocks 7-8. So every producer thread reads block 4 before a PROD barrier that precedes
+//     the stores of slab 4 (blocks 0-4 then read by all: slabs 4-6 are safe), and blocks 7 and 8 before a PROD
+//     barrier that precedes the stores of slabs 7 and 8;
 //   - consumer warpgroup w computes S for keys 32w..32w+31 of the tile (36 x m64n32k16 from shared memory;
 //     Q was converted to bf16 slabs once), masked by the stage's flags (-inf), and owns output columns
 //     256w..256w+255; per tile seesaw.cuh's step with a1 = 2^(m - m1), a2 = 2^(m1 - m2) (1 while the target max
@@ -25,11 +25,11 @@
 // fp8_ds_mla (the kernel's kDs variant; FlashMLA's / vLLM's 656-byte rows: bytes 0..511 E4M3 codes, 512..527 four
 // float32 scales, scale j for values 128j..128j+127, 528..655 the 64 RoPE values in bf16; bf16 query), the same
 // schedule and protocol with these differences:
-//   - the producer gathers each row's 32 code chunks as 8 code blocks (slabs 0-3's bytes, code_slot) after
-//     warpgroup 0's release and converts them as above (no block 8); after warpgroup 1's release (its float32 P1
-//     lives in slab 8, it reads the scales until its last product) it copies the 8 RoPE chunks straight into slab 8
-//     and the 16 scale bytes into the stage's [64 slots][4] float32 scales (in Q's slab 8, free: Q's RoPE values
-//     are kept as RS A fragments in registers, 16 per thread), a second cp.async group landing while it converts;
+//   - the producer gathers each row's 32 code chunks as 8 code blocks at kCodeOffDs (slabs 4-7's bytes) and
+//     converts them in place (slab 4 overlaps blocks 0-1, 5 blocks 2-3, 6 blocks 4-5, 7 blocks 6-7: PROD barriers
+//     after blocks 4-5 and after blocks 6-7 are read), copies the 8 RoPE chunks straight into slab 8 and the 16
+//     scale bytes into the stage's [64 slots][4] float32 scales (in Q's slab 8, free: Q's RoPE values are kept
+//     as RS A fragments in registers, 16 per thread);
 //   - S keeps the block scale outside the dot: the RoPE part (4 RS k16 steps) into s, block j's 8 k16 steps into
 //     acc[j % 2], s += scale_j[key] acc once block j's group completed (wait_group 1: the next block runs);
 //   - P V per 128-column scale block (m64n128k16, A from registers): warpgroup w's blocks 2w, 2w + 1 take
@@ -41,25 +41,19 @@
 // several splits each writes float32 partials and the combine kernel merges them by log-sum-exp (a split without a
 // valid slot has LSE -inf and weight 0).
 //
-// Synchronization (seesaw.cuh's, tile = step, plus an earlier release and the producer's own barrier):
-//   full[s]  each producer thread arrives after the tile's conversion (fp8_ds_mla: and its RoPE / scale copies)
-//            and fence.proxy.async; the stage's flags are written before.
-//   empty[s] / empty[2 + s]  (in place of seesaw.cuh's one empty[s] of 8 arrivals) warpgroup 0's / warpgroup 1's
-//            release, 4 arrivals each (lane 0 of each warp, after its last wgmma reading the stage and its flag
-//            reads). Warpgroup 0 releases after H1F, which warpgroup 1 arrives at only after its S and flag reads:
-//            so after empty[s]'s phase nobody reads slabs 0-3, slab 8 (576-byte rows) or the flags of the stage,
-//            and the producer gathers tile i + 2's codes and flags there while warpgroup 1 still runs its P V on
-//            slabs 4-7; it converts after empty[2 + s]'s phase (both with parity ((i - 2) / 2) & 1).
-//   named barrier 6 PROD over the 128 producer threads, three generations per tile: every code copy of the tile
-//     landed (cp.async.wait_group before it), blocks 0-1 and 4-7 read by all, blocks 2-3 (8) read by all.
-//   fp8_ds_mla: the same barriers in the same places; P0 / P1 are float32 (P1 in the stage's RoPE slab: written
-//   after MX0, read by WG0 after H1F, by WG1 before its release), both P V halves RS, and WG1 arrives P0E once P0
-//   is in its registers (before its P0 V0).
-// The protocol, code_slot and the conversion's byte ranges were checked for both layouts over every interleaving
-// for 1-5 tiles (benchmarks/probes/sparse_wgmma_er_emulation.py, which also compares them with this text); the
-// consumers' P1-in-RoPE-slab and scale-array lifetimes by sparse_wgmma_ds_emulation.py; the schedule before the
-// earlier release was measured as variant S of the sparse probe (benchmarks/probes/sparse_wgmma_probe.cu;
-// benchmarks/NOTES.md). Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
+// Synchronization (seesaw.cuh's, tile = step, plus the producer's own barrier):
+//   full[s]  each producer thread arrives after the tile's conversion and fence.proxy.async; the stage's flags
+//            are written before. empty[s]: a consumer warp's release also follows its flag reads.
+//   named barrier 6 PROD over the 128 producer threads, three generations per tile: every copy of the tile
+//     landed (cp.async.wait_group 0 before it), blocks 0-4 read by all, blocks 5-8 read by all.
+//   fp8_ds_mla: the same barriers in the same places (PROD's second and third generations as above); P0 / P1 are
+//   float32 (P1 in the stage's RoPE slab: written after MX0, read by WG0 after H1F, before either releases the
+//   stage), both P V halves RS, and WG1 arrives P0E once P0 is in its registers (before its P0 V0).
+// The 576-byte protocol and in-place conversion's byte ranges were checked over every interleaving for 1-6 tiles
+// (benchmarks/probes/sparse_wgmma_s_emulation.py), the fp8_ds_mla variant's for 1-4 tiles with its P1-in-RoPE-slab
+// and scale-array lifetimes (sparse_wgmma_ds_emulation.py), and measured as variant S of the sparse probe
+// (benchmarks/probes/sparse_wgmma_probe.cu; benchmarks/NOTES.md). Layout, descriptors and ordering rules:
+// docs/cuda.md ("Hopper building blocks, verified").
 
 #include "hopper.cuh"
 #include "mla_sparse.h"
@@ -82,19 +76,22 @@ constexpr int kRowDs = 656;                // bytes of an fp8_ds_mla cache row (
 constexpr int kDsScales = 512, kDsRope = 528;  // fp8_ds_mla: byte offsets of the 4 float32 scales, the bf16 RoPE
 constexpr int kChunks = kDim / 16;         // 16-byte chunks of codes per 576-byte row
 constexpr int kTileBytes = 9 * kSlab;      // a [64 x 576] bf16 operand: 9 slabs (Q, a stage)
-constexpr int kCodeBlock = kKeys * 64;     // a code block: 4 chunks of every row (= rows 32h.. of one slab)
+constexpr int kCodeBlock = kKeys * 64;     // a code block: 4 chunks of every row
+constexpr int kCodeOff = kTileBytes - kKeys * kDim;  // the codes' place in a stage: its upper 36,864 B
+constexpr int kCodeOffDs = 4 * kSlab;      // fp8_ds_mla: 8 code blocks over slabs 4-7 (the RoPE goes to slab 8)
 constexpr int kOffScales = 8 * kSlab;      // fp8_ds_mla: [2 stages][64 slots][4] float32 scales in Q's slab 8
 constexpr int kOffP = 3 * kTileBytes,      // Q, two stages
               kOffX = kOffP + kSlab,       // floats: [64] half 0's maxima, [64] half 1's, [2][64] final row sums
               kOffValid = kOffX + 4 * kHeads * 4,   // [2 stages][64 slots] validity flags
-              kOffBar = kOffValid + 2 * kKeys,      // mbarriers full[2], empty[2] (WG0's), empty[2] (WG1's)
-              kSmemBytes = kOffBar + 6 * 8 + 1024;  // + alignment slack: slabs start 1024-aligned
+              kOffBar = kOffValid + 2 * kKeys,      // mbarriers full[2], empty[2]
+              kSmemBytes = kOffBar + 4 * 8 + 1024;  // + alignment slack: slabs start 1024-aligned
 constexpr int kBarProd = 6;                // the producer warpgroup's own named barrier (header comment)
 constexpr int kMaxSplits = 32;
 constexpr int kMaxDevices = 64;            // devices whose shared-memory attribute is remembered
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
-static_assert(2 * kCodeBlock == kSlab && 2 * kKeys * 16 <= kSlab,
-              "two code blocks per slab (rows 0-31, 32-63); both stages' scales fit in Q's slab 8");
+static_assert(kCodeOff == 36864 && kCodeOff + 9 * kCodeBlock == kTileBytes, "the codes fill a stage's upper half");
+static_assert(kCodeOffDs + 8 * kCodeBlock == 8 * kSlab && 2 * kKeys * 16 <= kSlab,
+              "fp8_ds_mla: the codes end where the RoPE slab starts; both stages' scales fit in Q's slab 8");
 static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 * 9,
               "mbarriers 8-aligned; producer thread u converts rows u / 4 and u / 4 + 32, chunk u % 4 of 9 blocks");
 
@@ -103,10 +100,6 @@ __device__ __forceinline__ uint8_t* shared_align1024(uint8_t* p) {
   return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
 using Mma = Wgmma<__nv_bfloat16>;  // the wgmma products (seesaw.cuh): bf16 operands (Q, the converted codes, P)
-
-// Code block k's byte offset in a stage: only bytes free once warpgroup 0 released the stage (header comment):
-// blocks 4-7 over slabs 0-1, 0-1 over slab 2, 2-3 over slab 3, block 8 (576-byte rows) over slab 8's rows 0-31.
-__device__ __forceinline__ constexpr int code_slot(int k) { return k < 8 ? ((k + 4) & 7) * kCodeBlock : 8 * kSlab; }
 
 // kDs: the fp8_ds_mla variant (656-byte rows, bf16 query); else MATE's 576-byte rows and an E4M3 query.
 template <bool kDs>
@@ -121,54 +114,39 @@ __device__ __forceinline__ int64_t slot_offset(const SparseDecodeParams& p, cons
   return row >= 0 && row < p.rows ? row * kRowBytes<kDs> : -1;
 }
 
-// Producer warp pw (lane l): the shared-memory row offsets of the tile's rows 16 pw + l / 4 (a) and + 8 (b) from
-// `off` (lanes 0-15: row 16 pw + l's offset from slot_offset; -1: zero-filled, nothing read).
-struct RowPair {
-  const uint8_t* a;
-  const uint8_t* b;
-  uint32_t n_a, n_b;  // 16, or 0: the row is zero-filled and nothing is read
-};
-__device__ __forceinline__ RowPair row_pair(const SparseDecodeParams& p, int64_t off, int lane) {
-  const int64_t off_a = __shfl_sync(0xffffffffu, off, lane >> 2), off_b = __shfl_sync(0xffffffffu, off, (lane >> 2) + 8);
-  return {off_a >= 0 ? p.cache + off_a : p.cache, off_b >= 0 ? p.cache + off_b : p.cache, off_a >= 0 ? 16u : 0u,
-          off_b >= 0 ? 16u : 0u};
-}
-__device__ __forceinline__ const uint8_t* row_at(const uint8_t* r, uint32_t n, int byte) { return n ? r + byte : r; }
-
-// Producer warp pw (lane l): the tile's codes of rows 16 pw .. 16 pw + 15 by cp.async into the stage's code blocks
-// (code_slot; 9 blocks, fp8_ds_mla 8), one group committed; `off` also gives the stage's flags. Lane l copies chunk
-// l % 4 of every block for rows 16 pw + l / 4 and 16 pw + l / 4 + 8 (conflict-free 16-byte stores).
+// Producer warp pw (lane l): the tile's rows 16 pw .. 16 pw + 15 by cp.async into the stage's code blocks, one
+// group committed; `off` (lanes 0-15: row 16 pw + l's offset from slot_offset) also gives the stage's flags. Lane l
+// copies chunk l % 4 of every block for rows 16 pw + l / 4 and 16 pw + l / 4 + 8 (conflict-free 16-byte stores).
+// fp8_ds_mla (kDs): 8 code blocks at kCodeOffDs; lane l also copies RoPE chunks 2 (l % 4) and 2 (l % 4) + 1 of
+// both rows straight into slab 8 (bf16, swizzled as the slab) and, for l % 4 < 2, the scales of row a (0) or b (1)
+// into `scales` ([64 slots][4] float32).
 template <bool kDs>
-__device__ __forceinline__ void gather_codes(const SparseDecodeParams& p, int64_t off, uint8_t* stage, uint8_t* valid,
-                                             int pw, int lane) {
+__device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, int64_t off, uint8_t* stage, uint8_t* valid,
+                                            uint8_t* scales, int pw, int lane) {
   if (lane < 16) valid[16 * pw + lane] = off >= 0;
   const int q = lane & 3, row = 16 * pw + (lane >> 2);
-  const RowPair rp = row_pair(p, off, lane);
-  uint8_t* dst = stage + 64 * row + 16 * q;
+  const int64_t off_a = __shfl_sync(0xffffffffu, off, lane >> 2), off_b = __shfl_sync(0xffffffffu, off, (lane >> 2) + 8);
+  const uint8_t* row_a = off_a >= 0 ? p.cache + off_a : p.cache;
+  const uint8_t* row_b = off_b >= 0 ? p.cache + off_b : p.cache;
+  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;  // 0: zero-filled, nothing read
+  const auto at = [](const uint8_t* r, uint32_t n, int byte) { return n ? r + byte : r; };
+  uint8_t* dst = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * row + 16 * q;
 #pragma unroll
   for (int k = 0; k < (kDs ? 8 : 9); ++k) {  // chunk 4k + q of the row: bytes 64 k + 16 q
-    cp_async16(dst + code_slot(k), row_at(rp.a, rp.n_a, 64 * k + 16 * q), rp.n_a);
-    cp_async16(dst + code_slot(k) + 64 * 8, row_at(rp.b, rp.n_b, 64 * k + 16 * q), rp.n_b);
+    cp_async16(dst + kCodeBlock * k, at(row_a, n_a, 64 * k + 16 * q), n_a);
+    cp_async16(dst + kCodeBlock * k + 64 * 8, at(row_b, n_b, 64 * k + 16 * q), n_b);
   }
-  cp_async_commit();
-}
-// fp8_ds_mla: the same rows' RoPE chunks 2 (l % 4) and 2 (l % 4) + 1 by cp.async straight into slab 8 (bf16,
-// swizzled as the slab) and, for l % 4 < 2, the scales of row a (0) or b (1) into `scales` ([64 slots][4] float32),
-// one group committed.
-__device__ __forceinline__ void gather_rope(const SparseDecodeParams& p, int64_t off, uint8_t* stage, uint8_t* scales,
-                                            int pw, int lane) {
-  const int q = lane & 3, row = 16 * pw + (lane >> 2);
-  const RowPair rp = row_pair(p, off, lane);
-  uint8_t* rope = stage + 8 * kSlab;
+  if constexpr (kDs) {
+    uint8_t* rope = stage + 8 * kSlab;
 #pragma unroll
-  for (int c = 2 * q; c < 2 * q + 2; ++c) {
-    cp_async16(rope + slab_off(row, 16 * c), row_at(rp.a, rp.n_a, kDsRope + 16 * c), rp.n_a);
-    cp_async16(rope + slab_off(row + 8, 16 * c), row_at(rp.b, rp.n_b, kDsRope + 16 * c), rp.n_b);
-  }
-  if (q < 2) {
-    const int r = row + 8 * q;
-    cp_async16(scales + 16 * r, q ? row_at(rp.b, rp.n_b, kDsScales) : row_at(rp.a, rp.n_a, kDsScales),
-               q ? rp.n_b : rp.n_a);
+    for (int c = 2 * q; c < 2 * q + 2; ++c) {
+      cp_async16(rope + slab_off(row, 16 * c) , at(row_a, n_a, kDsRope + 16 * c), n_a);
+      cp_async16(rope + slab_off(row + 8, 16 * c), at(row_b, n_b, kDsRope + 16 * c), n_b);
+    }
+    if (q < 2) {
+      const int r = row + 8 * q;
+      cp_async16(scales + 16 * r, q ? at(row_b, n_b, kDsScales) : at(row_a, n_a, kDsScales), q ? n_b : n_a);
+    }
   }
   cp_async_commit();
 }
@@ -184,42 +162,55 @@ __device__ __forceinline__ void store_bf16_chunk(uint8_t* slab, int row, int q, 
 }
 
 // Producer thread u (0..127) converts the stage's landed codes in place (block k -> slab k): rows u / 4 and
-// u / 4 + 32, chunk u % 4 of every block, after the caller's PROD barrier (every copy landed). Round 0: blocks 4-7
-// (in slabs 0-1) -> slabs 4-7, which hold no code; blocks 0-1 (slab 2) loaded. A PROD barrier: slabs 0-2 then hold
-// only codes every thread has read. Round 1: slabs 0, 1; block 2 (slab 3's rows 0-31) -> slab 2; blocks 3 (and 8)
-// loaded. A PROD barrier; round 2: slab 3 (blocks 2-3 read by all), slab 8 (block 8). fp8_ds_mla: no block 8 (the
-// RoPE slab is copied as bf16).
+// u / 4 + 32, chunk u % 4 of every block. The caller's PROD barrier after the copies landed comes first; the two
+// here order the reads of the blocks a slab overlaps before its stores (header comment).
+// fp8_ds_mla (kDs): 8 blocks at kCodeOffDs (slabs 4-7's bytes; the RoPE slab is already in place): slab 4 overlaps
+// blocks 0-1, slab 5 blocks 2-3, slab 6 blocks 4-5, slab 7 blocks 6-7, so blocks 4-5 are read before a PROD barrier
+// that precedes slabs 4-5 (blocks 0-5 then read by all: slab 6 is safe), blocks 6-7 before one that precedes slab 7.
 template <bool kDs>
 __device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
   const int r = u >> 2, q = u & 3;
-  const uint8_t* code = stage + 64 * r + 16 * q;  // + code_slot(k): block k, row r; r + 32: +2,048 B
+  const uint8_t* code = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * r + 16 * q;  // block 0, row r; r + 32: +2,048 B
   const auto load = [code](int k, int half) {
-    return *reinterpret_cast<const uint4*>(code + code_slot(k) + half * 32 * 64);
-  };
-  const auto store = [stage, r, q](int k, const uint4& w0, const uint4& w1) {
-    store_bf16_chunk(stage + kSlab * k, r, q, w0);
-    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+    return *reinterpret_cast<const uint4*>(code + kCodeBlock * k + half * 32 * 64);
   };
 #pragma unroll
-  for (int k = 4; k < 8; ++k) {
+  for (int k = 0; k < 4; ++k) {  // slabs 0-3: below the codes
     const uint4 w0 = load(k, 0), w1 = load(k, 1);
-    store(k, w0, w1);
+    store_bf16_chunk(stage + kSlab * k, r, q, w0);
+    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
   }
-  const uint4 w00 = load(0, 0), w01 = load(0, 1), w10 = load(1, 0), w11 = load(1, 1);
-  nb_sync<kProducerThreads>(kBarProd);  // blocks 0-1 and 4-7 read by every producer thread: slabs 0-2 are free
-  store(0, w00, w01);
-  store(1, w10, w11);
-  const uint4 w20 = load(2, 0), w21 = load(2, 1);
-  store(2, w20, w21);
-  const uint4 w30 = load(3, 0), w31 = load(3, 1);
-  uint4 w80, w81;
-  if constexpr (!kDs) {
-    w80 = load(8, 0);
-    w81 = load(8, 1);
+  if constexpr (kDs) {
+    const uint4 w40 = load(4, 0), w41 = load(4, 1), w50 = load(5, 0), w51 = load(5, 1);
+    nb_sync<kProducerThreads>(kBarProd);  // blocks 0-5 read by every producer thread: slabs 4-6 may overwrite them
+    store_bf16_chunk(stage + kSlab * 4, r, q, w40);
+    store_bf16_chunk(stage + kSlab * 4, r + 32, q, w41);
+    store_bf16_chunk(stage + kSlab * 5, r, q, w50);
+    store_bf16_chunk(stage + kSlab * 5, r + 32, q, w51);
+    const uint4 w60 = load(6, 0), w61 = load(6, 1), w70 = load(7, 0), w71 = load(7, 1);
+    store_bf16_chunk(stage + kSlab * 6, r, q, w60);
+    store_bf16_chunk(stage + kSlab * 6, r + 32, q, w61);
+    nb_sync<kProducerThreads>(kBarProd);  // blocks 6-7 read by every producer thread: slab 7 may overwrite them
+    store_bf16_chunk(stage + kSlab * 7, r, q, w70);
+    store_bf16_chunk(stage + kSlab * 7, r + 32, q, w71);
+    return;
   }
-  nb_sync<kProducerThreads>(kBarProd);  // blocks 2-3 (and 8) read by every producer thread: slabs 3 and 8 are free
-  store(3, w30, w31);
-  if constexpr (!kDs) store(8, w80, w81);
+  const uint4 w40 = load(4, 0), w41 = load(4, 1);
+  nb_sync<kProducerThreads>(kBarProd);  // blocks 0-4 read by every producer thread: slabs 4-6 may overwrite them
+  store_bf16_chunk(stage + kSlab * 4, r, q, w40);
+  store_bf16_chunk(stage + kSlab * 4, r + 32, q, w41);
+#pragma unroll
+  for (int k = 5; k < 7; ++k) {
+    const uint4 w0 = load(k, 0), w1 = load(k, 1);
+    store_bf16_chunk(stage + kSlab * k, r, q, w0);
+    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+  }
+  const uint4 w70 = load(7, 0), w71 = load(7, 1), w80 = load(8, 0), w81 = load(8, 1);
+  nb_sync<kProducerThreads>(kBarProd);  // blocks 5-8 read by every producer thread: slabs 7-8 may overwrite them
+  store_bf16_chunk(stage + kSlab * 7, r, q, w70);
+  store_bf16_chunk(stage + kSlab * 7, r + 32, q, w71);
+  store_bf16_chunk(stage + kSlab * 8, r, q, w80);
+  store_bf16_chunk(stage + kSlab * 8, r + 32, q, w81);
 }
 
 // The CTA's 64 query rows (heads h0..h0+63 of token `tok`) as bf16 slabs, by 16-byte loads (consumer threads).
@@ -364,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
   float* sl = smx1 + kHeads;                            // [2][64] final row sums
   uint8_t* sval = sq + kOffValid;                       // [2 stages][64 slots] flags
   uint64_t* full = reinterpret_cast<uint64_t*>(sq + kOffBar);  // [2 stages]
-  uint64_t* empty = full + 2;  // [2 stages] warpgroup 0's release, then [2 stages] warpgroup 1's
+  uint64_t* empty = full + 2;                                  // [2 stages]
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform for the compiler
   const int groups = p.heads / kHeads;  // head groups of a token are neighbours in launch order (shared rows in L2)
@@ -381,11 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     return;
   }
   const int ntiles = (end - start + kKeys - 1) / kKeys;
-  if (tid == 0) {  // the ring (seesaw.cuh), each warpgroup releasing on its own mbarrier (4 warps)
-    mbar_init(&full[0], kProducerThreads);
-    mbar_init(&full[1], kProducerThreads);
-    for (int j = 0; j < 4; ++j) mbar_init(&empty[j], 4);
-  }
+  if (tid == 0) init_ring(full, empty);
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup
@@ -397,15 +384,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     for (int i = 0; i < ntiles; ++i) {
       const int s = i & 1;
       uint8_t* stage = sk0 + s * kTileBytes;
-      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);  // WG0 released tile i - 2: the codes' bytes are free
-      gather_codes<kDs>(p, off, stage, sval + kKeys * s, pw, lane);
-      if (i >= 2) mbar_wait(&empty[2 + s], ((i - 2) >> 1) & 1);  // WG1 released it: the whole stage is free
-      if constexpr (kDs) gather_rope(p, off, stage, sscale + 16 * kKeys * s, pw, lane);
+      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+      gather_tile<kDs>(p, off, stage, sval + kKeys * s, sscale + 16 * kKeys * s, pw, lane);
       off = i + 1 < ntiles && lane < 16 ? slot_offset<kDs>(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end) : -1;
-      cp_async_wait<kDs ? 1 : 0>();         // this thread's codes landed (fp8_ds_mla: the RoPE group may fly)
+      cp_async_wait_all();
       nb_sync<kProducerThreads>(kBarProd);  // every producer thread's copies landed and visible
       convert_in_place<kDs>(stage, tid - kConsumerThreads);
-      if constexpr (kDs) cp_async_wait<0>();  // the RoPE values and scales landed
       fence_proxy_async();  // the converted tile is a wgmma operand
       mbar_arrive(&full[s]);
     }
@@ -586,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       wg_wait<0>();
       reg_fence(o);
     }
-    release_stage(empty + 2 * wg, s, lane);  // every wgmma of this warp reading stage s completed, its flags read
+    release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s completed, its flags were read
   }
   // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).
 #pragma unroll

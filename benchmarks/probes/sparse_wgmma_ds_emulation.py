@@ -43,13 +43,6 @@ the consumers' barrier skeleton is decode_wgmma_z_emulation.py's variant Z (impo
    after the release, a missing PROD barrier, ...), three of them again with two actors per warpgroup.
 
     python3 benchmarks/probes/sparse_wgmma_ds_emulation.py     # ~25 s of CPU
-
-Since the earlier stage release (branch wip/sparse-early-release) the kernel's producer is no longer the one
-modeled here (codes at kCodeOffDs = slabs 4-7, one release for both warpgroups): sparse_wgmma_er_emulation.py models
-and checks the producer of both instances against the text (code_slot, convert_in_place, the producer loop, the two
-release mbarriers). This file keeps checking the kernel's constants, regions and consumers (its tile loops against
-the text: their operations are unchanged); its producer layers (1's bytes, 2's producer actors) stand for the
-producer as it was at 886dcff (KDS_CODE_OFF_886DCFF below).
 """
 import os
 import re
@@ -86,8 +79,7 @@ def kernel_constants(path=SRC):
 
 C = kernel_constants()
 SLAB, TILE, BLOCK = C["kSlab"], C["kTileBytes"], C["kCodeBlock"]
-KDS_CODE_OFF_886DCFF, CODE_OFF_576_886DCFF = 4 * SLAB, TILE - 64 * 576  # kCodeOffDs, kCodeOff at 886dcff
-CODE_OFF, OFF_SCALES = KDS_CODE_OFF_886DCFF, C["kOffScales"]
+CODE_OFF, OFF_SCALES = C["kCodeOffDs"], C["kOffScales"]
 ROW, DS_SCALES, DS_ROPE = C["kRowDs"], C["kDsScales"], C["kDsRope"]
 KEYS, NOPE, DIM = C["kKeys"], C["kNope"], C["kDim"]
 SCALES_BYTES = 16 * KEYS  # one stage's [64 slots][4] float32 (sscale + 16 * kKeys * s in the kernel)
@@ -107,7 +99,7 @@ def check_regions():
     regions += [(f"scales of stage {st}", scales_base(st), SCALES_BYTES) for st in (0, 1)]
     regions += [(f"stage {st}", stage_base(st), TILE) for st in (0, 1)]
     regions += [("P slab", C["kOffP"], SLAB), ("maxima + row sums", C["kOffX"], 4 * C["kHeads"] * 4),
-                ("flags", C["kOffValid"], 2 * KEYS), ("mbarriers", C["kOffBar"], 6 * 8)]
+                ("flags", C["kOffValid"], 2 * KEYS), ("mbarriers", C["kOffBar"], 4 * 8)]
     errors = []
     for n1, a1, l1 in regions:
         for n2, a2, l2 in regions:
@@ -795,7 +787,36 @@ def check_against_source(path=SRC):
         got = [x for n, x in enumerate(got) if n == 0 or got[n - 1] != x]
         if got != want:
             errors.append(f"warpgroup {w}: kernel {got} != model {want}")
-    # the producer loop and convert_in_place<true>: sparse_wgmma_er_emulation.py (module docstring)
+    prod = text[text.index("for (int i = 0; i < ntiles; ++i) {"):]
+    prod = prod[:_block_end(prod, prod.index("{"))]
+    ops = kds_programs(3)[0]
+    third = model_tokens(ops[next(n for n, op in enumerate(ops) if op[0] == "mwait"):])  # tile 2: with its wait
+    want = third[:third.index("sync PROD")] + ["sync PROD", "convert", "marrive full"]
+    got = tokens(prod)
+    if got != want or third[third.index("sync PROD"):] != ["sync PROD", "convert", "sync PROD", "convert",
+                                                           "sync PROD", "convert", "marrive full"]:
+        errors.append(f"producer loop: kernel {got}, model {third}")
+    conv = text[text.index("void convert_in_place(uint8_t* stage, int u) {"):]
+    conv = conv[:_block_end(conv, conv.index("{"))]
+    ds = conv[conv.index("if constexpr (kDs) {"):]
+    ds = ds[:_block_end(ds, ds.index("{"))]
+    got = []
+    for mt in re.finditer(r"(w\d\d) = load\((\d), (\d)\)|nb_sync|store_bf16_chunk\(stage \+ kSlab \* (\d), "
+                          r"r( \+ 32)?, q, (w\d\d)\)", ds):
+        if mt.group(1):
+            got.append(("ld", (int(mt.group(2)), int(mt.group(3)))))
+        elif mt.group(0) == "nb_sync":
+            got.append(("bar",))
+        else:
+            reg = mt.group(6)
+            got.append(("st", int(mt.group(4)), 1 if mt.group(5) else 0, (int(reg[1]), int(reg[2]))))
+    want = []
+    for op in convert_ops(0)[16:]:
+        want.append(op[:2] if op[0] == "ld" else op if op[0] == "bar" else ("st", op[1], op[2] // 32, op[4]))
+    if got != want or not re.search(r"for \(int k = 0; k < 4; \+\+k\) \{\s*const uint4 w0 = load\(k, 0\), "
+                                     r"w1 = load\(k, 1\);\s*store_bf16_chunk\(stage \+ kSlab \* k, r, q, w0\);"
+                                     r"\s*store_bf16_chunk\(stage \+ kSlab \* k, r \+ 32, q, w1\);", conv):
+        errors.append(f"convert_in_place<true>: kernel {got} != model {want}")
     return errors
 
 
@@ -866,7 +887,7 @@ def check_mutants(W=1, tiles=4, names=MUTANTS):
 # ------------------------------------------------------------------------------------------------------------
 
 BYTE_MUTANTS = [
-    ("codes at the 576 layout's offset (kCodeOff)", {"code_off": CODE_OFF_576_886DCFF}),
+    ("codes at the 576 layout's offset (kCodeOff)", {"code_off": C["kCodeOff"]}),
     ("RoPE copied unswizzled into slab 8", {"rope_swizzle": False}),
     ("row b's scales taken from row a", {"scale_row_b_from_a": True}),
     ("block 5 read after the second PROD barrier", {"block5_late": True}),
@@ -889,7 +910,7 @@ def main(argv) -> int:
         return 1 if bad else 0
     bad = 0
     errors, end = check_regions()
-    print(f"constants from the kernel (the code offset: 886dcff's): kCodeOffDs {CODE_OFF}, kOffScales {OFF_SCALES}, kDsScales {DS_SCALES}, "
+    print(f"constants from the kernel: kCodeOffDs {CODE_OFF}, kOffScales {OFF_SCALES}, kDsScales {DS_SCALES}, "
           f"kDsRope {DS_ROPE}, kSmemBytes {C['kSmemBytes']}; regions: "
           f"{'disjoint, end at ' + str(end) if not errors else 'FAIL: ' + '; '.join(errors)}")
     bad += bool(errors)
@@ -913,7 +934,7 @@ def main(argv) -> int:
           f"WG0's S rows 0-31 and WG1's 32-63: {'OK' if meet else 'FAIL'}")
     bad += not meet
     errors = check_against_source()
-    print(f"programs against the kernel's text (kDs-specialized consumer tile loops): "
+    print(f"programs against the kernel's text (kDs-specialized tile loops, convert_in_place<true>): "
           f"{'OK' if not errors else 'FAIL: ' + '; '.join(errors)}")
     bad += bool(errors)
     errors = [f"T={T}: {e}" for T in range(1, 5) for e in check_skeleton(T)]
