@@ -1,0 +1,107 @@
+"""A/B of two builds of the CUDA sources on the FP8 sparse decode (issue 10): one process, the same inputs, the two
+builds timed alternately (A B B A per row), so clock and run-to-run drift fall on both alike.
+
+    python benchmarks/bench_sparse_ab.py --src-a DIR_A --src-b DIR_B [--cache-a C_A --cache-b C_B]
+        [--layouts fp8,fp8_ds_mla] [--q-lens 1,2]
+
+DIR_A / DIR_B: csrc/ folders, C_A / C_B their build caches (MLA_CORE_CACHE_DIR; build both beforehand to keep
+compile time out of the timed call: benchmarks/run_sparse_ab.sh does). Rows: layout (576-byte ``fp8`` rows, 656-byte
+``fp8_ds_mla`` rows) x q_len x FlashMLA's four (batch, heads) shapes, bench_sparse.py's inputs (top-k 2048 of a
+32k-token cache, every slot valid), the default split count; per build the µs (CUDA-graph replays, L2 flushed, the
+median of its two timings), B / A, FlashMLA's time over each (its q_len-1 figures). Each row's output and LSE of B
+are compared with A's bit for bit: a change of the synchronization alone keeps every product and sum in the same
+order, so they must be equal. JSON to $OUT/bench_sparse_ab.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_sparse import FLASHMLA_US, TOP_K, make_case  # noqa: E402
+from common import device_info, print_table, time_graph, write_json  # noqa: E402
+
+os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
+os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
+
+import mla_core  # noqa: E402
+from mla_core import specs  # noqa: E402
+
+
+def load(src: str, cache: str | None):
+    """The extension built from csrc folder ``src`` into build cache ``cache`` (None: $MLA_CORE_CACHE_DIR); the
+    build module hashes the sources once per process: reset."""
+    from mla_core_cuda import build
+    os.environ["MLA_CORE_CUDA_SRC"] = os.path.abspath(src)
+    if cache:
+        os.environ["MLA_CORE_CACHE_DIR"] = os.path.abspath(cache)
+    build._DEFAULT_KEY = None
+    module = build.build()
+    build._DEFAULT_KEY = None
+    return module
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--src-a", required=True)
+    ap.add_argument("--src-b", required=True)
+    ap.add_argument("--cache-a", help="A's build cache (MLA_CORE_CACHE_DIR); default: the environment's")
+    ap.add_argument("--cache-b", help="B's build cache")
+    ap.add_argument("--layouts", default="fp8,fp8_ds_mla")
+    ap.add_argument("--q-lens", default="1,2")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    from mla_core_cuda import sparse
+    mods = {"A": load(args.src_a, args.cache_a), "B": load(args.src_b, args.cache_b)}
+    cuda = mla_core.get_backend("cuda")
+    print(f"# {device_info()}\n# A = {args.src_a} ({mods['A'].__name__}), B = {args.src_b} ({mods['B'].__name__})",
+          flush=True)
+    rows, mismatches = [], 0
+    for layout in args.layouts.split(","):
+        for q_len in (int(x) for x in args.q_lens.split(",")):
+            for (batch, heads), flashmla in FLASHMLA_US.items():
+                query, cache, indices, seq_lens = make_case(layout, batch, q_len, heads)
+                problem, call = specs.validate_sparse_decode(query, cache, 128, 512, 64, indices, seq_lens, TOP_K,
+                                                             None, 576 ** -0.5, 1.0, None, True, None)
+                config = cuda.configs(problem)[0]
+                outs = {name: sparse.run(mod, call, config) for name, mod in mods.items()}
+                same = all(torch.equal(bits(a), bits(b)) for a, b in zip(outs["A"], outs["B"]))
+                finite = bool(torch.isfinite(outs["B"][0].float()).all())
+                mismatches += (not same) + (not finite)
+                times = {"A": [], "B": []}
+                for name in ("A", "B", "B", "A"):
+                    mod = mods[name]
+                    times[name].append(time_graph(lambda mod=mod: sparse.run(mod, call, config), iters=args.iters))
+                r = dict(layout=layout, q_len=q_len, batch=batch, heads=heads,
+                         splits=sparse.num_splits_for(batch * q_len, heads, TOP_K, torch.cuda.get_device_properties(
+                             0).multi_processor_count, config),
+                         A=statistics.median(times["A"]), B=statistics.median(times["B"]), bitequal=same)
+                r["B_over_A"] = r["B"] / r["A"]
+                if q_len == 1:
+                    r["flashmla_over_A"], r["flashmla_over_B"] = flashmla / r["A"], flashmla / r["B"]
+                rows.append(r)
+                print(f"{layout} q={q_len} B={batch} H={heads} ({r['splits']} splits): A {r['A']:.1f} us, B "
+                      f"{r['B']:.1f} us, B/A {r['B_over_A']:.3f}; outputs and LSE of B == A: {same}"
+                      + ("" if finite else "; B's output NOT finite"), flush=True)
+                del query, cache, indices, seq_lens, outs
+                torch.cuda.empty_cache()
+    print()
+    print_table(rows, [("layout", "layout", "s"), ("q_len", "q", "d"), ("batch", "B", "d"), ("heads", "H", "d"),
+                       ("splits", "splits", "d"), ("A", "A µs", ".1f"), ("B", "B µs", ".1f"),
+                       ("B_over_A", "B/A", ".3f"), ("flashmla_over_A", "FlashMLA/A", ".2f"),
+                       ("flashmla_over_B", "FlashMLA/B", ".2f")])
+    print(f"outputs and LSE of B bit-equal to A's: {sum(r['bitequal'] for r in rows)} of {len(rows)} rows")
+    write_json("bench_sparse_ab.json", dict(device=device_info(), src_a=args.src_a, src_b=args.src_b, rows=rows))
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
