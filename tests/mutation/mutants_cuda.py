@@ -2,7 +2,8 @@
 must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
-``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant.
+``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
+(or ``wgmma``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -136,5 +137,11 @@ MUTANTS = [
 
 
 if __name__ == "__main__":
+    import os
+    import shlex
+
     import gpu_mutants
-    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: list(KILL_SELECTION)))
+    # MUTANT_SELECTION=wgmma / qdq: judge with WGMMA_SELECTION / QDQ_SELECTION instead of KILL_SELECTION
+    chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+    selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
+    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))
