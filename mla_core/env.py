@@ -82,18 +82,41 @@ def _choice(name: str, allowed: Iterable[str], default: str) -> str:
 _checks_memo: tuple[str | None, str] = (None, "full")
 
 
+_ENV_KEYS: dict[str, object] = {}
+
+
+def _entry(name: str):
+    """``name``'s raw entry in ``os.environ`` (None: unset), read from the mapping's own dict where it has one
+    (``os.environ.get`` runs four Python frames; the variables below are read on every op call)."""
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    if data is None:
+        return environ.get(name)
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = environ.encodekey(name)
+    return data.get(key)
+
+
 def checks_mode() -> str:
     """``MLA_CORE_CHECKS``: ``"full"`` (default) or ``"metadata"``. Cheap enough for every call (memoized on the raw text)."""
     global _checks_memo
-    raw = os.environ.get(CHECKS)
+    raw = _entry(CHECKS)
     if raw != _checks_memo[0]:
         _checks_memo = (raw, _CHECKS_ALIASES.get(_raw(CHECKS).lower()) or _choice(CHECKS, CHECKS_MODES, "full"))
     return _checks_memo[1]
 
 
+_backend_memo: tuple[object, str | None] = (None, None)
+
+
 def backend_name() -> str | None:
     """``MLA_CORE_BACKEND`` (None when unset); dispatch checks the name against the loaded backends."""
-    return _raw(BACKEND) or None
+    global _backend_memo
+    raw = _entry(BACKEND)
+    if raw != _backend_memo[0]:
+        _backend_memo = (raw, _raw(BACKEND) or None)
+    return _backend_memo[1]
 
 
 def unknown_backend(value: str, known: Iterable[str]) -> MLAInputError:
