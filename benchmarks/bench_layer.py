@@ -285,6 +285,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline-gb", type=float, default=24.0,
                         help="skip the transformers baseline where its expanded K/V would exceed this many GB")
     parser.add_argument("--skip", default="", help="comma-separated tables to skip: decode, module, prefill")
+    parser.add_argument("--module-shapes", default="",
+                        help="heads x batch pairs of the module table, e.g. 16x1,128x1 (default: the decode shapes)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.smoke:
@@ -295,6 +297,8 @@ def main(argv=None) -> int:
     else:
         decode_shapes = [(h, b, 8192) for h in (16, 128) for b in (1, 32, 128)]
         module_shapes = decode_shapes
+        if args.module_shapes:
+            module_shapes = [(int(h), int(b), 8192) for h, b in (p.split("x") for p in args.module_shapes.split(","))]
         prefill_shapes = [(16, 4, 4096), (128, 4, 4096)]
     ceilings = measure_ceilings() if device == "cuda" else None
     info = device_info()

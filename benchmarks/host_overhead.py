@@ -7,13 +7,14 @@ one synchronize per loop, so a host-bound step measures its host time):
   ``metadata``;
 * ``MLAAttention.forward`` (projections, RMSNorm, the layer op, o_proj) in both modes;
 
-and with ``--profile N`` prints a cProfile top-N by cumulative time of each. On the CPU, ``--backend triton
+and with ``--profile N`` prints a cProfile top-N by cumulative time of each, with ``--count`` the Python calls,
+aten ops and (stubbed) Triton launches of one call. On the CPU, ``--backend triton
 --stub-triton`` (under ``TRITON_INTERPRET=1``) runs the GPU's code path with every Triton launch replaced by a
 no-op: everything the host does around the kernels, nothing of the interpreter. The same script runs against an
 older checkout with ``PYTHONPATH`` pointing at its sources (the folders benchmarks/device_run.sh's fallback
 lists), which is how the eager-step regression of issue 11 was looked for (NOTES "Eager host overhead").
 
-    python benchmarks/host_overhead.py [--backend reference] [--heads 2] [--batch 1] [--profile 20] [--json out.json]
+    python benchmarks/host_overhead.py [--backend reference] [--heads 2] [--batch 1] [--profile 20] [--count] [--json out.json]
     TRITON_INTERPRET=1 python benchmarks/host_overhead.py --backend triton --stub-triton   # the GPU's path, no kernels
     python benchmarks/host_overhead.py --device cuda --dims deepseek --heads 16 --length 8192 --backend ''  # H200
 """
@@ -111,6 +112,46 @@ def layer_step(mod, batch: int, length: int, backend: str | None):
     return step
 
 
+_LAUNCHES = [0]
+"""Triton launches seen by the stub (``--stub-triton``)."""
+_VIEW_OPS = {"view", "t", "transpose", "slice", "select", "unsqueeze", "squeeze", "reshape", "expand", "as_strided",
+             "detach", "alias", "permute", "_unsafe_view", "split", "narrow", "unbind"}
+
+
+def count(fn) -> dict:
+    """One call of ``fn``: Python function calls (profile 'call' events), aten ops (``ops``; ``device_ops`` without
+    views and ``empty``: what launches a kernel or copies on a GPU) and stubbed Triton launches."""
+    import sys
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    calls = [0]
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+    sys.setprofile(tracer)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    ops = Ops()
+    _LAUNCHES[0] = 0
+    with ops:
+        fn()
+    device_ops = [n for n in ops.names if n not in _VIEW_OPS and n != "empty"]
+    return dict(python_calls=calls[0], ops=len(ops.names), device_ops=len(device_ops), device_op_names=device_ops,
+                triton_launches=_LAUNCHES[0])
+
+
 def profile(fn, top: int, calls: int = 200) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -135,13 +176,17 @@ def main(argv=None) -> int:
     ap.add_argument("--stub-triton", action="store_true",
                     help="(TRITON_INTERPRET=1) Triton kernel launches do nothing: time the host path around them")
     ap.add_argument("--profile", type=int, default=0, help="print a cProfile top-N by cumulative time")
+    ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed Triton launches "
+                                                           "of one call (after the timed loops)")
     ap.add_argument("--json", help="write the table here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.stub_triton:
         from triton.runtime import interpreter
         interpreter.GridExecutor.__init__ = lambda self, *a, **k: None      # no interpreter argument handling
-        interpreter.GridExecutor.__call__ = lambda self, *a, **k: None      # outputs stay as allocated
+        def launch(self, *a, **k):      # outputs stay as allocated
+            _LAUNCHES[0] += 1
+        interpreter.GridExecutor.__call__ = launch
     device = torch.device(args.device)
     backend = args.backend or None
     mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims)
@@ -158,6 +203,11 @@ def main(argv=None) -> int:
                 median, least = per_call_us(fn, device, repeats=args.repeats)
                 rows.append(dict(what=what, checks=checks, us=median, min_us=least))
                 print(f"{what:>13} [{checks:>8}]  median {median:8.1f} µs/call  (min {least:8.1f})", flush=True)
+                if args.count:
+                    rows[-1].update(count(fn))
+                    print(f"{'':>13}   {rows[-1]['python_calls']} Python calls, {rows[-1]['device_ops']} device ops "
+                          f"({' '.join(rows[-1]['device_op_names'])}), {rows[-1]['triton_launches']} Triton launches",
+                          flush=True)
                 if args.profile:
                     print(profile(fn, args.profile))
     finally:

@@ -259,6 +259,22 @@ def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_ca
                    weight_block_size, attn_sinks, rope_interleave, attention_backend, sparse_indices=None,
                    topk_lengths=None) -> tuple[Problem, LayerCall]:
     """Check every argument of :func:`mla_forward` (raising :class:`MLAInputError` naming it) and build the call."""
+    problem, call = _validate_metadata(
+        q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+        max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
+        w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=weight_block_size,
+        attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend,
+        sparse_indices=sparse_indices, topk_lengths=topk_lengths)
+    if content_checks_enabled(input_row_offsets, q):
+        _content_checks(call)
+    return problem, call
+
+
+def _validate_metadata(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+                       *, max_seq_len, w_k, w_uk, w_uv, softmax_scale, epsilon, w_k_scale, w_uk_scale, w_uv_scale,
+                       weight_block_size, attn_sinks, rope_interleave, attention_backend, sparse_indices,
+                       topk_lengths) -> tuple[Problem, LayerCall]:
+    """:func:`validate_layer` without the content checks: shapes, dtypes, devices, strides and scalars only."""
     check_tensor("latent_cache", latent_cache, 3, FLOAT_DTYPES)
     check_contiguous("latent_cache", latent_cache)
     dtype = latent_cache.dtype
@@ -330,8 +346,6 @@ def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_ca
                      max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, block, softmax_scale, epsilon,
                      attn_sinks, rope_interleave, attention_backend, heads, nope, rope, latent, v_dim,
                      sparse_indices, topk_lengths)
-    if content_checks_enabled(input_row_offsets, q):
-        _content_checks(call)
     features = {"sinks"} if attn_sinks is not None else set()
     if sparse_indices is not None:
         features.add("sparse")
@@ -344,6 +358,22 @@ def validate_layer(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_ca
         kv_lora_rank=latent, v_dim=v_dim, page_size=latent_cache.shape[1], mode=mode,
         batch=numerics.bucket_pow2(batch), max_seq_len=numerics.bucket_pow2(max_seq_len))
     return problem, call
+
+
+_VALIDATED: dict[tuple, tuple] = {}
+"""Metadata-checked layer calls by the metadata of their arguments (each tensor's type, shape, dtype, device and
+strides; each scalar's type and value: True is not 1): (Problem, the LayerCall's fields other than its tensors). At most
+:data:`_VALIDATED_MAX` keys; cleared when full."""
+_VALIDATED_MAX = 256
+_CALL_SCALARS = ("max_seq_len", "weight_block_size", "softmax_scale", "epsilon", "rope_interleave",
+                 "attention_backend", "heads", "nope_dim", "rope_dim", "kv_lora_rank", "v_dim")
+
+
+def _block_key(block: Any) -> tuple:
+    """``weight_block_size`` as a key entry: its type and each item's type and value (True is not 1)."""
+    if isinstance(block, (tuple, list)):
+        return type(block), tuple([(type(x), x) for x in block])
+    return type(block), block
 
 
 def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, *,
@@ -399,12 +429,36 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
             max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, list(weight_block_size),
             softmax_scale, epsilon, attn_sinks, rope_interleave, sparse_indices, topk_lengths, attention_backend,
             backend)
-    problem, call = validate_layer(
-        q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
-        max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
-        w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=weight_block_size,
-        attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend,
-        sparse_indices=sparse_indices, topk_lengths=topk_lengths)
+    tensors = (q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, w_k,
+               w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, attn_sinks, sparse_indices, topk_lengths)
+    try:
+        key = (tuple([None if t is None else (type(t), t.shape, t.dtype, t.device, t.stride()) for t in tensors]),
+               type(max_seq_len), max_seq_len, type(softmax_scale), softmax_scale, type(epsilon), epsilon,
+               _block_key(weight_block_size), type(rope_interleave), rope_interleave, type(attention_backend),
+               attention_backend)
+        hit = _VALIDATED.get(key)
+    except (AttributeError, TypeError, RuntimeError):     # not a tensor, an unhashable argument: validate it
+        key = hit = None
+    if hit is None:
+        problem, call = _validate_metadata(
+            q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+            max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
+            w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=weight_block_size,
+            attn_sinks=attn_sinks, rope_interleave=rope_interleave, attention_backend=attention_backend,
+            sparse_indices=sparse_indices, topk_lengths=topk_lengths)
+        if key is not None:
+            if len(_VALIDATED) >= _VALIDATED_MAX:
+                _VALIDATED.clear()
+            _VALIDATED[key] = problem, {f: getattr(call, f) for f in _CALL_SCALARS}
+    else:
+        problem, scalars = hit
+        call = LayerCall(*tensors[:8], w_k=w_k, w_k_scale=w_k_scale, w_uk=w_uk, w_uk_scale=w_uk_scale, w_uv=w_uv,
+                         w_uv_scale=w_uv_scale, attn_sinks=attn_sinks, sparse_indices=sparse_indices,
+                         topk_lengths=topk_lengths, **scalars)
+    if content_checks_enabled(input_row_offsets, q):
+        _content_checks(call)
     choice = dispatch.choose(problem, backend)
+    if not torch.is_grad_enabled():
+        return choice.backend.run(problem, call, choice.config)
     with torch.no_grad():  # an inference op (the cache is written in place): no autograd graph, on any backend
         return choice.backend.run(problem, call, choice.config)

@@ -126,3 +126,25 @@ def test_log_info_prints_each_first_dispatch_decision_once():
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={k: v for k, v in os.environ.items() if k != "MLA_CORE_LOG"})
     assert "[mla_core.dispatch]" not in quiet.stderr
+
+
+def test_per_call_variables_follow_every_change(monkeypatch):
+    """MLA_CORE_CHECKS and MLA_CORE_BACKEND are read on every call (from os.environ's own dict, memoized on the raw
+    entry): each set, change, blank and removal is seen by the next read."""
+    for value, mode, name in (("metadata", "metadata", "triton"), ("full", "full", " reference "),
+                              ("", "full", ""), ("METADATA", "metadata", "cuda"), (None, "full", None)):
+        for var, got in ((env.CHECKS, value), (env.BACKEND, name)):
+            if got is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, got)
+        assert env.checks_mode() == mode
+        assert env.backend_name() == (name.strip() or None if name is not None else None)
+    os.environ[env.CHECKS] = "all"            # os.environ written directly, not through monkeypatch
+    try:
+        assert env.checks_mode() == "full"
+        os.environ[env.CHECKS] = "metadata"
+        assert env.checks_mode() == "metadata"
+    finally:
+        del os.environ[env.CHECKS]
+    assert env.checks_mode() == "full"

@@ -542,6 +542,104 @@ def test_bad_arguments(name, make):
         run(case, weights, **make(case, weights))
 
 
+# --------------------------------------------------------------------------------------------------
+# metadata checks once per key (eager calls)
+
+
+@pytest.fixture
+def counted_validation(monkeypatch):
+    """A fresh memo of metadata-checked calls; returns the list of _validate_metadata calls."""
+    from mla_core import layer
+    monkeypatch.setattr(layer, "_VALIDATED", {})
+    seen = []
+    real = layer._validate_metadata
+
+    def counting(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(layer, "_validate_metadata", counting)
+    return seen
+
+
+def test_metadata_checks_run_once_per_key(counted_validation):
+    """Equal metadata reuses the checked call (results as with a fresh check); every other key checks again."""
+    case, weights = make_case([1, 1], [3, 6], fp8=True, seed=21)
+    other, other_w = make_case([1, 1], [3, 6], fp8=True, seed=22)       # same shapes, other values
+    first, _ = run(case, weights)
+    second, cache2 = run(other, other_w)
+    assert len(counted_validation) == 1
+    fresh, fresh_cache = run(other, other_w, softmax_scale=float(other["softmax_scale"]) * 1.0)  # same key
+    assert len(counted_validation) == 1
+    assert torch.equal(second, fresh) and torch.equal(cache2.nan_to_num(7.0), fresh_cache.nan_to_num(7.0))
+    assert not torch.equal(first, second)
+    changes = [dict(softmax_scale=0.3), dict(epsilon=1e-4), dict(rope_interleave=False), dict(max_seq_len=2),
+               dict(weight_block_size=list(BLOCK)), dict(attention_backend="triton"),
+               dict(q=torch.randn(4, HEADS, NOPE + ROPE)[::2]),                        # strides
+               dict(block_table=other["block_table"].to(torch.int64)),                  # dtype
+               dict(kv=torch.randn(1, LATENT + ROPE).expand(2, -1)),                    # stride 0 rows
+               dict(attn_sinks=torch.zeros(HEADS))]
+    for i, change in enumerate(changes):
+        run(other, other_w, **change)
+        assert len(counted_validation) == 2 + i, change
+    for change in changes[:3]:                                           # those keys are kept
+        run(other, other_w, **change)
+    assert len(counted_validation) == 1 + len(changes)
+
+
+@pytest.mark.parametrize("name,make", [
+    ("input_row_offsets", lambda c: dict(input_row_offsets=torch.tensor([1, 1, 2], dtype=torch.int32))),
+    ("cache_offsets", lambda c: dict(cache_offsets=torch.tensor([3, 100]))),
+    ("block_table", lambda c: dict(block_table=c["block_table"].clone().fill_(99))),
+    ("rope_interleave", lambda c: dict(rope_interleave=1)),                    # True was checked: 1 is not True
+    ("max_seq_len", lambda c: dict(max_seq_len=True)),                         # 1 was checked
+    ("softmax_scale", lambda c: dict(softmax_scale=True)),
+    ("weight_block_size", lambda c: dict(weight_block_size=(True, 16))),
+    ("weight_block_size", lambda c: dict(weight_block_size=[8.0, 16])),
+    ("q", lambda c: dict(q=c["q"].tolist())),
+    ("attention_backend", lambda c: dict(attention_backend=["reference"])),
+])
+def test_checked_key_keeps_every_check(counted_validation, name, make):
+    """After a call was checked, the same metadata with bad values, or a scalar of another type, still raises
+    MLAInputError naming the argument, before anything is written."""
+    case, weights = make_case([1, 1], [3, 6], seed=23)
+    run(case, weights)
+    cache = case["latent_cache"]
+    before = cache.clone()
+    args = {"attention_backend": "reference", "backend": "reference", **case, **weights.kwargs(), **make(case)}
+    pos = [args.pop(k) for k in ("q", "kv", "input_row_offsets", "freqs_cis", "kv_norm_gamma", "latent_cache",
+                                 "block_table", "cache_offsets")]
+    with pytest.raises(MLAInputError, match=name):
+        mla_core.mla_forward(*pos, **args)
+    assert torch.equal(cache.nan_to_num(7.0), before.nan_to_num(7.0))
+
+
+def test_checked_calls_hold_no_tensor(counted_validation, monkeypatch):
+    """The memo keeps metadata only (no tensor outlives its owner) and is cleared when full."""
+    import weakref
+    from mla_core import layer
+    monkeypatch.setattr(layer, "_VALIDATED_MAX", 2)
+    case, weights = make_case([1, 1], [3, 6], seed=24)
+    q = case["q"].clone()
+    ref = weakref.ref(q)
+    run(case, weights, q=q)
+    run(case, weights, epsilon=1e-3)
+    run(case, weights, epsilon=1e-2)
+    assert len(layer._VALIDATED) <= 2
+
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from tensors(v)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                yield from tensors(v)
+    assert not list(tensors(list(layer._VALIDATED.items())))
+    del q
+    assert ref() is None
+
+
 @pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("starts_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])

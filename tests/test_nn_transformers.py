@@ -231,3 +231,21 @@ def test_layer_weights_are_built_once_and_follow_updates():
     assert torch.equal(mine.layer_weights()["w_uk"], first["w_uk"])
     inputs, outputs = run_mine(mine, config, torch.Generator().manual_seed(3), torch.float32)
     assert rel_l2(torch.cat(outputs), torch.cat(hf_outputs(attn, config, inputs))) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_equals_transformers_bit_for_bit(dtype):
+    """The q / kv latent RMSNorm (one rms_norm on x's dtype, computed in float32) gives transformers' values
+    exactly (upcast, normalize, round, multiply by the weight), rows of small, large and mixed magnitudes."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+
+    from mla_core.nn import RMSNorm
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 96, generator=gen) * torch.logspace(-3, 3, 64)[:, None]
+    theirs, mine = DeepseekV3RMSNorm(96, eps=1e-6), RMSNorm(96, eps=1e-6)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.randn(96, generator=gen))
+        mine.weight.copy_(theirs.weight)
+    theirs, mine = theirs.to(dtype), mine.to(dtype)
+    with torch.no_grad():
+        assert torch.equal(mine(x.to(dtype)), theirs(x.to(dtype)))

@@ -15,6 +15,8 @@ from mla_core import OpCapability
 _FORMATS = frozenset({None, "fp8", "nvfp4"})
 _FLOAT = frozenset({"bfloat16", "float16", "float32"})
 _FP8_CACHE = "float8_e4m3fn"
+_KERNEL_MODULES: dict = {}
+"""The kernel modules by op name, once imported."""
 
 
 class TritonBackend(mla_core.Backend):
@@ -61,7 +63,10 @@ class TritonBackend(mla_core.Backend):
         return reasons
 
     def _kernels(self, op: str):
-        return importlib.import_module(f"{__package__}.{op}")
+        module = _KERNEL_MODULES.get(op)
+        if module is None:          # imported once (import_module costs a few frames per call)
+            module = _KERNEL_MODULES[op] = importlib.import_module(f"{__package__}.{op}")
+        return module
 
     def configs(self, problem):
         return self._kernels(problem.op).configs(problem)

@@ -283,7 +283,7 @@ def _attention(call, q_dec, key_table, key_len):
     layer checked offsets, lengths and pages, and these tensors are derived from them. Dispatch runs every call.
     """
     cache = call.latent_cache
-    key = (tuple((t.shape, t.dtype, t.device, t.stride()) for t in (q_dec, cache, key_table, key_len)),
+    key = (tuple([(t.shape, t.dtype, t.device, t.stride()) for t in (q_dec, cache, key_table, key_len)]),
            call.softmax_scale, call.kv_lora_rank, call.rope_dim)
     hit = _DECODE_CALLS.get(key)
     if hit is None:
