@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 for heads in 128 16; do
   echo "=== host_overhead, $heads heads ($(date +%T))"
   timeout "${HOST_TIMEOUT:-35}" python3 benchmarks/host_overhead.py --device cuda --dims deepseek --heads "$heads" \
-    --length 8192 --backend '' --count --repeats "${REPEATS:-9}" --json "$OUT/host_overhead_h$heads.json" 2>&1 \
+    --length 8192 --backend '' --count --repeats "${REPEATS:-9}" $([ "$heads" = 128 ] && echo --launch-costs) --json "$OUT/host_overhead_h$heads.json" 2>&1 \
     | tee "$OUT/host_overhead_h$heads.log"
 done
 echo "=== bench_layer module table ($(date +%T))"

@@ -152,6 +152,48 @@ def count(fn) -> dict:
                 triton_launches=_LAUNCHES[0])
 
 
+def _frame(x):
+    return x
+
+
+def launch_costs(device: torch.device, repeats: int) -> list[dict]:
+    """Host µs per call of the step's building blocks alone (median of ``repeats`` loops): a Python call, a dict
+    hit, ``torch.empty``, a view, the module's GEMM shapes at batch 1 (q_a, o_proj), an RMSNorm, a small ``bmm``,
+    and on a GPU a Triton launch of 4 tensors + 4 ints (the calibration of the host model in benchmarks/NOTES.md)."""
+    bf16 = torch.bfloat16
+    x = torch.randn(1, 7168, device=device, dtype=bf16)
+    w_qa = torch.randn(1536, 7168, device=device, dtype=bf16)
+    w_o = torch.randn(7168, 2048, device=device, dtype=bf16)
+    a = torch.randn(1, 2048, device=device, dtype=bf16)
+    r = torch.randn(1, 1536, device=device, dtype=bf16)
+    qb = torch.randn(16, 1, 128, device=device, dtype=bf16)
+    wb = torch.randn(16, 128, 512, device=device, dtype=bf16)
+    memo = {("key", 1): 2}
+    blocks = [("python call", lambda: _frame(x)), ("dict hit", lambda: memo.get(("key", 1))),
+              ("torch.empty", lambda: torch.empty(1, 16, 576, device=device, dtype=bf16)),
+              ("view", lambda: x.view(7168, 1)),
+              ("linear 7168 -> 1536", lambda: torch.nn.functional.linear(x, w_qa)),
+              ("linear 2048 -> 7168", lambda: torch.nn.functional.linear(a, w_o)),
+              ("rms_norm 1536", lambda: torch.nn.functional.rms_norm(r, (1536,), eps=1e-6)),
+              ("bmm 16 x [1,128] x [128,512]", lambda: torch.bmm(qb, wb))]
+    if device.type == "cuda":
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _copy(src, dst, n, a, b, c, BLOCK: tl.constexpr):
+            i = tl.arange(0, BLOCK)
+            tl.store(dst + i, tl.load(src + i, mask=i < n) + a + b + c, mask=i < n)
+        src, dst = torch.zeros(64, device=device), torch.empty(64, device=device)
+        blocks.append(("Triton launch (2 tensors, 4 scalars)", lambda: _copy[(1,)](src, dst, 64, 1, 2, 3, BLOCK=64)))
+    rows = []
+    for name, fn in blocks:
+        median, least = per_call_us(fn, device, loop_s=0.02, repeats=repeats)
+        rows.append(dict(what=name, us=median, min_us=least))
+        print(f"{name:>38}  median {median:7.2f} µs/call  (min {least:7.2f})", flush=True)
+    return rows
+
+
 def profile(fn, top: int, calls: int = 200) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -178,6 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=int, default=0, help="print a cProfile top-N by cumulative time")
     ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed Triton launches "
                                                            "of one call (after the timed loops)")
+    ap.add_argument("--launch-costs", action="store_true", help="first time the step's building blocks alone")
     ap.add_argument("--json", help="write the table here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -189,6 +232,7 @@ def main(argv=None) -> int:
         interpreter.GridExecutor.__call__ = launch
     device = torch.device(args.device)
     backend = args.backend or None
+    costs = launch_costs(device, args.repeats) if args.launch_costs else None
     mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims)
     layer = layer_step(mod, args.batch, args.length, backend)
     print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
@@ -217,7 +261,7 @@ def main(argv=None) -> int:
             os.environ["MLA_CORE_CHECKS"] = before
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(vars(args), rows=rows), f, indent=1)
+            json.dump(dict(vars(args), rows=rows, launch_costs=costs), f, indent=1)
     return 0
 
 
