@@ -236,6 +236,8 @@ def bench_module(shapes, device, baseline_gb):
                          module_graph_us=mine_graph_us, transformers_us=hf_us, speedup=None if hf_us is None else hf_us / mine_us,
                          speedup_metadata=None if hf_us is None else hf_us / mine_meta_us,
                          target_met=None if hf_us is None else hf_us >= 3 * mine_us))
+        print(f"module H{heads} B{batch}: eager {mine_us:.1f} µs, metadata {mine_meta_us:.1f}, graph "
+              f"{mine_graph_us:.1f}, transformers {'-' if hf_us is None else f'{hf_us:.1f}'}", flush=True)
         del hf, mine
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
         if args.module_shapes:
             module_shapes = [(int(h), int(b), 8192) for h, b in (p.split("x") for p in args.module_shapes.split(","))]
         prefill_shapes = [(16, 4, 4096), (128, 4, 4096)]
-    ceilings = measure_ceilings() if device == "cuda" else None
+    ceilings = measure_ceilings() if device == "cuda" and not {"decode", "prefill"} <= skip else None
     info = device_info()
     print(f"device: {info}\nceilings: {ceilings}")
     result = dict(device=info, ceilings=ceilings)
