@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 TOTAL_S=${TOTAL_S:-90}
 cd "$(dirname "$0")/.."
-left() { echo $(( TOTAL_S - SECONDS )); }
+left() { local l=$(( TOTAL_S - SECONDS )); echo $(( l > 1 ? l : 1 )); }   # (timeout 0 would mean none)
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 python3 -c "import mla_core, torch, triton, transformers; print('mla_core at', mla_core.__file__, 'torch', torch.__version__,
 'triton', triton.__version__, 'transformers', transformers.__version__, 'backends', sorted(mla_core.backends()))"
