@@ -31,7 +31,8 @@ def device_reason() -> str | None:
 class CudaBackend(mla_core.Backend):
     name = "cuda"
     # the shipped H200 choices (autotune_cache/) carry this string: change both together
-    version = "0.4 (sm_90a, mma.sync + wgmma with FP8 K=V and P quantization, wgmma prefill)"
+    version = ("0.5 (sm_90a, mma.sync + wgmma with FP8 K=V and P quantization, wgmma prefill; FP8 K converted "
+               "through 16-byte shared accesses)")
     priority = 180  # below triton (200) where not measured faster (priority_for); tuned caches pick per shape
     PRIORITY_WGMMA = 210
     """Above triton's 200: decode on the WGMMA kernel where it was measured faster unquantized (H200, graph
