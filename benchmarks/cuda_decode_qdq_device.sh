@@ -10,11 +10,7 @@ LOGS=${OUT:-/tmp}
 echo "commit ${MLA_COMMIT:-unknown}"
 # this checkout's sources first on the path, its entry points declared by hand (a warm machine may hold another
 # tree's editable install: the first run of this script imported one and tested its older launcher)
-ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
-printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
-printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n' \
-  >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
-export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep"
+. benchmarks/checkout_first.sh
 { time python3 -c "import mla_core_cuda; from mla_core_cuda import build; print(mla_core_cuda.__file__, build.build().__file__)"; } 2>&1 | tee "$LOGS/qdq_build.log" | tail -4
 if [ "${QDQ_QUICK:-0}" = 1 ]; then
   timeout "${TEST_TIMEOUT:-30}" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line tests/test_cuda_decode.py \

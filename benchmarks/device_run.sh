@@ -18,11 +18,7 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/insta
    || ! python3 -c "import mla_core, sys; sys.exit(0 if {'reference', 'triton'} <= set(mla_core.backends()) else 1)"; then
   # Fallback seen needed once: put the sources on the path and declare the entry points by hand.
   echo "editable install did not register the plugins; using PYTHONPATH + a hand-written dist-info" | tee -a "$LOGS/install.log"
-  ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
-  printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
-  printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n[console_scripts]\nmla-core = mla_core.cli:main\n' \
-    >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
-  export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep${PYTHONPATH:+:$PYTHONPATH}"
+  . benchmarks/checkout_first.sh
   CLI=(python3 -m mla_core.cli)
 else
   CLI=(mla-core)

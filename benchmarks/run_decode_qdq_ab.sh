@@ -19,12 +19,8 @@ if [ ! -f "${A_SRC:-/nonexistent}/mla_decode_wgmma.cu" ]; then
   echo "A_SRC (${A_SRC:-unset}) holds no csrc/: set A_SRC, or A_REV where git works"; exit 2
 fi
 A_SRC=$(cd "$A_SRC" && pwd)
-# this checkout's packages first on the path, entry points declared by hand (as cuda_decode_qdq_device.sh)
-ep=$(mktemp -d); mkdir -p "$ep/mla_core-0.1.0.dist-info"
-printf 'Metadata-Version: 2.1\nName: mla-core\nVersion: 0.1.0\n' >"$ep/mla_core-0.1.0.dist-info/METADATA"
-printf '[mla_core]\nreference = mla_core_reference.plugin\ntriton = mla_core_triton.plugin\ncuda = mla_core_cuda.plugin\nmusa_fp8 = mla_core_musa_fp8.plugin\ncudnn = mla_core_cudnn.plugin\n' \
-  >"$ep/mla_core-0.1.0.dist-info/entry_points.txt"
-export PYTHONPATH="$PWD:$PWD/backends/reference:$PWD/backends/triton:$PWD/backends/cuda:$PWD/backends/musa_fp8:$PWD/backends/cudnn:$ep"
+# this checkout first on the path (a warm machine may hold another install)
+. benchmarks/checkout_first.sh
 export MLA_CORE_CACHE_DIR=${AB_CACHE:-$(mktemp -d)}  # one fresh cache: the two builds differ in key
 build() {  # $1: csrc folder, $2: log name
   { time MLA_CORE_CUDA_SRC=$1 timeout "${BUILD_TIMEOUT:-100}" python3 -c \
