@@ -3,19 +3,23 @@
 Times, per call, the median and the minimum of ``--repeats`` loops of back-to-back calls (perf_counter; on a GPU
 one synchronize per loop, so a host-bound step measures its host time):
 
+* the layer's inner decode alone (dispatch and ``Backend.run``, as the triton layer calls it: "decode op");
 * ``mla_core.mla_forward`` (the layer op, one new token per request) with ``MLA_CORE_CHECKS=full`` and
   ``metadata``;
 * ``MLAAttention.forward`` (projections, RMSNorm, the layer op, o_proj) in both modes;
 
 and with ``--profile N`` prints a cProfile top-N by cumulative time of each, with ``--count`` the Python calls,
-aten ops and (stubbed) Triton launches of one call. On the CPU, ``--backend triton
---stub-triton`` (under ``TRITON_INTERPRET=1``) runs the GPU's code path with every Triton launch replaced by a
-no-op: everything the host does around the kernels, nothing of the interpreter. The same script runs against an
-older checkout with ``PYTHONPATH`` pointing at its sources (the folders benchmarks/device_run.sh's fallback
-lists), which is how the eager-step regression of issue 11 was looked for (NOTES "Eager host overhead").
+aten ops and stubbed launches of one call. On the CPU, ``--backend triton --stub-triton`` (under
+``TRITON_INTERPRET=1``) runs the GPU's code path with every Triton launch replaced by a no-op: everything the
+host does around the kernels, nothing of the interpreter; ``--stub-cuda --dims latent`` adds the cuda backend's
+decode launcher (its extension calls are no-ops: the pybind11 call is not seen; ``--backend cuda``: the module's
+attention on cuda, its layer op automatic). The same script runs against an older checkout with ``PYTHONPATH``
+pointing at its sources (the folders benchmarks/device_run.sh's fallback lists), which is how the eager-step
+regression of issue 11 was looked for (NOTES "Eager host overhead").
 
     python benchmarks/host_overhead.py [--backend reference] [--heads 2] [--batch 1] [--profile 20] [--count] [--json out.json]
     TRITON_INTERPRET=1 python benchmarks/host_overhead.py --backend triton --stub-triton   # the GPU's path, no kernels
+    TRITON_INTERPRET=1 python benchmarks/host_overhead.py --backend cuda --stub-triton --stub-cuda --dims latent
     python benchmarks/host_overhead.py --device cuda --dims deepseek --heads 16 --length 8192 --backend ''  # H200
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ import mla_core
 
 DIMS = {  # hidden, q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim, page size
     "tiny": (64, 32, 32, 16, 8, 16, 4),
+    "latent": (64, 32, 512, 16, 64, 16, 64),     # DeepSeek's cache row (what the cuda decode takes), tiny GEMMs
     "deepseek": (7168, 1536, 512, 128, 64, 128, 64),
 }
 
@@ -103,24 +108,72 @@ def layer_step(mod, batch: int, length: int, backend: str | None):
     offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
     lengths = torch.full((batch,), length - 1, dtype=torch.int64, device=device)
     weights = mod.layer_weights()
+    layer_backend = backend if backend is None or "layer" in mla_core.get_backend(backend).capabilities else None
 
     def step():
         with torch.no_grad():
             return mla_core.mla_forward(q, kv, offsets, mod.freqs_cis, mod.kv_a_layernorm.weight, mod.latent_cache,
                                         table, lengths, max_seq_len=1, softmax_scale=mod.softmax_scale,
-                                        attention_backend=backend, backend=backend, **weights)
+                                        attention_backend=backend, backend=layer_backend, **weights)
+    return step
+
+
+def decode_step(mod, batch: int, length: int, backend: str | None):
+    """The layer's inner decode alone as the triton layer runs it: dispatch and ``Backend.run`` of a validated
+    call (absorbed q [batch, heads, latent + rope], the module's cache, int32 key counts, num_kv_splits "auto")."""
+    from mla_core import dispatch, specs
+    device, cache = mod.latent_cache.device, mod.latent_cache
+    q = torch.randn(batch, mod.local_heads, mod.kv_lora_rank + mod.rope_dim, device=device).to(cache.dtype)
+    pages = -(-length // cache.shape[1])
+    table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
+    lengths = torch.full((batch,), length, dtype=torch.int32, device=device)
+    with specs.values_checked():
+        problem, call = specs.validate_decode(
+            q, cache, table, lengths, softmax_scale=mod.softmax_scale, kv_lora_rank=mod.kv_lora_rank,
+            qk_rope_head_dim=mod.rope_dim, page_size=None, num_kv_splits="auto", k_qdq=None, k_qdq_amax=None,
+            v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+
+    def step():
+        choice = dispatch.choose(problem, backend)
+        return choice.backend.run(problem, call, choice.config)
     return step
 
 
 _LAUNCHES = [0]
-"""Triton launches seen by the stub (``--stub-triton``)."""
+"""Triton launches and cuda extension calls seen by the stubs (``--stub-triton``, ``--stub-cuda``)."""
+
+
+class _CudaStub:
+    """The cuda extension's decode entries as no-ops (outputs stay as allocated), each call counted."""
+
+    @staticmethod
+    def decode_wgmma(*args):
+        _LAUNCHES[0] += 1
+
+    @staticmethod
+    def decode(*args):
+        _LAUNCHES[0] += 1
+
+
+def stub_cuda() -> None:
+    """Make the cuda backend run CPU tensors with :class:`_CudaStub` as its extension: its Python launcher and
+    dispatch as on the GPU, no kernel (the pybind11 call's own cost is not seen)."""
+    from mla_core import dispatch
+    from mla_core_cuda import backend, build
+    backend.device_reason = lambda: None
+    build._LOADED[build.build_key()] = _CudaStub      # what a loaded build answers (the key hashes csrc/)
+    backend.CudaBackend.device_types = frozenset({"cuda", "cpu"})
+    dispatch.clear_memory()
+
+
 _VIEW_OPS = {"view", "t", "transpose", "slice", "select", "unsqueeze", "squeeze", "reshape", "expand", "as_strided",
              "detach", "alias", "permute", "_unsafe_view", "split", "narrow", "unbind"}
 
 
 def count(fn) -> dict:
     """One call of ``fn``: Python function calls (profile 'call' events), aten ops (``ops``; ``device_ops`` without
-    views and ``empty``: what launches a kernel or copies on a GPU) and stubbed Triton launches."""
+    views and ``empty``: what launches a kernel or copies on a GPU) and stubbed launches (Triton kernels, cuda
+    extension calls)."""
     import sys
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -214,8 +267,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: tiny ops, a shared CPU)")
     ap.add_argument("--stub-triton", action="store_true",
                     help="(TRITON_INTERPRET=1) Triton kernel launches do nothing: time the host path around them")
+    ap.add_argument("--stub-cuda", action="store_true",
+                    help="the cuda backend runs CPU tensors, its extension calls do nothing (with --dims latent)")
     ap.add_argument("--profile", type=int, default=0, help="print a cProfile top-N by cumulative time")
-    ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed Triton launches "
+    ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed launches "
                                                            "of one call (after the timed loops)")
     ap.add_argument("--launch-costs", action="store_true", help="first time the step's building blocks alone")
     ap.add_argument("--json", help="write the table here")
@@ -227,27 +282,31 @@ def main(argv=None) -> int:
         def launch(self, *a, **k):      # outputs stay as allocated
             _LAUNCHES[0] += 1
         interpreter.GridExecutor.__call__ = launch
+    if args.stub_cuda:
+        stub_cuda()
     device = torch.device(args.device)
     backend = args.backend or None
     costs = launch_costs(device, args.repeats) if args.launch_costs else None
     mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims)
     layer = layer_step(mod, args.batch, args.length, backend)
+    inner = decode_step(mod, args.batch, args.length, backend)
     print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
           f"{args.dims} dims, heads {args.heads}, batch {args.batch}, length {args.length}, "
-          f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}")
+          f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}"
+          f"{' (cuda calls stubbed)' if args.stub_cuda else ''}")
     rows = []
     before = os.environ.get("MLA_CORE_CHECKS")
     try:
         for checks in ("full", "metadata"):
             os.environ["MLA_CORE_CHECKS"] = checks
-            for what, fn in (("mla_forward", layer), ("MLAAttention", module)):
+            for what, fn in (("decode op", inner), ("mla_forward", layer), ("MLAAttention", module)):
                 median, least = per_call_us(fn, device, repeats=args.repeats)
                 rows.append(dict(what=what, checks=checks, us=median, min_us=least))
                 print(f"{what:>13} [{checks:>8}]  median {median:8.1f} µs/call  (min {least:8.1f})", flush=True)
                 if args.count:
                     rows[-1].update(count(fn))
                     print(f"{'':>13}   {rows[-1]['python_calls']} Python calls, {rows[-1]['device_ops']} device ops "
-                          f"({' '.join(rows[-1]['device_op_names'])}), {rows[-1]['triton_launches']} Triton launches",
+                          f"({' '.join(rows[-1]['device_op_names'])}), {rows[-1]['triton_launches']} stubbed launches",
                           flush=True)
                 if args.profile:
                     print(profile(fn, args.profile))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mla_core
 from mla_core import OpCapability
 
-from . import build, prefill
+from . import build, decode, prefill
 
 _FORMATS = frozenset({None, "fp8", "nvfp4"})
 CAPABILITY = (9, 0)
@@ -91,7 +91,6 @@ class CudaBackend(mla_core.Backend):
         fewer with ``num_kv_splits="auto"`` from batch 8 (measured on the H200: 1.15-1.29x triton's speed there; at
         the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x);
         :data:`PRIORITY_PREFILL` for every prefill it runs; else 180."""
-        from . import decode
         if problem.op == "prefill":
             return self.PRIORITY_PREFILL
         if problem.op != "decode" or not decode.wgmma_covers(problem):
@@ -128,27 +127,27 @@ class CudaBackend(mla_core.Backend):
             from . import sparse
             return sparse.configs(problem)
         if problem.op == "prefill":
-            from . import prefill
             return prefill.configs(problem)
-        from . import decode
         return decode.configs(problem)
 
-    @staticmethod
-    def _module():
+    _loaded = None
+    """The extension once an op found it (a loaded extension module stays valid for the process): the eager
+    decode step's launch reads this attribute instead of asking the build each call."""
+
+    def _module(self):
         """The built extension (dispatch only reaches an op when :meth:`unavailable_reason` was None)."""
         module, reason = build.load_or_reason()
         if module is None:
             raise RuntimeError(f"the cuda backend is unavailable: {reason}")
+        self._loaded = module
         return module
 
     def decode(self, call, config):
-        from . import decode
-        return decode.run(self._module(), call, config)
+        return decode.run(self._loaded or self._module(), call, config)
 
     def sparse_decode(self, call, config):
         from . import sparse
         return sparse.run(self._module(), call, config)
 
     def prefill(self, call, config):
-        from . import prefill
         return prefill.run(self._module(), call, config)

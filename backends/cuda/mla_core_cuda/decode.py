@@ -101,13 +101,13 @@ def _quant_args(call: DecodeCall) -> tuple:
     return k_scale, v_scale, p_scale, v_from_k, exact_div
 
 
-def _kernel_config(call: DecodeCall, config: dict) -> dict:
+def _kernel_config(call: DecodeCall, config: dict, quant: tuple) -> dict:
     """``config``, or for a WGMMA config whose call the kernel cannot run (FP8 K and V with two scales, or K
     quantized with exact divisions: its producer divides without a division instruction only) the mma.sync
-    kernel's default shape with the same split choice."""
+    kernel's default shape with the same split choice. ``quant``: :func:`_quant_args` of ``call``."""
     if config.get("kernel") != "wgmma" or call.k_qdq is None:
         return config
-    _, _, _, v_from_k, exact_div = _quant_args(call)
+    _, _, _, v_from_k, exact_div = quant
     if v_from_k and not exact_div:
         return config
     return {k: v for k, v in config.items() if k != "kernel"}
@@ -119,37 +119,63 @@ def num_splits(call: DecodeCall, config: dict) -> int:
                              resident_ctas=1 if config.get("kernel") == "wgmma" else 2)
 
 
+_PLANS: dict[tuple, tuple] = {}
+"""Launch plans by everything :func:`_plan` reads (at most :data:`_PLANS_MAX` keys; cleared when full)."""
+_PLANS_MAX = 256
+
+
+def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
+    """(entry, partial sizes or None, the entry's arguments after the partial buffers) of ``call``, cached under
+    ``key`` (everything read here, built in :func:`run`): the extension function, the split count, the scale
+    products, the formats, and for mma.sync its CTA shape. Raises ValueError for a CTA shape not built (nothing
+    is cached then)."""
+    batch, heads, _ = call.q.shape
+    quant = _quant_args(call)
+    config = _kernel_config(call, config, quant)
+    splits = num_splits(call, config)
+    parts = (batch * heads * splits * KV_LORA_RANK, batch * heads * splits) if splits > 1 else None
+    k_scale, v_scale, p_scale, v_from_k, exact_div = quant
+    k32, v32, p32 = (_f32(s) if fmt else 1.0 for s, fmt in ((k_scale, call.k_qdq), (v_scale, call.v_qdq),
+                                                           (p_scale, call.p_qdq)))
+    args = (splits, float(call.softmax_scale) * k32 * math.log2(math.e), v32 * p32, k_scale, v_scale, p_scale,
+            _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
+    if config.get("kernel") == "wgmma":
+        entry = "decode_wgmma"
+    else:
+        default = _default_shape(heads)
+        head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
+        if (head_tiles, warps) not in SHAPES:
+            raise ValueError(f"cuda decode config: (head_tiles, warps) = {(head_tiles, warps)} not in {SHAPES}")
+        entry, args = "decode", args + (head_tiles, warps)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    plan = _PLANS[key] = entry, parts, args
+    return plan
+
+
 def run(module, call: DecodeCall, config: dict):
-    """Decode with the built extension ``module``.
+    """Decode with the built extension ``module``: one call of its ``decode_wgmma`` or ``decode`` (split kernel and
+    combine), with the launch constants of :func:`_plan` (cached per key: a repeated shape reads one dict).
 
     Returns (out [batch, heads, 512] in ``call.out_dtype``, lse [batch, heads] float32 natural log, or None).
     """
-    q, cache = call.q, call.latent_cache
+    q = call.q
     batch, heads, _ = q.shape
-    config = _kernel_config(call, config)
     device = q.device
     out = torch.empty(batch, heads, KV_LORA_RANK, dtype=call.out_dtype, device=device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=device) if call.return_lse else None
     if batch == 0:
         return out, lse
-    splits = num_splits(call, config)
-    if splits > 1:
-        part_o = torch.empty(batch * heads * splits * KV_LORA_RANK, dtype=torch.float32, device=device)
-        part_lse = torch.empty(batch * heads * splits, dtype=torch.float32, device=device)
-    else:
+    # batch and heads, the device (its multiprocessor count), table width, page size, the split request, the
+    # softmax scale, each operand's format and amax, the config
+    key = (q.shape, device, call.block_table.shape[1], call.page_size, call.num_kv_splits, call.softmax_scale,
+           call.k_qdq, call.k_amax, call.v_qdq, call.v_amax, call.p_qdq, call.p_amax, tuple(config.items()))
+    plan = _PLANS.get(key)
+    entry, parts, args = plan if plan is not None else _plan(call, config, key)
+    if parts is None:
         part_o = part_lse = None
-    k_scale, v_scale, p_scale, v_from_k, exact_div = _quant_args(call)
-    k32, v32, p32 = (_f32(s) if fmt else 1.0 for s, fmt in ((k_scale, call.k_qdq), (v_scale, call.v_qdq),
-                                                           (p_scale, call.p_qdq)))  # no host work unquantized
-    args = (q, cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, splits,
-            float(call.softmax_scale) * k32 * math.log2(math.e), v32 * p32, k_scale, v_scale, p_scale,
-            _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
-    if config.get("kernel") == "wgmma":
-        module.decode_wgmma(*args)
-        return out, lse
-    default = _default_shape(heads)
-    head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
-    if (head_tiles, warps) not in SHAPES:
-        raise ValueError(f"cuda decode config: (head_tiles, warps) = {(head_tiles, warps)} not in {SHAPES}")
-    module.decode(*args, head_tiles, warps)
+    else:   # scratch of this call (a buffer kept across calls would be shared by streams and CUDA graphs)
+        part_o = torch.empty(parts[0], dtype=torch.float32, device=device)
+        part_lse = torch.empty(parts[1], dtype=torch.float32, device=device)
+    getattr(module, entry)(q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, *args)
     return out, lse
