@@ -15,12 +15,14 @@ its calls (how serving engines run decode) when it can be captured, else as eage
 CUDA events (``MLA_CORE_TUNE_TIMING``); on the CPU eager calls by ``perf_counter``. The fastest
 candidate's output is compared once with the reference backend's on the same inputs (on a sample of heads,
 the only ones the reference runs: :func:`head_sample`); a fast but wrong candidate is rejected (warning, and
-recorded) and the next one is checked.
+recorded) and the next one is checked. A tune leaves nothing of its problem on the device: its inputs, outputs and
+graphs die with it and :func:`release_memory` returns the cached memory (:data:`CAPTURE_HEADROOM` says why).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -75,6 +77,14 @@ CHECK_ALL_HEADS_UP_TO = 4
 TIMINGS = env.TUNE_TIMINGS
 """How candidates are timed on a GPU: ``auto`` (a CUDA graph where capture works, else eager), ``graph``
 (capture or fail), ``eager`` (Python calls back to back)."""
+CAPTURE_HEADROOM = 0.25
+"""Before a capture, a GPU with less than this fraction of its memory free gets ``torch.cuda.empty_cache()``. The
+allocations of a capture come from its graph's private pool, and while a capture is under way the caching
+allocator releases nothing else to make room (not the default pool's free blocks, not the pools of graphs already
+dead: a dead graph's pool is returned only by ``empty_cache`` or an out-of-memory outside a capture). With nothing
+released, the TP 1 warm-up (128 heads) had ~105 GiB of free blocks in graphs' pools when its captures began to fail
+with out-of-memory, and its three merge shapes then failed their checks with ``CUDA error: out of memory``
+(benchmarks/results/warmup_tp1_4b4b5cf_cuda05.log; the capture errors in autotune_cache/NVIDIA_H200.json)."""
 
 log = logging.getLogger("mla_core.autotune")
 
@@ -373,6 +383,8 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
         why_not_graph = None
         if _graphs(device) and timing != "eager":
             steps = max(inner, len(calls))  # every input set in the graph, so replays do not find them in L2
+            if device.type == "cuda":
+                _room_for_capture(device)
             try:
                 graph = capture(step, steps, device)
             except GraphCaptureError as exc:
@@ -399,6 +411,26 @@ def measure(run: Callable[[Any], Any], calls: list[Any], device: torch.device, w
                     step()
                 samples.append((time.perf_counter() - t0) * 1e6 / inner)
     return Measurement(statistics.median(samples), "eager", per_call * 1e6, why_not_graph)
+
+
+def _room_for_capture(device: torch.device) -> None:
+    """Empty the caching allocator when less than :data:`CAPTURE_HEADROOM` of ``device``'s memory is free: a capture
+    cannot reclaim what the cache holds outside its own pool."""
+    free, total = torch.cuda.mem_get_info(device)
+    if free < CAPTURE_HEADROOM * total:
+        torch.cuda.empty_cache()
+
+
+def release_memory(device_type: str, collect: bool = False) -> None:
+    """Return to the device what a tuned problem left cached (nothing to do on the CPU): on a GPU
+    ``torch.cuda.empty_cache()``, which frees the default pool's free blocks and the private pools of the CUDA graphs
+    it timed (dead, yet reserved until then: :data:`CAPTURE_HEADROOM`). ``collect``: run the garbage collector first
+    (~0.1 s, so only after a problem whose tune raised: its traceback can sit in a reference cycle holding tensors,
+    and the collector counts objects, never device bytes)."""
+    if collect:
+        gc.collect()
+    if device_type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _outputs(result) -> tuple[torch.Tensor, ...]:
@@ -473,7 +505,7 @@ def head_sample(problem: Problem, call: Any) -> HeadSample | None:
     op = problem.op
     if op not in _HEAD_AXES:
         return None
-    key = Problem(op, problem.device, problem.params, problem.features - {"lse"}).key()
+    key = _key_without_lse(problem)
     sizes: dict[str, int] = {}
     if op == "prefill":
         heads, kv_heads = call.q.shape[1], call.k.shape[1]
@@ -519,11 +551,12 @@ each prefill shape without and then with LSE on the same inputs (decode keys the
 @dataclass
 class _SharedReference:
     """The last reference result of a :data:`SHARE_REFERENCE_OPS` check: ``call`` run with LSE, ``result``
-    (out, lse)."""
+    (out, lse); ``owner``: the key (without LSE) of the tuned problem whose check computed it."""
 
     key: str
     call: Any
     result: tuple[torch.Tensor, ...]
+    owner: str
 
 
 _shared_reference: _SharedReference | None = None
@@ -534,6 +567,18 @@ def release_shared_reference() -> None:
     calls it when done, so a warm-up leaves no tensors behind."""
     global _shared_reference
     _shared_reference = None
+
+
+def _key_without_lse(problem: Problem) -> str:
+    return Problem(problem.op, problem.device, problem.params, problem.features - {"lse"}).key()
+
+
+def _keep_shared_reference_only_for(problem: Problem) -> None:
+    """Drop the kept reference result unless ``problem`` is the one it was computed for or its LSE twin (the next
+    key of a warm-up): no tensor of one problem lives on into the timing of another."""
+    global _shared_reference
+    if _shared_reference is not None and _shared_reference.owner != _key_without_lse(problem):
+        _shared_reference = None
 
 
 def _same_inputs(a: Any, b: Any) -> bool:
@@ -552,21 +597,22 @@ def _same_inputs(a: Any, b: Any) -> bool:
     return True
 
 
-def _reference_result(backend: "Backend", problem: Problem, call: Any) -> tuple[torch.Tensor, ...]:
-    """The reference's result on ``call``. For :data:`SHARE_REFERENCE_OPS` it runs with LSE and is kept, and a call
-    with equal inputs (:func:`_same_inputs`, ``return_lse`` aside) of the same key without LSE reuses it: the
-    reference's output does not depend on whether LSE is returned."""
+def _reference_result(backend: "Backend", problem: Problem, call: Any, owner: Problem) -> tuple[torch.Tensor, ...]:
+    """The reference's result on ``call`` (of ``problem``: ``owner``, the tuned problem, or its head sample). For
+    :data:`SHARE_REFERENCE_OPS` it runs with LSE and is kept, and a call with equal inputs (:func:`_same_inputs`,
+    ``return_lse`` aside) of the same key without LSE reuses it: the reference's output does not depend on whether
+    LSE is returned. The next tune of another problem drops it (:func:`_keep_shared_reference_only_for`)."""
     global _shared_reference
     if problem.op not in SHARE_REFERENCE_OPS:
         return _checked_run(backend, problem, call, {})
-    key = f"{backend.name} {backend.version} " + Problem(problem.op, problem.device, problem.params,
-                                                          problem.features - {"lse"}).key()
+    key = f"{backend.name} {backend.version} " + _key_without_lse(problem)
     with_lse = dataclasses.replace(call, return_lse=True)
     shared = _shared_reference
     if shared is None or shared.key != key or not _same_inputs(shared.call, with_lse):
         _shared_reference = None  # the old one's tensors are freed before the new run
         problem_lse = Problem(problem.op, problem.device, problem.params, problem.features | {"lse"})
-        shared = _shared_reference = _SharedReference(key, with_lse, _checked_run(backend, problem_lse, with_lse, {}))
+        shared = _shared_reference = _SharedReference(key, with_lse, _checked_run(backend, problem_lse, with_lse, {}),
+                                                      _key_without_lse(owner))
     return shared.result if call.return_lse else shared.result[:1]
 
 
@@ -599,12 +645,23 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
     :func:`measure`). ``check_sampled``: the reference judges the fastest candidate on a sample of heads
     (:func:`head_sample`; the candidate still runs the whole problem, and a NaN anywhere in its output
     rejects it); False: on every head. Nothing is written to the cache (see :func:`record`). Raises
-    RuntimeError during CUDA graph capture.
+    RuntimeError during CUDA graph capture. Returns what it cached on the device when done, also when it raises
+    (:func:`release_memory`); a reference result kept for another problem is dropped first.
     """
-    from ..dispatch import candidates as valid_backends
-    from ..plugins import backends
     if capturing(problem.device):
         raise RuntimeError("mla_core never tunes during CUDA graph capture; warm the cache up before capturing")
+    _keep_shared_reference_only_for(problem)
+    try:
+        return _tune(problem, valid, device, reference, warmup, repeats, seed, timing, check_sampled)
+    finally:
+        release_memory(torch.device(device if device is not None else problem.device).type)
+
+
+def _tune(problem: Problem, valid: "list[Backend] | None", device: torch.device | str | None, reference: str | None,
+          warmup: int, repeats: int, seed: int, timing: str | None, check_sampled: bool) -> TuneResult:
+    """:func:`tune`'s work: its inputs, the candidates' outputs and the reference's die when it returns."""
+    from ..dispatch import candidates as valid_backends
+    from ..plugins import backends
     started = time.perf_counter()
     reference = reference or REFERENCE
     timing = timing or timing_mode()
@@ -674,8 +731,8 @@ def tune(problem: Problem, valid: "list[Backend] | None" = None, *, device: torc
             ref_call = _explicit_splits(first, cand.config)
             if ref_out is None or ref_call is not first:
                 sample = head_sample(problem, ref_call) if check_sampled else None
-                ref_out = (_reference_result(ref_backend, sample.problem, sample.call) if sample
-                           else _reference_result(ref_backend, problem, ref_call))
+                ref_out = (_reference_result(ref_backend, sample.problem, sample.call, problem) if sample
+                           else _reference_result(ref_backend, problem, ref_call, problem))
             nan = sample is not None and _has_nan(out)  # unsampled heads: at least no poison left, no NaN made
             err = math.inf if nan else compare(sample.take(out) if sample else out, ref_out)
             tol = tolerance(ref_out[0].dtype) if ref_out else 0.0

@@ -4,8 +4,10 @@ A preset lists a model's problem keys (:func:`preset_problems`): decode over a g
 KV lengths, prefill over a grid of lengths, and the merge of prefill chunks, for each quant recipe
 (``bf16``: none; ``fp8``: K, V and P FP8; ``nvfp4``: K, V and P NVFP4). :func:`run` tunes each key
 missing from the cache (:func:`mla_core.autotune.tune`; a key only one ``(backend, config)`` can run is
-recorded without timing), records it and returns one row per problem for the summary table. Under torch.distributed (e.g. ``torchrun``) every rank tunes its share on its own
-GPU, the results are exchanged, and every rank records and uses all of them.
+recorded without timing), records it and returns one row per problem for the summary table; each shape's
+memory goes back to the device before the next one is tuned (:func:`mla_core.autotune.tuner.release_memory`).
+Under torch.distributed (e.g. ``torchrun``) every rank tunes its share on its own GPU, the results are
+exchanged, and every rank records and uses all of them.
 """
 from __future__ import annotations
 
@@ -259,6 +261,9 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
             result = tuner.tune(problem, warmup=warmup, repeats=repeats, timing=timing)
         except Exception as exc:  # one unbuildable or failing shape must not end a long warm-up
             results[i] = {"status": "failed", "note": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            result = None
+        if result is None:  # its traceback is gone now; what it held goes back to the device before the next shape
+            tuner.release_memory(problem.device, collect=True)
             continue
         if result.winner is None:
             errors = sorted({c.error for c in result.candidates if c.error} | {r["reason"] for r in result.rejected})
@@ -271,6 +276,8 @@ def run(problems: list[Problem], *, force: bool = False, progress: Callable[[Ite
                       "note": f"{result.wall_s:.1f} s ({result.first_call_s:.1f} s in first calls, "
                               f"{result.check_s:.1f} s checking)"}
     tuner.release_shared_reference()
+    if mine:
+        tuner.release_memory(mine[-1][1].device)
     if dist is not None and world > 1:
         results = {int(i): r for part in tuner.all_gather_json(results) for i, r in part.items()}
     tuned = {problems[i].key(): r["entry"] for i, r in results.items() if r["status"] in ("tuned", "recorded", "cached")}
