@@ -4,9 +4,10 @@
 # Installs this checkout (editable, as device_run.sh does) and builds the cuda backend (the 128-head decode runs on
 # it), then, most wanted first, each step cut at the time left: bench_layer.py's module table (MLAAttention eager
 # full / metadata / graph against transformers' eager DeepseekV3Attention, MODULE_SHAPES), host_overhead.py
-# (DeepSeek-V3 dims, L 8192, batch 1, the layer op and MLAAttention in both check modes, op counts, per-op host
-# costs) at 128 heads, the same at 16 heads, then the GPU tests of the module against transformers and of the
-# decode step in a CUDA graph.
+# (DeepSeek-V3 dims, L 8192, batch 1, the inner decode op, the layer op and MLAAttention in both check modes, op
+# counts, per-op host costs) at 128 heads, the same at 16 heads, at 16 heads with the attention on the cuda
+# backend (one extension call for triton's split + combine launches: the eager A/B of NOTES "cuda decode
+# launcher"), then the GPU tests of the module against transformers and of the decode step in a CUDA graph.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
@@ -22,12 +23,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 echo "=== bench_layer module table, $(left) s left"
 timeout "$(left)" python3 benchmarks/bench_layer.py --skip decode,prefill \
   --module-shapes "${MODULE_SHAPES:-128x1,16x1,128x32}" 2>&1 | tee "$OUT/bench_layer_module.log" | grep -v "^$" | tail -9
-for heads in 128 16; do
+for run in 128: 16: 16:cuda; do    # heads:attention backend ('' automatic; cuda: the 16-head eager A/B)
+  heads=${run%%:*} be=${run#*:}
   [ "$(left)" -gt 8 ] || break
-  echo "=== host_overhead, $heads heads, $(left) s left"
+  echo "=== host_overhead, $heads heads, attention ${be:-automatic}, $(left) s left"
   timeout "$(left)" python3 benchmarks/host_overhead.py --device cuda --dims deepseek --heads "$heads" --length 8192 \
-    --backend '' --count --repeats "${REPEATS:-7}" $([ "$heads" = 128 ] && echo --launch-costs) \
-    --json "$OUT/host_overhead_h$heads.json" 2>&1 | tee "$OUT/host_overhead_h$heads.log"
+    --backend "$be" --count --repeats "${REPEATS:-7}" $([ "$heads" = 128 ] && echo --launch-costs) \
+    --json "$OUT/host_overhead_h$heads${be:+_$be}.json" 2>&1 | tee "$OUT/host_overhead_h$heads${be:+_$be}.log"
 done
 if [ "$(left)" -gt 20 ]; then
   echo "=== GPU tests, $(left) s left"
