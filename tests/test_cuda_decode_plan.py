@@ -211,3 +211,24 @@ def test_bad_input_raises_before_any_launch(cuda_on_cpu):
     with pytest.raises(MLAInputError, match="b_seq_len"):
         mla_core.mla_attention_decode(*args[:3], torch.full((1,), 10 ** 6, dtype=torch.int32), **kw)
     assert len(cuda_on_cpu.calls) == 2
+
+
+def test_compiled_fullgraph_launches_what_eager_launches(cuda_on_cpu):
+    """torch.compile(fullgraph=True) traces around the op; its calls reach the launcher with the eager arguments."""
+    call = _call(length=300, heads=16)
+    args = (call.q, call.latent_cache, call.block_table, call.seq_lens)
+
+    def step(q, cache, table, lens):
+        return mla_core.mla_decode(q, cache, table, lens, softmax_scale=0.1, kv_lora_rank=RANK,
+                                   qk_rope_head_dim=ROPE, num_kv_splits="auto", backend="cuda")
+
+    torch._dynamo.reset()
+    try:
+        step(*args)
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        compiled(*args)
+        compiled(*args)
+    finally:
+        torch._dynamo.reset()
+    eager, *rest = cuda_on_cpu.calls
+    assert len(rest) >= 2 and all(c == eager for c in rest)
