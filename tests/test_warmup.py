@@ -237,7 +237,8 @@ def test_warmup_prepares_slow_backends_in_the_background_during_compile_ahead(fa
 
     monkeypatch.setattr(tuner, "tune", tune)
     messages = []
-    with pytest.warns(tuner.AutotuneWarning):
+    with warnings.catch_warnings():  # the wrong fake's rejection warns only when it times fastest (an idle machine)
+        warnings.simplefilter("ignore", tuner.AutotuneWarning)
         rows = warmup.run(_merge_problems((16,)), compile_jobs=4, message=messages.append)
     assert seen["skip"] == {"tt_prep"} and "tt_prep" not in seen["units"] and "tt_fast" in seen["units"]
     assert seen["running"] and seen["done_before_tuning"] and not slow.asked_early
