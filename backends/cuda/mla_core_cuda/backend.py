@@ -131,11 +131,13 @@ class CudaBackend(mla_core.Backend):
         return decode.configs(problem)
 
     _loaded = None
-    """The extension once an op found it (a loaded extension module stays valid for the process): the eager
-    decode step's launch reads this attribute instead of asking the build each call."""
+    """The extension once an op found it (a loaded extension module stays valid for the process): every op's
+    launch reads this attribute instead of asking the build each call."""
 
     def _module(self):
         """The built extension (dispatch only reaches an op when :meth:`unavailable_reason` was None)."""
+        if self._loaded is not None:
+            return self._loaded
         module, reason = build.load_or_reason()
         if module is None:
             raise RuntimeError(f"the cuda backend is unavailable: {reason}")
@@ -143,7 +145,7 @@ class CudaBackend(mla_core.Backend):
         return module
 
     def decode(self, call, config):
-        return decode.run(self._loaded or self._module(), call, config)
+        return decode.run(self._module(), call, config)
 
     def sparse_decode(self, call, config):
         from . import sparse
