@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A/B of the FP8 KV cache on the cuda WGMMA decode (issue 9, branch wip/decode-wgmma-fp8-cache), one device call of
-# <= 300 s (the step limits below add to 295 s; measured work should take ~200): build A (main's csrc/) and B (this
-# checkout's) side by side, the CPU layout / conversion check, bench_decode_fp8_cache_ab.py (bf16 cache on A and B,
-# FP8 cache on B, alternately; B's bf16 bit-equal to A's), the GPU tests of the FP8 cache and of the WGMMA kernel
-# on B, then one fp16-q shape and (AB_TRITON=1) triton's FP8 cache at two shapes. Before the call, here:
+# <= 300 s: build A (main's csrc/) and B (this checkout's) side by side, the CPU layout / conversion check,
+# bench_decode_fp8_cache_ab.py (bf16 cache on A and B, FP8 cache on B, alternately; B's bf16 bit-equal to A's),
+# one fp16-q shape, (AB_TRITON=1) triton's FP8 cache at two shapes, then the FP8-cache GPU tests on B with the
+# time left of CALL_LIMIT (290 s from the start). Before the call, here:
 #   mkdir -p benchmarks/ab_base && git archive main csrc | tar -x -C benchmarks/ab_base   # untracked: travels
 #   MLA_COMMIT=<hash> A_SRC=benchmarks/ab_base/csrc bash benchmarks/run_decode_fp8_cache_ab.sh   (the device command)
 # Logs and JSON in $OUT. AB_QUICK=1: H16 / H128 x B32 x L8192 only. RUN_MUTANTS=1 (a separate call, <= 300 s
 # with MUTANT_TIMEOUT_ALL=200): memcheck of sanitize.py's decode workload (FP8-cache cases included), then the 8
 # FP8-cache mutants of tests/mutation/mutants_cuda.py (indices 23-30) instead of the A/B.
 set -u
+t0=$(date +%s)
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-/tmp}
 echo "commit ${MLA_COMMIT:-unknown}"
@@ -42,8 +43,6 @@ python3 benchmarks/probes/decode_fp8_cache_check.py 2>&1 | tee "$LOGS/fp8_cache_
 if [ "${AB_QUICK:-0}" = 1 ]; then shape=(--batch 32 --lengths 8192); else shape=(); fi
 timeout "${BENCH_TIMEOUT:-85}" python3 benchmarks/bench_decode_fp8_cache_ab.py --src-a "$A_SRC" --src-b "$PWD/csrc" \
   "${shape[@]}" 2>&1 | tee "$LOGS/ab_bench.log" | tail -18
-timeout "${TEST_TIMEOUT:-75}" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line tests/test_cuda_decode.py \
-  -k "${AB_TESTS:-fp8_cache}" 2>&1 | tee "$LOGS/ab_gpu_tests.log" | tail -8
 mkdir -p "$LOGS/fp16" && OUT=$LOGS/fp16 timeout "${FP16_TIMEOUT:-12}" python3 benchmarks/bench_decode_fp8_cache_ab.py \
   --src-a "$A_SRC" --src-b "$PWD/csrc" --q-dtype fp16 --heads 16,128 --batch 32 --lengths 8192 2>&1 \
   | tee "$LOGS/ab_bench_fp16.log" | tail -4
@@ -52,3 +51,8 @@ if [ "${AB_TRITON:-0}" = 1 ]; then
     benchmarks/bench_decode_fp8_cache_ab.py --src-a "$A_SRC" --src-b "$PWD/csrc" --triton --heads 16,128 --batch 32 \
     --lengths 8192 2>&1 | tee "$LOGS/ab_bench_triton.log" | tail -4
 fi
+# the GPU tests last, with whatever the call has left (CALL_LIMIT: the device call's limit less a margin)
+left=$(( ${CALL_LIMIT:-290} - ($(date +%s) - t0) ))
+echo "GPU tests with ${left} s left"
+timeout "$(( left > 20 ? left : 20 ))" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line tests/test_cuda_decode.py \
+  -k "${AB_TESTS:-fp8_cache}" 2>&1 | tee "$LOGS/ab_gpu_tests.log" | tail -8
