@@ -19,8 +19,8 @@ echo "commit ${MLA_COMMIT:-unknown}"
 if [ "${RUN_MUTANTS:-0}" = 1 ]; then
   timeout "${MEMCHECK_TIMEOUT:-90}" /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 3 \
     python3 -m mla_core_cuda.sanitize decode 2>&1 | tee "$LOGS/fp8_cache_memcheck.log" | tail -6
-  MUTANT_SELECTION=fp8cache MUTANT_INDICES=${MUTANT_INDICES:-23,24,25,26,27,28,29,30} timeout "${MUTANT_TIMEOUT_ALL:-200}" \
-    python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/fp8_cache_mutants.log" | tail -12
+  MUTANT_SELECTION=fp8cache MUTANT_INDICES=${MUTANT_INDICES:-23,24,25,26,27,28,29,30} \
+    timeout "${MUTANT_TIMEOUT_ALL:-200}" python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/fp8_cache_mutants.log" | tail -12
   exit 0
 fi
 if [ -z "${A_SRC:-}" ] && [ -n "${A_REV:-}" ]; then
@@ -54,5 +54,5 @@ fi
 # the GPU tests last, with whatever the call has left (CALL_LIMIT: the device call's limit less a margin)
 left=$(( ${CALL_LIMIT:-290} - ($(date +%s) - t0) ))
 echo "GPU tests with ${left} s left"
-timeout "$(( left > 20 ? left : 20 ))" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line tests/test_cuda_decode.py \
-  -k "${AB_TESTS:-fp8_cache}" 2>&1 | tee "$LOGS/ab_gpu_tests.log" | tail -8
+timeout "$(( left > 20 ? left : 20 ))" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=line \
+  tests/test_cuda_decode.py -k "${AB_TESTS:-fp8_cache}" 2>&1 | tee "$LOGS/ab_gpu_tests.log" | tail -8

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
-with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``) on paged caches whose unreached rows hold NaN, with block-table entries past
+with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``) on paged
+caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself; ``decode`` alone: only these).
