@@ -42,7 +42,10 @@ mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::T
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "q must be [batch, heads, 576], last dim contiguous");
   TORCH_CHECK(cache.dim() == 3 && cache.size(2) == 576 && cache.stride(2) == 1,
               "latent_cache must be [pages, page_size, 576], last dim contiguous");
-  TORCH_CHECK(q.scalar_type() == cache.scalar_type(), "q and latent_cache must share a dtype");
+  const bool cache_fp8 = cache.scalar_type() == torch::kFloat8_e4m3fn;
+  TORCH_CHECK(cache_fp8 ? q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf
+                        : q.scalar_type() == cache.scalar_type(),
+              "q and latent_cache must share a dtype (an FP8 cache: q bfloat16 or float16)");
   TORCH_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
   TORCH_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..32");
   check_index(block_table, "block_table");
@@ -73,8 +76,9 @@ mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::T
   p.batch = static_cast<int>(q.size(0));
   p.heads = static_cast<int>(q.size(1));
   p.num_splits = static_cast<int>(num_splits);
-  p.dtype = dtype_code(cache);
-  TORCH_CHECK(p.dtype != mla_core_cuda::kFP32, "latent_cache must be bfloat16 or float16");
+  p.dtype = dtype_code(q);
+  TORCH_CHECK(p.dtype != mla_core_cuda::kFP32, "latent_cache must be bfloat16, float16 or float8_e4m3fn");
+  p.cache_fp8 = cache_fp8;
   p.out_dtype = dtype_code(out);
   p.out = out.data_ptr();
   p.lse = nullptr;
@@ -121,6 +125,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
               "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
+  TORCH_CHECK(!p.cache_fp8, "the mma.sync decode reads bfloat16 / float16 caches (an FP8 cache: decode_wgmma)");
   set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
   p.head_tiles = static_cast<int>(head_tiles);
   p.warps = static_cast<int>(warps);
@@ -129,7 +134,8 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode launch failed: ", cudaGetErrorString(err));
 }
 
-// The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16; K = V FP8 with one scale or unquantized, P any format.
+// The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16 q and cache, or an FP8 cache (E4M3 codes, kv_scale folded
+// into qk_scale_log2 and out_scale by the caller); K = V FP8 with one scale or unquantized, P any format.
 void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
                   const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
                   std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
@@ -138,9 +144,9 @@ void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torc
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
   set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
-  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache, K and V "
-              "unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype, ", k_fmt ", p.k_fmt,
-              ", v_fmt ", p.v_fmt, ")");
+  TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache (or an FP8 "
+              "cache), K and V unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype,
+              ", cache_fp8 ", p.cache_fp8, ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ")");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));

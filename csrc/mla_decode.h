@@ -16,7 +16,8 @@ struct DecodeParams {
   // q [batch, heads, 576] (cache dtype; last dimension contiguous), strides in elements.
   const void* q;
   int64_t q_stride_b, q_stride_h;
-  // latent_cache [num_pages, page_size, 576], strides in elements; rows 0..511 are V, all 576 are K.
+  // latent_cache [num_pages, page_size, 576], strides in elements; rows 0..511 are V, all 576 are K. Elements of
+  // q's dtype, or 1-byte E4M3 codes (cache_fp8: the FP8 KV cache, WGMMA kernel only).
   const void* cache;
   int64_t cache_stride_page, cache_stride_tok;
   int64_t num_pages;
@@ -31,7 +32,7 @@ struct DecodeParams {
   int64_t lens_stride;
   bool lens_i64;
   int batch, heads, num_splits;
-  int dtype;      // DType of q and the cache (kBF16 or kFP16)
+  int dtype;      // DType of q and of a float cache (kBF16 or kFP16)
   int out_dtype;  // DType of out
   // out [batch, heads, 512] (contiguous); lse [batch, heads] float32 or null.
   void* out;
@@ -48,6 +49,7 @@ struct DecodeParams {
   int k_fmt, v_fmt, p_fmt;  // QuantFormat each
   bool v_from_k;            // V codes equal K's first 512 codes (FP8 K and V with one scale)
   bool exact_div;           // quantizer quotients by __fdiv_rn (per-tensor factors near float32's range ends)
+  bool cache_fp8;           // the cache holds E4M3 codes (kv_scale is in qk_scale_log2 and out_scale)
   int head_tiles;           // 16-head m-tiles per CTA (1, 2 or 4)
   int warps;                // warps per CTA: (head_tiles, warps) is (1, 4), (2, 4), (2, 8) or (4, 8)
 };
@@ -67,8 +69,8 @@ cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
 cudaError_t launch_decode_wgmma(const DecodeParams& params, cudaStream_t stream);
 
 // Whether the WGMMA decode covers `params`: bf16 or fp16; K and V unquantized, or FP8 with V's codes K's
-// (v_from_k) and no exact_div; P unquantized, FP8 or NVFP4 (any head count: 64 heads per CTA, the last group
-// zero-padded).
+// (v_from_k) and no exact_div, or an FP8 cache (cache_fp8) with K and V unquantized; P unquantized, FP8 or NVFP4
+// (any head count: 64 heads per CTA, the last group zero-padded).
 bool decode_wgmma_supported(const DecodeParams& params);
 
 }  // namespace mla_core_cuda

@@ -2,7 +2,9 @@
 // heads per CTA; a last group of fewer heads is zero-padded and its pad rows are never stored). Fake quantization
 // (csrc/qdq.cuh, the mma.sync kernel's rules) where K's and V's codes agree on the shared tile: K = V FP8 with one
 // scale (the producer converts each stage in place, k_codes_fp8) and P FP8 or NVFP4 (in the consumers'
-// registers, p_qdq); the mma.sync kernel (mla_decode.cu) runs every other quantized problem.
+// registers, p_qdq); the mma.sync kernel (mla_decode.cu) runs every other quantized problem. An FP8 cache (E4M3
+// codes, cache_fp8): the producer copies 1-byte codes and converts them exactly to q's dtype in place
+// (produce_codes, codes_to_values); kv_scale is in qk_scale_log2 and out_scale (docs/numerics.md).
 //
 // One CTA of three warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
 // 32-key P tiles of the numerics contract: a split starts at a multiple of 32, so each half is a P tile at an
@@ -54,6 +56,7 @@ constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
                            + 4 * 8                 // mbarriers full[2], empty[2]
                            + 1024;                 // alignment slack: slabs start 1024-aligned
 constexpr int kMaxDevices = 64;                    // devices whose shared-memory attribute is remembered
+constexpr int kCodes = 3;                          // KF of an FP8 cache (E4M3 codes; QuantFormat's values are 0-2)
 
 
 // tok = pg * page_size + in_page, 0 <= in_page < page_size, for 0 <= tok < 2^51, without a division instruction
@@ -137,6 +140,70 @@ __device__ __forceinline__ void produce_rows(const DecodeParams& p, int64_t my_o
   }
 }
 
+// Byte offset, from a stage's start, of the E4M3 codes of producer warp w's row group g (rows 16w + 4g .. + 3) in
+// slab 0: the upper 256 B of the group's 512 B of each slab (rows 4g + 2, 4g + 3 of the warp), where the codes
+// of the group's 4 rows x 64 columns of that slab lie, row rho's at + 64 rho (slab k: + k kSlab). The group's bf16
+// / fp16 values fill all 512 B, so its conversion reads and writes its own bytes only.
+__device__ __forceinline__ uint32_t code_off(int w, int g) { return (16 * w + 4 * g) * 128 + 256; }
+
+// Producer warp w's share of a step over an FP8 cache: the codes of rows 16w .. 16w + 15 (576 B a row) to their
+// places (code_off), lane l < 16 holding row 16w + l's offset (row_offset: bytes). An absent key's codes are zeros
+// (nothing read), its validity bit 0. `aligned` (16-byte rows and base): per row group g, its own cp.async group,
+// lane l copies 16-byte chunk l (slab l / 4) of each of the 4 rows, lanes 0-15 chunk 32 + l % 4 (slab 8, the
+// rope) of row 4g + l / 4: 4-5 copies a lane; else byte loads and stores, the same places.
+__device__ __forceinline__ void produce_codes(const DecodeParams& p, int64_t my_off, uint8_t* sk, uint32_t* valid,
+                                              int w, int lane, bool aligned) {
+  const uint32_t bits = __ballot_sync(0xffffffffu, lane < 16 && my_off >= 0);
+  if (lane == 0) *valid = bits;
+  const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
+  if (aligned) {
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));  // not held across the step loop (as produce_rows)
+#pragma unroll 1
+    for (int g = 0; g < 4; ++g) {
+      uint8_t* dst = sk + code_off(w, g);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t off = __shfl_sync(0xffffffffu, my_off, 4 * g + r);
+        cp_async16(dst + (lane >> 2) * kSlab + 64 * r + 16 * (lane & 3), off >= 0 ? cache + off + 16 * lane : cache,
+                   off >= 0 ? 16u : 0u);
+      }
+      const int r = (lane >> 2) & 3;
+      const int64_t off = __shfl_sync(0xffffffffu, my_off, 4 * g + r);
+      if (lane < 16) {
+        cp_async16(dst + 8 * kSlab + 64 * r + 16 * (lane & 3), off >= 0 ? cache + off + 16 * (32 + (lane & 3)) : cache,
+                   off >= 0 ? 16u : 0u);
+      }
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll 1
+    for (int i = lane; i < 16 * kDim; i += 32) {  // 288 rounds: every lane takes part in each shuffle
+      const int r = i / kDim, c = i % kDim;
+      const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
+      sk[code_off(w, r >> 2) + (c >> 6) * kSlab + 64 * (r & 3) + (c & 63)] = off >= 0 ? cache[off + c] : 0;
+    }
+  }
+}
+
+// Four E4M3 codes (bytes of w, lowest first) as two pairs of T, exactly (lo = codes 0, 1): the hardware converts a
+// code pair to an f16 pair (every E4M3 value is an f16 normal or zero; NaN stays NaN), stored as it is for fp16;
+// for bf16 each f16 widens exactly to float32 and the upper halves of the two are the bf16 pair (an E4M3 value
+// has 3 significant mantissa bits). Per 8 codes: 4 conversions (fp16), + 8 widenings and 4 byte permutes (bf16).
+template <typename T>
+__device__ __forceinline__ void e4m3x4_to(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  uint32_t f0, f1;
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(f0), "=r"(f1) : "r"(w));
+  if constexpr (std::is_same_v<T, __half>) {
+    lo = f0;
+    hi = f1;
+  } else {
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&f0));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&f1));
+    lo = __byte_perm(__float_as_uint(a.x), __float_as_uint(a.y), 0x7632);
+    hi = __byte_perm(__float_as_uint(b.x), __float_as_uint(b.y), 0x7632);
+  }
+}
 
 // Two elements of T (the lower in the low half) as float32.
 template <typename T> __device__ __forceinline__ void unpack(uint32_t w, float& lo, float& hi);
@@ -161,6 +228,11 @@ __device__ __forceinline__ uint4 ld_shared16(uint32_t a) {
 __device__ __forceinline__ void st_shared16(uint32_t a, const uint4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
+}
+__device__ __forceinline__ uint2 ld_shared8(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
+  return v;
 }
 // Waits until at most n of this thread's most recent cp.async groups are pending (0 <= n <= 3).
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
@@ -215,6 +287,35 @@ __device__ __forceinline__ void k_codes_fp8(float scale, float inv, uint32_t sk,
   }
 }
 
+// An FP8 cache's stage at shared address `sk`, producer warp w's rows: the codes produce_codes placed, as T in the
+// slab layout, in place. Row group g once it landed (cp.async.wait_group 3 - g, __syncwarp: every lane's copies
+// visible): lane l = 8 rho + c converts the 8 codes of row 16w + 4g + rho, columns 8c .. 8c + 7 of each slab k
+// (8 bytes at code_off + k kSlab + 8 l: the group's 256 B of codes over 32 lanes) into its 16 bytes of the row
+// (slab_off: the swizzled chunk c); all 9 loads, then __syncwarp (the stores to rows 4g + 2, 4g + 3 overwrite
+// codes other lanes read), then the conversions and stores.
+template <typename T>
+__device__ __forceinline__ void codes_to_values(uint32_t sk, int w, int lane) {
+#pragma unroll 1
+  for (int g = 0; g < 4; ++g) {
+    cp_async_wait_upto(3 - g);
+    __syncwarp();
+    const uint32_t src = sk + code_off(w, g) + 8 * lane;
+    const uint32_t row = 16 * w + 4 * g + (lane >> 3);
+    const uint32_t dst = sk + slab_off(row, 16 * (lane & 7));
+    uint2 c[9];
+#pragma unroll
+    for (int k = 0; k < 9; ++k) c[k] = ld_shared8(src + k * kSlab);
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      uint4 v;
+      e4m3x4_to<T>(c[k].x, v.x, v.y);
+      e4m3x4_to<T>(c[k].y, v.z, v.w);
+      st_shared16(dst + k * kSlab, v);
+    }
+  }
+}
+
 // P fake quantization of this thread's 16 P values (the S accumulator layout, float32 exp2(s - m)) before they
 // are packed to T, the mma.sync kernel's rules: FP8 e4m3(P / p_scale); NVFP4 P rounded to T, then blocks of 16
 // keys at absolute positions (this half's keys 0-15 and 16-31: a half starts at a multiple of 32), unscaled
@@ -253,7 +354,8 @@ __device__ __forceinline__ void p_qdq(const DecodeParams& p, float (&e)[16]) {
   }
 }
 
-// KF: K's (= V's) format, kNoQuant or kFP8 (k_codes_fp8); PF: P's format (p_qdq).
+// KF: K's (= V's) format, kNoQuant or kFP8 (k_codes_fp8), or kCodes (an FP8 cache: codes_to_values); PF: P's
+// format (p_qdq).
 template <typename T, int KF, int PF>
 __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -282,8 +384,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
 
   if (warp >= 8) {  // the producer warpgroup
     setmaxnreg_dec<kProducerRegs>();
-    const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
-                         (p.cache_stride_tok % 8 == 0);
+    constexpr int kPerChunk = KF == kCodes ? 16 : 8;  // cache elements per 16 bytes
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) &&
+                         (p.cache_stride_page % kPerChunk == 0) && (p.cache_stride_tok % kPerChunk == 0);
     // Lane l < 16 looks up row 16 (warp - 8) + l of the next step while this step's copies are in flight.
     const int64_t row = 16 * (warp - 8) + (lane & 15);
     int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
@@ -291,13 +394,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     for (int i = 0; i < steps; ++i) {
       const int s = i & 1;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
-      produce_rows<KF == kFP8>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane,
-                               aligned);
-      if constexpr (KF != kFP8) cp_async_commit();
+      if constexpr (KF == kCodes) {
+        produce_codes(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
+      } else {
+        produce_rows<KF == kFP8>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane,
+                                 aligned);
+      }
+      if constexpr (KF == kNoQuant) cp_async_commit();
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
       next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
       if constexpr (KF == kFP8) {
         k_codes_fp8<T>(p.k_scale, k_inv, smem_u32(sk0 + s * kTileBytes), warp - 8, lane);
+      } else if constexpr (KF == kCodes) {
+        codes_to_values<T>(smem_u32(sk0 + s * kTileBytes), warp - 8, lane);
       } else {
         cp_async_wait_all();
       }
@@ -441,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   }
   nb_sync<kConsumerThreads>(kBarAll);
   const float lt_lo = sl[row_lo] + sl[kHeads + row_lo], lt_hi = sl[row_lo + 8] + sl[kHeads + row_lo + 8];
-  // out_scale (v_scale * p_scale: the factors left out of the codes) / l; an empty row writes 0
+  // out_scale (v_scale * p_scale, or kv_scale * p_scale: the factors left out of the codes) / l; an empty row: 0
   const float num = KF != kNoQuant || PF != kNoQuant ? p.out_scale : 1.f;
   const float inv_lo = lt_lo == 0.f ? 0.f : num / lt_lo, inv_hi = lt_hi == 0.f ? 0.f : num / lt_hi;
   if (h0 + row_lo >= p.heads) return;  // padding rows (rows hi = lo + 8 of the same warp are padding too then)
@@ -501,6 +610,7 @@ cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
 }
 template <typename T>
 cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
+  if (p.cache_fp8) return launch_split_p<T, kCodes>(p, stream);
   return p.k_fmt == kFP8 ? launch_split_p<T, kFP8>(p, stream) : launch_split_p<T, kNoQuant>(p, stream);
 }
 
@@ -508,9 +618,10 @@ cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
 
 bool decode_wgmma_supported(const DecodeParams& p) {
   // K and V share the stage: quantized, their values on the 512 shared columns must be the same codes (FP8 with
-  // one scale); the producer's K conversion divides without a division instruction only (no exact_div)
+  // one scale); the producer's K conversion divides without a division instruction only (no exact_div). An FP8
+  // cache: K and V are its codes (no fake quantization of them)
   const bool kv = (p.k_fmt == kNoQuant && p.v_fmt == kNoQuant) ||
-                  (p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
+                  (!p.cache_fp8 && p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
   return p.heads > 0 && kv && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
          (p.dtype == kBF16 || p.dtype == kFP16);
 }

@@ -7,7 +7,10 @@ block-table entries past each length hold out-of-range garbage (tests/paged_inpu
 reads them fails; output buffers come from memory just filled with NaN, so an unwritten element fails.
 Quantized cases also show the result is far from the unquantized reference. The ``kernels`` fixture records
 which kernel each cuda call launched: the WGMMA kernel for bf16/fp16 with K and V unquantized or both FP8 with
-one scale (any P: the fp8 recipe, FP8 K/V + NVFP4 P), the mma.sync kernel for every other recipe.
+one scale (any P: the fp8 recipe, FP8 K/V + NVFP4 P), the mma.sync kernel for every other recipe. An FP8 KV
+cache (float8_e4m3fn codes + kv_scale, docs/numerics.md) runs on the WGMMA kernel: against the reference (codes
+* kv_scale in float32) at the documented tolerance, every finite code bit-exact, unaligned rows, fp16 q, P
+quantized, a CUDA graph.
 """
 from __future__ import annotations
 
@@ -375,3 +378,93 @@ def test_torch_compile_fullgraph(heads):
     got, got_lse = torch.compile(step, fullgraph=True)(q, cache, table, lens)
     want, want_lse = step(q, cache, table, lens)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+# ------------------------------------------------------------------------------------------- FP8 KV cache
+
+KV_SCALE = 0.0123  # not a power of two: code * kv_scale rounds in float32 (as tests/test_kv_fp8.py)
+FP8 = torch.float8_e4m3fn
+
+
+@functools.lru_cache(maxsize=4)
+def _fp8_inputs(lengths: tuple, heads: int, page_size: int, q_dtype=torch.bfloat16, seed=0):
+    """The E4M3 codes of random values at KV_SCALE (|code| up to ~350, some subnormal codes); rows no request
+    reaches hold NaN codes and table entries past each length garbage (tests/paged_inputs.py)."""
+    q, cache, table, lens = paged_decode_inputs(list(lengths), heads, RANK + ROPE, page_size, torch.float32,
+                                                q_dtype, seed=seed, device="cuda")
+    return q, (cache / KV_SCALE).clamp(-448, 448).to(FP8), table, lens
+
+
+@pytest.mark.parametrize("splits", [1, 3, 32, "auto"])
+@pytest.mark.parametrize("page_size", [1, 16, 33, 64])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_fp8_cache(heads, page_size, splits, kernels):
+    """FP8 cache on the WGMMA kernel against the reference: float32 output within the documented 1e-3 rel L2,
+    bf16 output within its rounding; lengths on every 32- and 64-key edge (0, 1, tile +- 1), 1000, 32768."""
+    inputs = _fp8_inputs(tuple(LENGTHS), heads, page_size)
+    check(inputs, tol=1e-3, kv_scale=KV_SCALE, num_kv_splits=splits, out_dtype=torch.float32)
+    out, _ = check(inputs, kv_scale=KV_SCALE, num_kv_splits=splits)
+    assert out.dtype == torch.bfloat16 and kernels == ["wgmma"] * 2
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_fp8_cache_fp16_q_and_p_qdq(heads, kernels):
+    """fp16 q (codes converted to fp16, P rounded to fp16), and P fake-quantized (FP8, NVFP4) over an FP8 cache."""
+    for q_dtype in (torch.float16, torch.bfloat16):
+        inputs = _fp8_inputs((2000, 1, 33, 0, 65), heads, 16, q_dtype)
+        check(inputs, tol=1e-3, kv_scale=KV_SCALE, num_kv_splits=3, out_dtype=torch.float32)
+        out, _ = check(inputs, kv_scale=KV_SCALE, num_kv_splits=1)
+        assert out.dtype == q_dtype
+        check(inputs, quantized=True, kv_scale=KV_SCALE, p_qdq="fp8", p_qdq_amax=0.5, num_kv_splits=2)
+        check(inputs, quantized=True, kv_scale=KV_SCALE, p_qdq="nvfp4", num_kv_splits=1, out_dtype=torch.float32)
+    assert kernels == ["wgmma"] * 8
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_fp8_cache_codes_exact(q_dtype, kernels):
+    """Every finite code converts exactly, in every row and column of a step: each request is 64 equal rows
+    (every producer warp, row group and lane converts them), so every key scores the same, P = 1, l = 64, and the
+    float32 output is (64 code) * (kv_scale / 64) = float32(code * kv_scale), the cache's value, bit for bit; the
+    254 finite codes in a different order per request fill the 512 V columns (rope: the random tests)."""
+    from mla_core import numerics
+    g = torch.Generator().manual_seed(3)
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    rows = []
+    for _ in range(6):
+        perm = finite[torch.randperm(finite.numel(), generator=g)]
+        rows.append(torch.cat([perm, perm.flip(0), perm[:RANK + ROPE - 2 * finite.numel()]]))
+    cache = torch.stack([r.expand(64, -1) for r in rows]).contiguous().view(FP8).cuda()  # one page of 64 each
+    table = torch.arange(6, dtype=torch.int32).view(6, 1).cuda()
+    lens = torch.full((6,), 64, dtype=torch.int32).cuda()
+    q = (torch.randn(6, 16, RANK + ROPE, generator=g) * 0.01).to(q_dtype).cuda()
+    out, _ = decode("cuda", (q, cache, table, lens), kv_scale=KV_SCALE, num_kv_splits=1, out_dtype=torch.float32)
+    want = numerics.fp8_cache_values(cache[:, 0, :RANK], KV_SCALE)[:, None].expand_as(out)
+    assert torch.equal(out, want), f"{(out != want).sum().item()} values differ"
+    assert kernels == ["wgmma"]
+
+
+def test_fp8_cache_unaligned_rows_and_graph(kernels):
+    """Rows that are not 16-byte aligned (a column slice of a 577-byte-wide cache: the producer's byte path) give
+    the aligned cache's numbers bit for bit; int64 metadata; captured in a CUDA graph and replayed."""
+    q, cache, table, lens = _fp8_inputs((300, 17, 0, 64), 16, 16)
+    wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), 0x7F, dtype=torch.uint8, device="cuda")
+    wide[..., 1:] = cache.view(torch.uint8)
+    sliced = wide[..., 1:].view(FP8)
+    aligned, aligned_lse = check((q, cache, table, lens), kv_scale=KV_SCALE, num_kv_splits=2)
+    out, lse = check((q, sliced, table.long(), lens.long()), kv_scale=KV_SCALE, num_kv_splits=2)
+    assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
+    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, kv_scale=KV_SCALE,
+              backend="cuda")
+    eager, _ = mla_core.mla_attention_decode(q, cache, table, lens, **kw)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        mla_core.mla_attention_decode(q, cache, table, lens, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static, _ = mla_core.mla_attention_decode(q, cache, table, lens, **kw)
+    static.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, eager)
+    assert kernels == ["wgmma"] * 5

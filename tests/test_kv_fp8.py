@@ -215,17 +215,14 @@ def test_triton_deepseek_width_cpu():
     check_triton(inputs, 512, 64, num_kv_splits=2)
 
 
-def test_triton_refuses_kv_qdq_over_fp8_and_cuda_refuses_fp8():
+def test_triton_and_cuda_refuse_kv_qdq_over_fp8():
     inputs = fp8_inputs([5], heads=2, rank=32, rope=16, page_size=16)
     problem, _ = specs.validate_decode(*inputs, softmax_scale=0.1, kv_lora_rank=32, qk_rope_head_dim=16,
                                        page_size=None, num_kv_splits=1, k_qdq="fp8", k_qdq_amax=None, v_qdq=None,
                                        v_qdq_amax=None, p_qdq="fp8", p_qdq_amax=1.0, return_lse=True, out_dtype=None,
                                        kv_scale=1.0)
-    triton_reasons = mla_core.get_backend("triton").why_not(problem)
-    assert any("k_qdq / v_qdq over an FP8 cache" in r for r in triton_reasons)
-    cuda_problem = mla_core.Problem.make("decode", "cuda", dtype="float8_e4m3fn", q_dtype="bfloat16")
-    assert any("dtype=float8_e4m3fn" in r for r in mla_core.get_backend("cuda").capabilities["decode"].why_not(
-        cuda_problem))
+    for name in ("triton", "cuda"):
+        assert any("k_qdq / v_qdq over an FP8 cache" in r for r in mla_core.get_backend(name).why_not(problem)), name
     with pytest.raises(mla_core.NoBackendError, match="k_qdq / v_qdq over an FP8 cache"):
         run("triton", inputs, 32, 16, k_qdq="fp8")
     out, _ = run(None, inputs, 32, 16, k_qdq="fp8")  # automatic dispatch falls back to the reference
@@ -240,6 +237,23 @@ def _validate(inputs, **kw):
                 k_qdq=None, k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0,
                 return_lse=True, out_dtype=None, kv_scale=KV_SCALE)
     return specs.validate_decode(*inputs, **{**opts, **kw})
+
+
+def test_cuda_runs_fp8_caches_on_wgmma_only():
+    """The cuda backend takes an FP8 cache (q bf16 / fp16, P in any format) on its WGMMA kernel alone (the
+    mma.sync kernel reads float caches), at DeepSeek's 512 + 64."""
+    from mla_core_cuda import decode
+    cap = mla_core.get_backend("cuda").capabilities["decode"]
+    for q_dtype in ("bfloat16", "float16"):
+        for p_qdq in (None, "fp8", "nvfp4"):
+            problem = mla_core.Problem.make("decode", "cuda", dtype="float8_e4m3fn", q_dtype=q_dtype,
+                                            out_dtype="float32", heads=16, kv_lora_rank=512, rope_dim=64,
+                                            page_size=64, num_kv_splits="auto", k_qdq=None, v_qdq=None, p_qdq=p_qdq)
+            assert cap.why_not(problem) == [] and decode.wgmma_covers(problem)
+            configs = decode.configs(problem)
+            assert configs[0] == decode.WGMMA and all(c.get("kernel") == "wgmma" for c in configs)
+    float_q = mla_core.Problem.make("decode", "cuda", dtype="float8_e4m3fn", q_dtype="float32")
+    assert any("q_dtype=float32" in r for r in cap.why_not(float_q))
 
 
 @pytest.mark.parametrize("kv_scale,match", [

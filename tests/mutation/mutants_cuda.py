@@ -3,7 +3,8 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
+(or ``wgmma``, ``fp8cache``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``),
+``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ WGMMA_SELECTION = "tests/test_cuda_decode.py -k 'every_config or (deepseek and b
 QDQ_SELECTION = ("tests/test_cuda_decode.py -k 'calibrated or (deepseek and fp8-16-16) or "
                  "(deepseek and fp8_p_nvfp4-128-16) or heads_and_out'")
 """The WGMMA kernel's fake-quantization mutants: FP8 K/V with calibrated amaxes, FP8 P, NVFP4 P at 16 and 128 heads."""
+FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or fp8_cache_unaligned or "
+                       "fp8_cache_fp16_q or (test_fp8_cache and 16-16-3)'")
+"""The FP8 KV cache's mutants: every code exact, the byte path, fp16 q and P qdq, the edges at 16 heads, page 16."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
@@ -133,6 +137,46 @@ MUTANTS = [
          new="  const float num = 1.f;",
          tests=[QDQ_SELECTION], gpu=True,
          why="WGMMA kernel, the output without v_scale * p_scale (the factors left out of the codes)"),
+    dict(file="backends/cuda/mla_core_cuda/decode.py",
+         old="math.log2(math.e) * kv,",
+         new="math.log2(math.e),",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache: kv_scale left out of the scores (softmax over codes, not values)"),
+    dict(file="backends/cuda/mla_core_cuda/decode.py",
+         old="kv * v32 * p32, k_scale",
+         new="v32 * p32, k_scale",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache: kv_scale left out of the output factor (outputs in code units)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      const int r = (lane >> 2) & 3;",
+         new="      const int r = lane & 3;",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache producer: the rope chunks of a row group copied from the wrong rows"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="cache + off + 16 * (32 + (lane & 3))",
+         new="cache + off + 16 * (31 + (lane & 3))",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache producer: the rope chunks read one chunk early (columns 496-559 as 512-575)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    const uint32_t row = 16 * w + 4 * g + (lane >> 3);",
+         new="    const uint32_t row = 16 * w + 4 * g + (lane >> 4);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache conversion: values stored to the wrong rows of the group (two rows never written)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    const uint32_t dst = sk + slab_off(row, 16 * (lane & 7));",
+         new="    const uint32_t dst = sk + row * 128 + 16 * (lane & 7);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache conversion: values stored unswizzled (wgmma reads the 128-byte-swizzled slab layout)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    lo = __byte_perm(__float_as_uint(a.x), __float_as_uint(a.y), 0x7632);",
+         new="    lo = __byte_perm(__float_as_uint(a.x), __float_as_uint(a.y), 0x7610);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, bf16 q: the first code of a pair taken from the float32's lower half (0)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      sk[code_off(w, r >> 2) + (c >> 6) * kSlab + 64 * (r & 3) + (c & 63)]",
+         new="      sk[code_off(w, r >> 2) + (c >> 6) * kSlab + 64 * (r >> 2) + (c & 63)]",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache producer, unaligned rows (byte path): codes of a group's rows to one row's place"),
 ]
 
 
@@ -141,7 +185,8 @@ if __name__ == "__main__":
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq: judge with WGMMA_SELECTION / QDQ_SELECTION instead of KILL_SELECTION
-    chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache: judge with WGMMA_SELECTION / QDQ_SELECTION / FP8_CACHE_SELECTION
+    chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION,
+              "fp8cache": FP8_CACHE_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))

@@ -1,15 +1,17 @@
 """Launcher of the CUDA decode kernels: scales, buffers, split count, configs.
 
 Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
-covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format), listed first there;
-the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem. Both share the
-quantizers (csrc/qdq.cuh).
+covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format; an FP8 cache), listed
+first there; the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem over a
+bf16 / fp16 cache. Both share the quantizers (csrc/qdq.cuh).
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
 (IEEE divisions, E4M3 by the hardware's round-to-nearest-even conversion, E2M1 ties to even). Quantized
 operands enter the tensor-core products as unscaled codes (exact in bf16/fp16); the per-tensor factors
-scale the float32 scores (``k_scale``) and the output (``v_scale * p_scale``).
+scale the float32 scores (``k_scale``) and the output (``v_scale * p_scale``). An FP8 cache (float8_e4m3fn codes,
+docs/numerics.md "FP8 KV cache") is never dequantized: its codes convert exactly to q's dtype in the kernel and
+``kv_scale`` joins both factors.
 """
 from __future__ import annotations
 
@@ -54,11 +56,14 @@ WGMMA = {"kernel": "wgmma"}
 """The WGMMA kernel's config: 64 heads per CTA (zero-padded), a producer and two consumer warpgroups, 64-key
 steps (two 32-key P tiles), one CTA per SM."""
 _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
+FP8_CACHE = "float8_e4m3fn"
 
 
 def wgmma_covers(problem) -> bool:
     """Whether the WGMMA kernel runs ``problem``: cache and q bf16 or fp16 (any head count); K and V both
-    unquantized or both FP8; P unquantized, FP8 or NVFP4 (its consumers quantize P in registers).
+    unquantized or both FP8; P unquantized, FP8 or NVFP4 (its consumers quantize P in registers). An FP8 cache
+    with q bf16 or fp16, K and V not fake-quantized (the cache holds codes already), P any format: its producer
+    converts the codes to q's dtype in place.
 
     K and V share one shared-memory tile (V = K's first 512 columns), which the producer quantizes in place, so
     K's and V's fake quantization must give the same values there: both off, or FP8 with one scale (elementwise).
@@ -68,14 +73,16 @@ def wgmma_covers(problem) -> bool:
     differ, or that needs exact divisions (:data:`EXACT_DIV_FREE_RANGE`), runs the mma.sync kernel under this
     config (:func:`_kernel_config`)."""
     kv = (problem.get("k_qdq"), problem.get("v_qdq"))
+    if problem["dtype"] == FP8_CACHE:
+        return problem["q_dtype"] in _WGMMA_DTYPES and kv == (None, None)
     return (problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
             and kv in ((None, None), ("fp8", "fp8")))
 
 
 def configs(problem) -> list[dict]:
-    """Launch choices: the WGMMA kernel first where it covers the problem, then the mma.sync kernel's CTA shapes
-    (16-head m-tiles ``head_tiles``, ``warps``), fewest padded heads first among the wide ones; for "auto" also
-    the split counts of the first."""
+    """Launch choices: the WGMMA kernel first where it covers the problem, then (over a bf16 / fp16 cache) the
+    mma.sync kernel's CTA shapes (16-head m-tiles ``head_tiles``, ``warps``), fewest padded heads first among the
+    wide ones; for "auto" also the split counts of the first."""
     heads = problem["heads"]
     if heads <= 16:
         shapes = [(1, 4)]
@@ -84,7 +91,8 @@ def configs(problem) -> list[dict]:
     else:
         shapes = [(4, 8), (2, 8), (2, 4), (1, 4)]
     out = [dict(WGMMA)] if wgmma_covers(problem) else []
-    out += [{"head_tiles": ht, "warps": w} for ht, w in shapes]
+    if problem["dtype"] != FP8_CACHE:
+        out += [{"head_tiles": ht, "warps": w} for ht, w in shapes]
     if problem.get("num_kv_splits") == "auto":
         out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
     return out
@@ -137,8 +145,9 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     k_scale, v_scale, p_scale, v_from_k, exact_div = quant
     k32, v32, p32 = (_f32(s) if fmt else 1.0 for s, fmt in ((k_scale, call.k_qdq), (v_scale, call.v_qdq),
                                                            (p_scale, call.p_qdq)))
-    args = (splits, float(call.softmax_scale) * k32 * math.log2(math.e), v32 * p32, k_scale, v_scale, p_scale,
-            _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
+    kv = 1.0 if call.kv_scale is None else call.kv_scale  # an FP8 cache: its scale joins both factors
+    args = (splits, float(call.softmax_scale) * k32 * math.log2(math.e) * kv, kv * v32 * p32, k_scale, v_scale,
+            p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
     if config.get("kernel") == "wgmma":
         entry = "decode_wgmma"
     else:
@@ -167,9 +176,10 @@ def run(module, call: DecodeCall, config: dict):
     if batch == 0:
         return out, lse
     # batch and heads, the device (its multiprocessor count), table width, page size, the split request, the
-    # softmax scale, each operand's format and amax, the config
+    # softmax scale, the cache's scale, each operand's format and amax, the config
     key = (q.shape, device, call.block_table.shape[1], call.page_size, call.num_kv_splits, call.softmax_scale,
-           call.k_qdq, call.k_amax, call.v_qdq, call.v_amax, call.p_qdq, call.p_amax, tuple(config.items()))
+           call.kv_scale, call.k_qdq, call.k_amax, call.v_qdq, call.v_amax, call.p_qdq, call.p_amax,
+           tuple(config.items()))
     plan = _PLANS.get(key)
     entry, parts, args = plan if plan is not None else _plan(call, config, key)
     if parts is None:

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
-with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization) on paged caches whose unreached rows hold NaN, with block-table entries past
+with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``) on paged
+caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself; ``decode`` alone: only these).
@@ -30,9 +31,9 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
     dim = 576
     width = max(-(-n // page_size) for n in lengths) + 2
     pages = len(lengths) * width
-    cache = torch.full((pages, page_size, dim + (1 if unaligned else 0)), float("nan"), dtype=torch.bfloat16,
-                       device="cuda")
-    cache = cache[..., 1:] if unaligned else cache
+    base = torch.full((pages, page_size, dim + (1 if unaligned else 0)), float("nan"), dtype=torch.bfloat16,
+                      device="cuda")
+    cache = base[..., 1:] if unaligned else base
     table = torch.randperm(pages, generator=g, device="cuda").view(len(lengths), width).to(torch.int32)
     for b, n in enumerate(lengths):
         used = -(-n // page_size)
@@ -45,11 +46,16 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     lens[-1] = 2 ** 31 - 1  # past the table's capacity: clamped
     q = torch.randn(len(lengths), heads, dim, generator=g, device="cuda", dtype=torch.bfloat16)
-    k, v, p = {"bf16": (None,) * 3, "fp8": ("fp8",) * 3, "nvfp4": ("nvfp4",) * 3,
+    kv_scale = 0.01 if recipe == "fp8cache" else None
+    if kv_scale is not None:  # the E4M3 codes of those values (NaN rows: NaN codes), rows unaligned as before
+        base = (base.float() / kv_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        cache = base[..., 1:] if unaligned else base
+    k, v, p = {"bf16": (None,) * 3, "fp8cache": (None,) * 3, "fp8": ("fp8",) * 3, "nvfp4": ("nvfp4",) * 3,
                "fp8_p_nvfp4": ("fp8", "fp8", "nvfp4")}[recipe]
     _, call = validate_decode(q, cache, table, lens, softmax_scale=0.04, kv_lora_rank=512, qk_rope_head_dim=64,
                               page_size=None, num_kv_splits=splits, k_qdq=k, k_qdq_amax=None, v_qdq=v,
-                              v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+                              v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True, out_dtype=None,
+                              kv_scale=kv_scale)
     config = decode.WGMMA if shape == "wgmma" else {"head_tiles": shape[0], "warps": shape[1]}
     out, lse = decode.run(build.build(), call, config)
     torch.cuda.synchronize()
@@ -157,6 +163,9 @@ def _decode_main() -> bool:
     ok &= _case(20, 1, [0, 1, 33, 70], 3, "fp8", "wgmma", unaligned=True)
     ok &= _case(128, 48, [1, 300, 0, 97], 1, "fp8_p_nvfp4", "wgmma")
     ok &= _case(16, 64, [129, 64, 1, 300], 2, "fp8_p_nvfp4", "wgmma", unaligned=True)
+    ok &= _case(128, 33, [1, 300, 0, 97], 3, "fp8cache", "wgmma")
+    ok &= _case(16, 64, [129, 64, 1, 300], 32, "fp8cache", "wgmma", unaligned=True)
+    ok &= _case(20, 1, [0, 1, 33, 70], 1, "fp8cache", "wgmma")
     return ok
 
 
