@@ -244,15 +244,31 @@ def launch_costs(device: torch.device, repeats: int) -> list[dict]:
     return rows
 
 
-def profile(fn, top: int, calls: int = 200) -> str:
+def profile(fn, top: int, calls: int = 200, sort: str = "cumulative") -> str:
+    """cProfile of ``calls`` calls of ``fn``: the top ``top`` functions by ``sort`` (cumulative or tottime)."""
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         fn()
     prof.disable()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(prof, stream=out).sort_stats(sort).print_stats(top)
     return out.getvalue()
+
+
+def torch_profile(fn, top: int, device: torch.device, calls: int = 50) -> str:
+    """torch.profiler of ``calls`` calls of ``fn`` (CPU, and CUDA on a GPU): the top ``top`` aten ops and runtime
+    calls by self host time (totals over the calls; a synchronizing call shows as a long cudaStreamSynchronize or
+    cudaMemcpyAsync)."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()
+    with tprofile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
 def main(argv=None) -> int:
@@ -270,6 +286,11 @@ def main(argv=None) -> int:
     ap.add_argument("--stub-cuda", action="store_true",
                     help="the cuda backend runs CPU tensors, its extension calls do nothing (with --dims latent)")
     ap.add_argument("--profile", type=int, default=0, help="print a cProfile top-N by cumulative time")
+    ap.add_argument("--profile-sort", default="cumulative", choices=("cumulative", "tottime"),
+                    help="the order of --profile's table")
+    ap.add_argument("--torch-profile", type=int, default=0,
+                    help="print torch.profiler's top-N aten ops and runtime calls by self host time")
+    ap.add_argument("--only", help="comma-separated rows to time (e.g. 'MLAAttention'; default all three)")
     ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed launches "
                                                            "of one call (after the timed loops)")
     ap.add_argument("--launch-costs", action="store_true", help="first time the step's building blocks alone")
@@ -300,6 +321,8 @@ def main(argv=None) -> int:
         for checks in ("full", "metadata"):
             os.environ["MLA_CORE_CHECKS"] = checks
             for what, fn in (("decode op", inner), ("mla_forward", layer), ("MLAAttention", module)):
+                if args.only and what not in args.only.split(","):
+                    continue
                 median, least = per_call_us(fn, device, repeats=args.repeats)
                 rows.append(dict(what=what, checks=checks, us=median, min_us=least))
                 print(f"{what:>13} [{checks:>8}]  median {median:8.1f} µs/call  (min {least:8.1f})", flush=True)
@@ -309,7 +332,9 @@ def main(argv=None) -> int:
                           f"({' '.join(rows[-1]['device_op_names'])}), {rows[-1]['triton_launches']} stubbed launches",
                           flush=True)
                 if args.profile:
-                    print(profile(fn, args.profile))
+                    print(profile(fn, args.profile, sort=args.profile_sort))
+                if args.torch_profile:
+                    print(torch_profile(fn, args.torch_profile, device))
     finally:
         if before is None:
             os.environ.pop("MLA_CORE_CHECKS")
