@@ -47,11 +47,13 @@ class Recorder:
 
 
 def _call(batch=1, heads=16, length=100, page_size=16, softmax_scale=0.1, num_kv_splits="auto", recipe=None,
-          amax=(4.0, 4.0, 4.0), return_lse=True, out_dtype=None):
-    """A validated DecodeCall of bf16 CPU tensors (values irrelevant: nothing computes)."""
+          amax=(4.0, 4.0, 4.0), return_lse=True, out_dtype=None, kv_scale=None):
+    """A validated DecodeCall of bf16 CPU tensors (values irrelevant: nothing computes); ``kv_scale``: an FP8
+    (float8_e4m3fn) cache with that scale."""
     pages = -(-length // page_size)
     q = torch.zeros(batch, heads, RANK + ROPE, dtype=torch.bfloat16)
-    cache = torch.zeros(batch * pages, page_size, RANK + ROPE, dtype=torch.bfloat16)
+    cache = torch.zeros(batch * pages, page_size, RANK + ROPE,
+                        dtype=torch.bfloat16 if kv_scale is None else torch.float8_e4m3fn)
     table = torch.arange(batch * pages, dtype=torch.int32).view(batch, pages)
     lens = torch.full((batch,), length, dtype=torch.int32)
     fmt = {None: (None, None, None), "fp8": ("fp8",) * 3, "nvfp4": ("nvfp4",) * 3}[recipe]
@@ -59,7 +61,7 @@ def _call(batch=1, heads=16, length=100, page_size=16, softmax_scale=0.1, num_kv
         q, cache, table, lens, softmax_scale=softmax_scale, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
         page_size=None, num_kv_splits=num_kv_splits, k_qdq=fmt[0], k_qdq_amax=amax[0] if fmt[0] else None,
         v_qdq=fmt[1], v_qdq_amax=amax[1] if fmt[1] else None, p_qdq=fmt[2], p_qdq_amax=amax[2] if fmt[2] else 1.0,
-        return_lse=return_lse, out_dtype=out_dtype)
+        return_lse=return_lse, out_dtype=out_dtype, kv_scale=kv_scale)
     return call
 
 
@@ -100,6 +102,9 @@ CASES = [  # each differs from the one before in one field the plan reads
     (dict(recipe="nvfp4"), MMA),
     (dict(recipe="nvfp4", amax=(2.0, 4.0, 4.0)), MMA),
     (dict(return_lse=False, out_dtype=torch.float32), WGMMA),
+    (dict(kv_scale=0.5), WGMMA),         # an FP8 cache: its scale joins both factors
+    (dict(kv_scale=0.25), WGMMA),
+    (dict(kv_scale=0.25, softmax_scale=0.3), WGMMA),
     (dict(), WGMMA),
 ]
 
@@ -152,6 +157,16 @@ def test_scalar_arguments(recipe, amax):
     assert args[17] == one_scale and args[18] is False
     if entry == "decode":
         assert args[19:] == (1, 4)     # 16 heads: one m-tile, 4 warps
+
+
+def test_fp8_cache_scale_joins_both_factors():
+    """An FP8 cache's ``kv_scale`` multiplies the log2-domain score scale and the output factor (the codes enter
+    the products unscaled), and a new scale is a new plan."""
+    for kv in (0.5, 0.03125):
+        (entry, args), = _run(_call(kv_scale=kv, softmax_scale=0.07), WGMMA)
+        assert entry == "decode_wgmma"
+        assert args[9] == pytest.approx(0.07 * math.log2(math.e) * kv, rel=1e-15)
+        assert args[10] == pytest.approx(kv, rel=1e-15)
 
 
 def test_unbuilt_cta_shape_raises_every_call_and_is_not_cached():

@@ -22,12 +22,11 @@ import torch
 from mla_core import numerics
 from mla_core.specs import DecodeCall, decode_num_splits, sm_count
 
+from .launch_args import EXACT_DIV_FREE_RANGE, f32
+
 KV_LORA_RANK = 512
 ROPE_DIM = 64
 _FMT = {None: 0, "fp8": 1, "nvfp4": 2}
-EXACT_DIV_FREE_RANGE = (1e-12 / 2688, 5e20 / 448)
-"""Per-tensor factors (amax / 448, amax / 2688) for which the kernel divides without a division instruction
-(Markstein-corrected reciprocal, bitwise the IEEE quotient); outside it the kernel uses ``__fdiv_rn``."""
 
 
 def _scale(fmt: str | None, amax: float | None) -> float:
@@ -37,11 +36,6 @@ def _scale(fmt: str | None, amax: float | None) -> float:
     if fmt == "nvfp4":
         return numerics.nvfp4_global_scale(amax)
     return 1.0
-
-
-def _f32(x: float) -> float:
-    """x rounded to float32 (as the kernel holds it)."""
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 SHAPES = ((1, 4), (2, 4), (2, 8), (4, 8))
@@ -103,7 +97,7 @@ def _quant_args(call: DecodeCall) -> tuple:
     K's first 512 (FP8 K and V with one float32 scale), whether a factor needs ``__fdiv_rn``."""
     k_scale, v_scale, p_scale = (_scale(call.k_qdq, call.k_amax), _scale(call.v_qdq, call.v_amax),
                                  _scale(call.p_qdq, call.p_amax))
-    v_from_k = call.k_qdq == call.v_qdq == "fp8" and _f32(k_scale) == _f32(v_scale)
+    v_from_k = call.k_qdq == call.v_qdq == "fp8" and f32(k_scale) == f32(v_scale)
     # division-free quotients are proven for per-tensor factors well inside float32's range (docs/decisions.md)
     exact_div = any(not EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in (k_scale, v_scale, p_scale))
     return k_scale, v_scale, p_scale, v_from_k, exact_div
@@ -143,7 +137,7 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     splits = num_splits(call, config)
     parts = (batch * heads * splits * KV_LORA_RANK, batch * heads * splits) if splits > 1 else None
     k_scale, v_scale, p_scale, v_from_k, exact_div = quant
-    k32, v32, p32 = (_f32(s) if fmt else 1.0 for s, fmt in ((k_scale, call.k_qdq), (v_scale, call.v_qdq),
+    k32, v32, p32 = (f32(s) if fmt else 1.0 for s, fmt in ((k_scale, call.k_qdq), (v_scale, call.v_qdq),
                                                            (p_scale, call.p_qdq)))
     kv = 1.0 if call.kv_scale is None else call.kv_scale  # an FP8 cache: its scale joins both factors
     args = (splits, float(call.softmax_scale) * k32 * math.log2(math.e) * kv, kv * v32 * p32, k_scale, v_scale,

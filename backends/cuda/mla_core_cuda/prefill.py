@@ -22,8 +22,7 @@ import torch
 from mla_core import numerics
 from mla_core.specs import PrefillCall
 
-from .decode import EXACT_DIV_FREE_RANGE, _f32  # P's FP8 scales divided without a division there too
-from .sparse import aligned
+from .launch_args import EXACT_DIV_FREE_RANGE, aligned, f32  # P's FP8 scales divided without a division too
 
 QK_DIM, V_DIM, P_TILE = 192, 128, 64
 QUANT = frozenset({None, "fp8"})
@@ -51,7 +50,7 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
 
 def fp8_codes(module, x: torch.Tensor, amax: float | None) -> tuple[torch.Tensor, float]:
     """(codes, scale): ``x``'s FP8 E4M3 codes of ``x / scale`` as bf16 values (``scale = amax / 448``, float32)."""
-    scale = _f32(numerics.fp8_scale(amax))
+    scale = f32(numerics.fp8_scale(amax))
     src = aligned(x.contiguous(), 16)
     codes = torch.empty(src.shape, dtype=torch.bfloat16, device=x.device)
     module.fp8_codes_bf16(src, codes, scale)
@@ -99,12 +98,12 @@ def run(module, call: PrefillCall, config: dict):
         out_scale *= s
     p_fmt, p_scale = 0, 1.0
     if call.p_quant == "fp8":
-        p_scale = _f32(numerics.fp8_scale(call.p_amax))
+        p_scale = f32(numerics.fp8_scale(call.p_amax))
         p_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= p_scale <= EXACT_DIV_FREE_RANGE[1] else 2
-        out_scale = _f32(out_scale) * p_scale
+        out_scale = f32(out_scale) * p_scale
     cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
-                         call.causal, _f32(call.softmax_scale) * _f32(scale_qk) * math.log2(math.e),
-                         _f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale))
+                         call.causal, f32(call.softmax_scale) * f32(scale_qk) * math.log2(math.e),
+                         f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale))
     return out, lse

@@ -15,6 +15,8 @@ import torch
 
 from mla_core.specs import KV_LAYOUT_DS_MLA, KV_LAYOUT_FP8, SPARSE_LATENT, SparseDecodeCall, sm_count
 
+from .launch_args import aligned
+
 HEADS_PER_CTA = 64
 TILE = 64
 """Slots per tile: a split is a run of whole tiles."""
@@ -39,11 +41,6 @@ def num_splits_for(tokens: int, heads: int, top_k: int, sms: int, config: dict) 
     while splits * 2 <= min(tiles, MAX_SPLITS) and ctas * splits * 2 <= sms:
         splits *= 2
     return splits
-
-
-def aligned(t: torch.Tensor, multiple: int) -> torch.Tensor:
-    """``t`` itself when its data starts on a ``multiple``-byte boundary, else a fresh (aligned) copy."""
-    return t if t.data_ptr() % multiple == 0 else t.clone()
 
 
 def run(module, call: SparseDecodeCall, config: dict):
