@@ -91,13 +91,21 @@ class CudaBackend(mla_core.Backend):
     def priority_for(self, problem) -> int:
         """:data:`PRIORITY_WGMMA` for a decode the WGMMA kernel runs at more than 16 heads, or at 16 heads or
         fewer with ``num_kv_splits="auto"`` from batch 8 (measured on the H200: 1.15-1.29x triton's speed there; at
-        the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x);
-        :data:`PRIORITY_PREFILL` for every prefill it runs; else 180."""
+        the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x) or,
+        below batch 8, for an eager call (:func:`mla_core.dispatch.capturing` False); :data:`PRIORITY_PREFILL` for
+        every prefill it runs; else 180.
+
+        Eager below batch 8 (the fused layer's decode step): one pybind11 call against triton's split and combine
+        launches, 28.7 against 122.9 us of host time per call on the H200 (benchmarks/NOTES.md, "eager step, round
+        (h)"), while the GPU time differs by 2.4-4.7 us (triton faster at L <= 4k, WGMMA from 16k). A call captured
+        into a CUDA graph, where only the GPU time counts, keeps triton unless the problem was called eagerly
+        before (dispatch then replays the eager choice). Tuned cache entries win over both."""
         if problem.op == "prefill":
             return self.PRIORITY_PREFILL
         if problem.op != "decode" or not decode.wgmma_covers(problem):
             return self.priority
-        if problem["heads"] > 16 or (problem.get("num_kv_splits") == "auto" and problem.get("batch", 1) >= 8):
+        if problem["heads"] > 16 or (problem.get("num_kv_splits") == "auto" and (
+                problem.get("batch", 1) >= 8 or not mla_core.dispatch.capturing(problem))):
             return self.PRIORITY_WGMMA
         return self.priority
 
