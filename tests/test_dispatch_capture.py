@@ -97,15 +97,12 @@ def test_a_capture_of_a_problem_called_eagerly_replays_the_eager_choice(world):
 def test_clear_memory_forgets_both_states(world):
     fakes, state = world
     problem = _problem()
-    _choose(state, problem, True)
-    _choose(state, problem, False)
-    dispatch.clear_memory()
-    fakes["cap_graph"].priority = 300                         # the plugins changed: both states decide again
-    assert _choose(state, problem, True).backend.name == "cap_graph"
-    fakes["cap_graph"].priority = GRAPH_PRIORITY
-    dispatch.clear_memory()
     assert _choose(state, problem, True).backend.name == "cap_graph"
     assert _choose(state, problem, False).backend.name == "cap_eager"
+    fakes["cap_eager"].priority, fakes["cap_graph"].priority = 300, 250   # the plugins changed ...
+    dispatch.clear_memory()                                   # ... so both states decide again
+    assert _choose(state, problem, True).backend.name == "cap_eager"
+    assert _choose(state, problem, False).backend.name == "cap_graph"
 
 
 def test_capturing_is_asked_only_for_cuda_problems_after_cuda_started(world, monkeypatch):
