@@ -76,20 +76,21 @@ def config(heads: int, dims: str) -> SimpleNamespace:
                            attention_bias=False, rope_interleave=True, rms_norm_eps=1e-6)
 
 
-def module_step(heads: int, batch: int, length: int, backend: str | None, device: torch.device, dims: str = "tiny"):
+def module_step(heads: int, batch: int, length: int, backend: str | None, device: torch.device, dims: str = "tiny",
+                dtype: torch.dtype = torch.bfloat16):
     """(module, step): a decode step of MLAAttention, ``batch`` requests with ``length - 1`` cached tokens each."""
     from mla_core.nn import MLAAttention, StaticPageTable
     torch.manual_seed(0)
     page = DIMS[dims][-1]
     table = StaticPageTable(batch, length, page, device=device, generator=torch.Generator().manual_seed(0))
-    mod = MLAAttention(config(heads, dims), num_pages=table.num_pages, page_size=page, dtype=torch.bfloat16,
+    mod = MLAAttention(config(heads, dims), num_pages=table.num_pages, page_size=page, dtype=dtype,
                        device=device, attention_backend=backend)
     with torch.no_grad():
         for p in mod.parameters():
             p.normal_(0, 0.02)
     mod.latent_cache.normal_()
     table.lengths.fill_(length - 1)
-    hidden = torch.randn(batch, mod.hidden_size, device=device).to(torch.bfloat16)
+    hidden = torch.randn(batch, mod.hidden_size, device=device).to(dtype)
     offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
 
     def step():
@@ -101,8 +102,9 @@ def module_step(heads: int, batch: int, length: int, backend: str | None, device
 def layer_step(mod, batch: int, length: int, backend: str | None):
     """The layer op alone on the module's cache and weights (q and kv as the projections would give them)."""
     device = mod.latent_cache.device
-    q = torch.randn(batch, mod.local_heads, mod.qk_dim, device=device).to(torch.bfloat16)
-    kv = torch.randn(batch, mod.kv_lora_rank + mod.rope_dim, device=device).to(torch.bfloat16)
+    dtype = mod.latent_cache.dtype
+    q = torch.randn(batch, mod.local_heads, mod.qk_dim, device=device).to(dtype)
+    kv = torch.randn(batch, mod.kv_lora_rank + mod.rope_dim, device=device).to(dtype)
     pages = -(-length // mod.latent_cache.shape[1])
     table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
     offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
@@ -167,7 +169,7 @@ def stub_cuda() -> None:
 
 
 _VIEW_OPS = {"view", "t", "transpose", "slice", "select", "unsqueeze", "squeeze", "reshape", "expand", "as_strided",
-             "detach", "alias", "permute", "_unsafe_view", "split", "narrow", "unbind"}
+             "detach", "alias", "permute", "_unsafe_view", "split", "split_with_sizes", "narrow", "unbind"}
 
 
 def count(fn) -> dict:
@@ -277,6 +279,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dims", choices=sorted(DIMS), default="tiny")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                    help="weights, cache and activations (CPU: float32 GEMMs cost about their dispatch, bf16 ones "
+                         "with more than 64 outputs ~15 µs of oneDNN work each, which a GPU's host does not do)")
     ap.add_argument("--length", type=int, default=32)
     ap.add_argument("--backend", default="reference", help="backend of the layer and its attention ('' = automatic)")
     ap.add_argument("--repeats", type=int, default=15)
@@ -308,11 +313,12 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     backend = args.backend or None
     costs = launch_costs(device, args.repeats) if args.launch_costs else None
-    mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims)
+    mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims,
+                              getattr(torch, args.dtype))
     layer = layer_step(mod, args.batch, args.length, backend)
     inner = decode_step(mod, args.batch, args.length, backend)
     print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
-          f"{args.dims} dims, heads {args.heads}, batch {args.batch}, length {args.length}, "
+          f"{args.dims} dims, {args.dtype}, heads {args.heads}, batch {args.batch}, length {args.length}, "
           f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}"
           f"{' (cuda calls stubbed)' if args.stub_cuda else ''}")
     rows = []
