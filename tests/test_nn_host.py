@@ -159,3 +159,16 @@ def test_fp8_and_q_proj_models_stay_unfused():
     assert steps(fp8, torch.float32).isfinite().all()
     no_lora = MLAAttention(small_config(q_lora_rank=None), attention_backend="reference")
     assert no_lora._fused_qkv_a() is None
+
+
+def test_safetensors_saves_the_fused_views(tmp_path):
+    """The two projections share one storage without overlapping: safetensors saves and loads them."""
+    safetensors = pytest.importorskip("safetensors.torch")
+    config = small_config(attention_bias=True)
+    _, mine = loaded(config, torch.bfloat16)
+    assert mine._fused_qkv_a() is not None
+    path = str(tmp_path / "attn.safetensors")
+    safetensors.save_file(mine.state_dict(), path)
+    back = safetensors.load_file(path)
+    assert sorted(back) == sorted(mine.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in mine.state_dict().items())
