@@ -10,7 +10,8 @@ export OUT
 cd "$(dirname "$0")/.."
 bash benchmarks/device_run.sh build
 echo "=== probe ($(date +%T))"
-timeout 120 python3 benchmarks/probes/triton_first_launch_in_capture.py 2>&1 | tee "$OUT/probe_triton_first_launch.log" | tail -3
+timeout 120 python3 benchmarks/probes/triton_first_launch_in_capture.py 2>&1 \
+  | tee "$OUT/probe_triton_first_launch.log" | tail -3
 echo "=== GPU tests ($(date +%T))"
 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_dispatch_capture.py 2>&1 \
   | tee "$OUT/gpu_tests_dispatch_capture.log" | tail -15
