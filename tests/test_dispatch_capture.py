@@ -187,7 +187,10 @@ def _gpu_decode_inputs():
 
 @pytest.fixture
 def ran(monkeypatch):
-    """Backend names in the order their decode ran (Backend.run looks the method up on the object)."""
+    """Backend names in the order their decode ran (Backend.run looks the method up on the object); the priority
+    rule decides (no cache entry, no override)."""
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
+    monkeypatch.delenv("MLA_CORE_BACKEND", raising=False)
     order = []
     for name in ("cuda", "triton"):
         backend = mla_core.get_backend(name)
