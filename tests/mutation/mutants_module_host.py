@@ -39,4 +39,9 @@ MUTANTS = [
          new="        if fused is None:",
          tests=["tests/test_nn_transformers.py -k torch_compile"],
          why="under torch.compile the storage check reads data pointers (no fullgraph trace)"),
+    dict(file=_NN,
+         old='key = (_identity(params["weight"]), _identity(params.get("weight_scale_inv")))',
+         new='key = (_identity(params["weight"]), ())',
+         tests=["tests/test_nn_host.py -k fp8_layer_weights"],
+         why="layer_weights keyed on kv_b_proj's weight only: updated FP8 scales keep the old w_uk / w_uv scales"),
 ]
