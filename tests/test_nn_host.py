@@ -191,3 +191,30 @@ def test_fp8_layer_weights_follow_scale_updates():
     doubled = mine.layer_weights()
     for name, before in scales.items():
         assert torch.equal(doubled[name], 2 * before)
+
+
+@pytest.mark.gpu
+def test_fused_projection_on_the_gpu_at_deepseek_sizes():
+    """DeepSeek-V3 sizes (hidden 7168, q_lora 1536, latent 512 + 64), bf16, 16 heads: the fused GEMM's step equals
+    the two GEMMs' within the GEMM kernels' accumulation order (cuBLAS may pick another kernel for 2112 rows)."""
+    from reference_math import rel_l2
+    config = small_config(hidden_size=7168, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                          qk_nope_head_dim=128, v_head_dim=128, num_attention_heads=16, num_key_value_heads=16)
+    torch.manual_seed(0)
+    mine = MLAAttention(config, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        for p in mine.parameters():
+            p.normal_(0, 0.02)
+    assert mine._fused_qkv_a() is not None
+    hidden = torch.randn(3, 7168, device="cuda", dtype=torch.bfloat16)
+    table = StaticPageTable(3, 128, 64, device="cuda")
+    mine.reset_cache(table.num_pages, 64)
+    twin = copy.deepcopy(mine)
+    unfuse(twin)
+    outs = []
+    for module in (mine, twin):
+        module.latent_cache.zero_()
+        offsets = torch.arange(4, device="cuda")
+        with torch.no_grad():
+            outs.append(module(hidden, offsets, table.block_table, table.lengths, max_seq_len=1))
+    assert rel_l2(outs[0].float(), outs[1].float()) < 1e-2
