@@ -1,7 +1,8 @@
 """Host (Python) time of one eager decode step of ``mla_core.mla_forward`` and of ``MLAAttention`` (issue 11).
 
-Times, per call, the median and the minimum of ``--repeats`` loops of back-to-back calls (perf_counter; on a GPU
-one synchronize per loop, so a host-bound step measures its host time):
+Times, per call, the median and the minimum of ``--repeats`` loops of back-to-back calls (perf_counter, or the
+thread's CPU time with ``--clock thread``; on a GPU one synchronize per loop, so a host-bound step measures its
+host time):
 
 * the layer's inner decode alone (dispatch and ``Backend.run``, as the triton layer calls it: "decode op");
 * ``mla_core.mla_forward`` (the layer op, one new token per request) with ``MLA_CORE_CHECKS=full`` and
@@ -45,25 +46,26 @@ DIMS = {  # hidden, q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim, pag
 }
 
 
-def per_call_us(fn, device: torch.device, loop_s: float = 0.1, repeats: int = 15) -> tuple[float, float]:
+def per_call_us(fn, device: torch.device, loop_s: float = 0.1, repeats: int = 15,
+                clock=time.perf_counter) -> tuple[float, float]:
     """Median and minimum over ``repeats`` loops (each about ``loop_s`` long) of the time per call, in µs (the
     minimum is the least disturbed loop on a shared CPU)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(5):
         fn()
     sync()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(10):
         fn()
     sync()
-    calls = max(5, int(loop_s / ((time.perf_counter() - start) / 10)))
+    calls = max(5, int(loop_s / ((clock() - start) / 10)))
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             fn()
         sync()
-        samples.append((time.perf_counter() - start) * 1e6 / calls)
+        samples.append((clock() - start) * 1e6 / calls)
     return statistics.median(samples), min(samples)
 
 
@@ -285,6 +287,9 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=32)
     ap.add_argument("--backend", default="reference", help="backend of the layer and its attention ('' = automatic)")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: this thread's CPU time (a CPU stub on a shared machine; on a GPU it misses the "
+                         "waits of a synchronizing step)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: tiny ops, a shared CPU)")
     ap.add_argument("--stub-triton", action="store_true",
                     help="(TRITON_INTERPRET=1) Triton kernel launches do nothing: time the host path around them")
@@ -295,6 +300,9 @@ def main(argv=None) -> int:
                     help="the order of --profile's table")
     ap.add_argument("--torch-profile", type=int, default=0,
                     help="print torch.profiler's top-N aten ops and runtime calls by self host time")
+    ap.add_argument("--unfused-qkv-a", action="store_true",
+                    help="give q_a_proj / kv_a_proj_with_mqa storage of their own: the module's step runs two GEMMs "
+                         "instead of the fused one (the A/B of NOTES 'eager module host cut')")
     ap.add_argument("--only", help="comma-separated rows to time (e.g. 'MLAAttention'; default all three)")
     ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed launches "
                                                            "of one call (after the timed loops)")
@@ -315,12 +323,18 @@ def main(argv=None) -> int:
     costs = launch_costs(device, args.repeats) if args.launch_costs else None
     mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims,
                               getattr(torch, args.dtype))
+    if args.unfused_qkv_a:
+        for name in ("q_a_proj", "kv_a_proj_with_mqa"):
+            for p in mod._modules[name].parameters():
+                p.data = p.data.clone()
+        assert mod._fused_qkv_a() is None
     layer = layer_step(mod, args.batch, args.length, backend)
     inner = decode_step(mod, args.batch, args.length, backend)
     print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
           f"{args.dims} dims, {args.dtype}, heads {args.heads}, batch {args.batch}, length {args.length}, "
           f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}"
-          f"{' (cuda calls stubbed)' if args.stub_cuda else ''}")
+          f"{' (cuda calls stubbed)' if args.stub_cuda else ''}"
+          f"{', q_a / kv_a unfused' if args.unfused_qkv_a else ''}")
     rows = []
     before = os.environ.get("MLA_CORE_CHECKS")
     try:
@@ -329,7 +343,8 @@ def main(argv=None) -> int:
             for what, fn in (("decode op", inner), ("mla_forward", layer), ("MLAAttention", module)):
                 if args.only and what not in args.only.split(","):
                     continue
-                median, least = per_call_us(fn, device, repeats=args.repeats)
+                median, least = per_call_us(fn, device, repeats=args.repeats,
+                                            clock=time.thread_time if args.clock == "thread" else time.perf_counter)
                 rows.append(dict(what=what, checks=checks, us=median, min_us=least))
                 print(f"{what:>13} [{checks:>8}]  median {median:8.1f} µs/call  (min {least:8.1f})", flush=True)
                 if args.count:
