@@ -300,9 +300,6 @@ def main(argv=None) -> int:
                     help="the order of --profile's table")
     ap.add_argument("--torch-profile", type=int, default=0,
                     help="print torch.profiler's top-N aten ops and runtime calls by self host time")
-    ap.add_argument("--unfused-qkv-a", action="store_true",
-                    help="give q_a_proj / kv_a_proj_with_mqa storage of their own: the module's step runs two GEMMs "
-                         "instead of the fused one (the A/B of NOTES 'eager module host cut')")
     ap.add_argument("--only", help="comma-separated rows to time (e.g. 'MLAAttention'; default all three)")
     ap.add_argument("--count", action="store_true", help="count Python calls, aten ops and stubbed launches "
                                                            "of one call (after the timed loops)")
@@ -323,18 +320,12 @@ def main(argv=None) -> int:
     costs = launch_costs(device, args.repeats) if args.launch_costs else None
     mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims,
                               getattr(torch, args.dtype))
-    if args.unfused_qkv_a:
-        for name in ("q_a_proj", "kv_a_proj_with_mqa"):
-            for p in mod._modules[name].parameters():
-                p.data = p.data.clone()
-        assert mod._fused_qkv_a() is None
     layer = layer_step(mod, args.batch, args.length, backend)
     inner = decode_step(mod, args.batch, args.length, backend)
     print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
           f"{args.dims} dims, {args.dtype}, heads {args.heads}, batch {args.batch}, length {args.length}, "
           f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}"
-          f"{' (cuda calls stubbed)' if args.stub_cuda else ''}"
-          f"{', q_a / kv_a unfused' if args.unfused_qkv_a else ''}")
+          f"{' (cuda calls stubbed)' if args.stub_cuda else ''}")
     rows = []
     before = os.environ.get("MLA_CORE_CHECKS")
     try:

@@ -134,12 +134,6 @@ def _identity(t: torch.Tensor | None) -> tuple:
     return id(t), t.data_ptr(), version
 
 
-def _fuse_after_load(module: "MLAAttention", incompatible_keys) -> None:
-    """load_state_dict's post hook: fuse q_a_proj / kv_a_proj_with_mqa again where ``assign=True`` replaced them."""
-    if module._fused_qkv_a() is None:
-        module._fuse_qkv_a()
-
-
 class RMSNorm(nn.Module):
     """transformers' DeepseekV3RMSNorm: normalize in float32, cast back, multiply by ``weight``."""
 
@@ -276,8 +270,6 @@ class MLAAttention(nn.Module):
         self.register_buffer("freqs_cis", freqs_cis_table(config).to(device), persistent=False)
         self.register_buffer("latent_cache", torch.empty(0), persistent=False)
         self.reset_cache(num_pages, page_size, dtype=dtype, device=device)
-        self._fuse_qkv_a()
-        self.register_load_state_dict_post_hook(_fuse_after_load)
         if self.tp_size > 1:
             from . import autotune
             autotune.sync(tp_group)          # every rank runs the kernels rank 0 chose
@@ -297,60 +289,6 @@ class MLAAttention(nn.Module):
         device = device or self.kv_a_layernorm.weight.device
         self.latent_cache = torch.empty(num_pages, page_size, self.kv_lora_rank + self.rope_dim, dtype=dtype,
                                         device=device)
-
-    # ---- q_a_proj and kv_a_proj_with_mqa as one GEMM (vLLM's fused_qkv_a_proj)
-
-    def _fuse_qkv_a(self) -> None:
-        """Make ``q_a_proj``'s and ``kv_a_proj_with_mqa``'s weights (and biases) views into one
-        [q_lora_rank + kv_lora_rank + rope, hidden] tensor, so :meth:`forward` runs one GEMM and a split for both.
-
-        Only for two plain ``nn.Linear`` of one dtype and device (FP8 ``BlockFP8Linear`` weights and ``q_proj``
-        models stay unfused). The parameters stay the same objects, names and shapes; their values are kept
-        (copied into the new storage unless they already are its views). Runs at construction, after every
-        ``Module._apply`` (``.to()``, ``.cuda()``, ``.half()``) and after ``load_state_dict`` (``assign=True``
-        replaces the parameters); anything else that breaks the sharing (``weight.data = ...``, a deep copy) is
-        seen by :meth:`_fused_qkv_a`, and the step then runs the two projections.
-        """
-        self.__dict__.pop("_qkv_a", None)
-        q, kv = self._modules.get("q_a_proj"), self._modules["kv_a_proj_with_mqa"]
-        if type(q) is not nn.Linear or type(kv) is not nn.Linear:
-            return
-        weights, biases = (q.weight, kv.weight), (q.bias, kv.bias)
-        if (weights[0].dtype != weights[1].dtype or weights[0].device != weights[1].device
-                or (biases[0] is None) != (biases[1] is None)
-                or (biases[0] is not None and biases[0].dtype != weights[0].dtype)):
-            return
-        with torch.no_grad():
-            w = torch.cat([t.detach() for t in weights])
-            b = None if biases[0] is None else torch.cat([t.detach() for t in biases])
-        split = [weights[0].shape[0], weights[1].shape[0]]
-        for part, param in zip(w.split(split), weights):
-            param.data = part
-        if b is not None:
-            for part, param in zip(b.split(split), biases):
-                param.data = part
-        self.__dict__["_qkv_a"] = (w, b, split, w[0].nbytes * split[0], w.element_size() * split[0])
-
-    def _fused_qkv_a(self) -> tuple | None:
-        """(weight, bias, split) of the fused projection while both parameters are its views, else None."""
-        fused = self.__dict__.get("_qkv_a")
-        if fused is None or torch.compiler.is_compiling():
-            return None
-        w, b, split, kv_weight_at, kv_bias_at = fused     # (w, b alive: no other tensor can take their memory)
-        q, kv = self._modules["q_a_proj"]._parameters, self._modules["kv_a_proj_with_mqa"]._parameters
-        start = w.data_ptr()
-        if q["weight"].data_ptr() != start or kv["weight"].data_ptr() != start + kv_weight_at:
-            return None
-        if b is not None and (q["bias"].data_ptr() != b.data_ptr()
-                              or kv["bias"].data_ptr() != b.data_ptr() + kv_bias_at):
-            return None
-        return w, b, split
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        if self._fused_qkv_a() is None:      # a move or a cast made new storage for each parameter
-            self._fuse_qkv_a()
-        return self
 
     # ---- checkpoints: full (unsharded) transformers weights, sliced to this rank's heads
 
@@ -423,16 +361,11 @@ class MLAAttention(nn.Module):
             lens = input_row_offsets[1:] - input_row_offsets[:-1]
             max_seq_len = int(lens.max()) if lens.numel() else 0
         mods, buffers = self._modules, self._buffers      # (what self.<name> finds, without Module.__getattr__)
-        fused = self._fused_qkv_a()
-        if fused is not None:             # q_a_proj and kv_a_proj_with_mqa in one GEMM
-            q_lat, kv = F.linear(hidden_states, fused[0], fused[1]).split_with_sizes(fused[2], -1)
-            q = mods["q_b_proj"](mods["q_a_layernorm"](q_lat))
+        if self.q_lora_rank is None:
+            q = mods["q_proj"](hidden_states)
         else:
-            if self.q_lora_rank is None:
-                q = mods["q_proj"](hidden_states)
-            else:
-                q = mods["q_b_proj"](mods["q_a_layernorm"](mods["q_a_proj"](hidden_states)))
-            kv = mods["kv_a_proj_with_mqa"](hidden_states)
+            q = mods["q_b_proj"](mods["q_a_layernorm"](mods["q_a_proj"](hidden_states)))
+        kv = mods["kv_a_proj_with_mqa"](hidden_states)
         norm = mods["kv_a_layernorm"]
         attn = mla_forward(q.view(tokens, self.local_heads, self.qk_dim), kv, input_row_offsets, buffers["freqs_cis"],
                            norm._parameters["weight"], buffers["latent_cache"], block_table, cache_lengths,
