@@ -27,11 +27,11 @@ fi
 # this checkout first on the path (a warm machine may hold another install); one Triton cache for bench and tests
 . benchmarks/checkout_first.sh
 export TRITON_CACHE_DIR=${AB_TRITON_CACHE:-$(mktemp -d)}
-OUT=$LOGS timeout "${BENCH_TIMEOUT:-50}" python3 benchmarks/bench_rope_ab.py --base "$A_DIR" ${AB_ARGS:-} 2>&1 \
+OUT=$LOGS timeout "${BENCH_TIMEOUT:-45}" python3 benchmarks/bench_rope_ab.py --base "$A_DIR" ${AB_ARGS:-} 2>&1 \
   | tee "$LOGS/ab_bench.log" | tail -16
 rb=${PIPESTATUS[0]}
 stamp "bench (rc $rb)"
-timeout "${TEST_TIMEOUT:-35}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --tb=line --durations=3 \
+timeout "${TEST_TIMEOUT:-40}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --tb=line --durations=3 \
   tests/test_musa_fp8.py -k "${AB_TESTS:-rope and not compile}" 2>&1 | tee "$LOGS/ab_gpu_tests.log" | tail -8
 stamp tests
 exit "$rb"
