@@ -1,15 +1,16 @@
 """Compile the musa_fp8 RoPE + FP8 kernel for sm_90a without a GPU: registers, shared memory and each thread's order
-of global loads, first uses and stores in the query branch (the SASS), per config, for this checkout and a base.
+of global loads, first uses and stores in each program kind (the SASS), per config, for this checkout and a base.
 
     python benchmarks/compile_report_rope.py [--base DIR] [--heads 128] [--neox]
 
 The launcher ``rope.run`` is driven as on the device (tokens 4096, outputs as slices of 576-byte rows, bf16,
 float32 cos/sin, int64 positions) on ``meta`` tensors, so the kernel compiles for the GPU path (``HW``) through
 compile_report.py's stand-in instead of launching. DIR: a folder holding a base's
-``backends/musa_fp8/mla_core_musa_fp8`` (as for bench_rope_ab.py). The order line, from the first global load to the
-query branch's last store: ``L<bits>`` a load, ``S<bits>`` a store, ``c`` a run of E4M3 conversions, ``m`` a run of
-FP32 multiplies; a ``c``/``m`` between loads means the thread waits for the earlier load before issuing the later
-ones (one more memory round trip). Must run WITHOUT ``TRITON_INTERPRET=1``.
+``backends/musa_fp8/mla_core_musa_fp8`` (as for bench_rope_ab.py). The order line, in SASS order, ``|`` between the
+code paths that end in an unpredicated EXIT (main's kernel: query | key; this one: NOPE | RoPE | key programs):
+``L<bits>`` a global load, ``S<bits>`` a store, ``c`` a run of E4M3 conversions, ``m`` a run of FP32 multiplies; a
+``c``/``m`` between loads means the thread waits for an earlier load before issuing the later ones (one more memory
+round trip). Must run WITHOUT ``TRITON_INTERPRET=1``.
 """
 from __future__ import annotations
 
@@ -51,9 +52,9 @@ def order(compiled) -> str:
             mark = "c" if op.startswith("F2FP") else "m"
             if not toks or toks[-1] != mark:
                 toks.append(mark)
-        elif op == "EXIT" and not words[0].startswith("@") and any(t.startswith("S") for t in toks):
-            break
-    return " ".join(toks)
+        elif op == "EXIT" and not words[0].startswith("@") and toks and toks[-1] != "|":
+            toks.append("|")
+    return " ".join(toks).rstrip(" |")
 
 
 def report(rope, heads, neox, label):
