@@ -6,12 +6,13 @@ clock and run-to-run drift fall on both alike.
 
 DIR: a folder holding the base's ``backends/musa_fp8/mla_core_musa_fp8`` package (benchmarks/run_rope_ab.sh says
 how to make one); A = its ``rope.py`` at its first config (the default), B = this checkout's ``rope.py`` at each of
-its configs. Inputs: bench_rope.py's (bf16, float32 cos/sin, int64 positions, outputs as slices of 576-byte
-rows), interleaved pairs; NeoX too at ``--neox-tokens``. Per row: µs of CUDA-graph replays with the L2 flushed
-before each, GB/s of the bytes read + written (bench_rope.py's count) and its % of the copy bandwidth measured in
-the same run, the reference backend's time (eager through the public op as bench_rope.py; and as a CUDA graph)
-and its ratio to B's best. Every B config's output rows are compared with A's byte for byte (both round the same
-float32 values to E4M3: they must be equal). JSON to $OUT/bench_rope_ab.json; exit status 1 on any mismatch.
+its configs; ``--extra LABEL=DIR``: more snapshots, each at its first config. Inputs: bench_rope.py's (bf16,
+float32 cos/sin, int64 positions, outputs as slices of 576-byte rows), interleaved pairs; NeoX too at
+``--neox-tokens``. Per row: µs of CUDA-graph replays with the L2 flushed before each, GB/s of the bytes read +
+written (bench_rope.py's count) and its % of the copy bandwidth measured in the same run, the reference backend's
+time (eager through the public op as bench_rope.py; and as a CUDA graph) and its ratio to B's best. The output
+rows of every B config and extra are compared with A's byte for byte (all round the same float32 values to E4M3:
+they must be equal). JSON to $OUT/bench_rope_ab.json; exit status 1 on any mismatch.
 """
 from __future__ import annotations
 
@@ -32,15 +33,16 @@ import mla_core  # noqa: E402
 from mla_core import specs  # noqa: E402
 
 
-def load_base(folder: str):
-    """The base's rope module, imported as package ``rope_ab_base`` from ``folder`` (its own fp8bits beside it)."""
+def load_base(folder: str, label: str = "base"):
+    """A snapshot's rope module, imported as package ``rope_ab_<label>`` from ``folder`` (its fp8bits beside it)."""
     pkg = os.path.join(os.path.abspath(folder), "backends", "musa_fp8", "mla_core_musa_fp8")
-    spec = importlib.util.spec_from_file_location("rope_ab_base", os.path.join(pkg, "__init__.py"),
+    name = f"rope_ab_{label}"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pkg, "__init__.py"),
                                                   submodule_search_locations=[pkg])
     module = importlib.util.module_from_spec(spec)
-    sys.modules["rope_ab_base"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    return importlib.import_module("rope_ab_base.rope")
+    return importlib.import_module(f"{name}.rope")
 
 
 def rows_like(inputs):
@@ -58,10 +60,15 @@ def main():
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--heads", default="128")
     ap.add_argument("--neox-tokens", default="4096", help="token counts also timed with NeoX pairs ('' for none)")
+    ap.add_argument("--extra", action="append", default=[], metavar="LABEL=DIR",
+                    help="another snapshot folder, timed at its first config beside A and B (repeatable)")
     ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args()
     from mla_core_musa_fp8 import rope as rope_b
     rope_a = load_base(args.base)
+    extras = {label: load_base(folder, label) for label, folder in (e.split("=", 1) for e in args.extra)}
+    if any(label == "A" or label.startswith("B") for label in extras):
+        sys.exit("--extra: a label may not be A or start with B (those name the base and this checkout's configs)")
     ceilings = measure_ceilings()
     print(f"# {device_info()}\n# copy {ceilings['copy_gbps']:.0f} GB/s; A = {rope_a.__file__}\n# B = {rope_b.__file__}",
           flush=True)
@@ -78,21 +85,23 @@ def main():
         config_a = rope_a.configs(problem)[0]
         configs_b = rope_b.configs(problem)
         rope_a.run(call_a, config_a)
+        others = [(rope_b, c) for c in configs_b] + [(m, m.configs(problem)[0]) for m in extras.values()]
         same = []
-        for config in configs_b:
+        for module, config in others:
             qb.fill_(float("nan"))
             kb.fill_(float("nan"))
-            rope_b.run(call_b, config)
+            module.run(call_b, config)
             same.append(torch.equal(qa.view(torch.uint8), qb.view(torch.uint8))
                         and torch.equal(ka.view(torch.uint8), kb.view(torch.uint8)))
         mismatches += same.count(False)
         runs = {"A": lambda: rope_a.run(call_a, config_a)}
         runs.update({f"B{i}": (lambda c=c: rope_b.run(call_b, c)) for i, c in enumerate(configs_b)})
+        runs.update({label: (lambda m=m: m.run(call_b, m.configs(problem)[0])) for label, m in extras.items()})
         times = {name: [] for name in runs}
         for name in list(runs) + list(reversed(runs)):
             times[name].append(time_graph(runs[name], iters=args.iters))
         us = {name: statistics.median(v) for name, v in times.items()}
-        best = min((n for n in us if n != "A"), key=us.get)
+        best = min((n for n in us if n.startswith("B")), key=us.get)
         kw = dict(is_neox=neox, quant_scale_q=0.5, quant_scale_kv=2.0)
         ref_eager = time_eager(lambda: mla_core.mla_rope_quantize_fp8(*inputs, backend="reference", **kw), iters=10)
         try:
@@ -103,19 +112,21 @@ def main():
         moved = nnz * (heads + 1) * 576 * (2 + 1) + nnz * (64 * 4 + 8)
         r = dict(tokens=nnz, heads=heads, neox=neox, A=us["A"], A_config=config_a, B0=us["B0"], B=us[best],
                  B_config=configs_b[int(best[1:])], B_all={str(c): us[f"B{i}"] for i, c in enumerate(configs_b)},
-                 bitequal=all(same), ref_eager=ref_eager, ref_graph=ref_graph)
+                 extras={label: us[label] for label in extras}, bitequal=all(same), ref_eager=ref_eager,
+                 ref_graph=ref_graph)
         r["B_over_A"] = r["B"] / r["A"]
         r["pct_copy_A"] = 100 * moved / r["A"] / 1e3 / ceilings["copy_gbps"]
         r["pct_copy_B"] = 100 * moved / r["B"] / 1e3 / ceilings["copy_gbps"]
         r["ref_over_B"] = ref_eager / r["B"]
         r["refgraph_over_B"] = ref_graph / r["B"] if ref_graph else None
         rows.append(r)
-        each = ", ".join(f"{c} {us['B%d' % i]:.1f}" for i, c in enumerate(configs_b))
+        each = ", ".join([f"{c} {us['B%d' % i]:.1f}" for i, c in enumerate(configs_b)]
+                         + [f"{label} (its first config) {us[label]:.1f}" for label in extras])
         print(f"{nnz} x {heads} {'neox' if neox else 'interleaved'}: A {r['A']:.1f} us ({r['pct_copy_A']:.1f} % copy), "
               f"B best {r['B']:.1f} us ({r['pct_copy_B']:.1f} %, {r['B_config']}), B/A {r['B_over_A']:.3f}; "
               f"reference {ref_eager:.0f} us eager ({r['ref_over_B']:.1f}x B)"
               + (f", {ref_graph:.0f} us graph ({r['refgraph_over_B']:.1f}x)" if ref_graph else "")
-              + f"; B configs {each}; B == A bytes: {same}", flush=True)
+              + f"; B configs {each}; == A bytes (B configs, extras): {same}", flush=True)
         del inputs, outs_a, outs_b, qa, ka, qb, kb, call_a, call_b
         torch.cuda.empty_cache()
     print()

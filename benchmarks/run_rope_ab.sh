@@ -7,7 +7,9 @@
 # A's package: A_DIR (a folder inside the tree, so it travels), else A_REV through git where the tree has its .git.
 # Before the call, here:
 #   mkdir -p benchmarks/ab_base_rope && git archive main backends/musa_fp8/mla_core_musa_fp8 | tar -x -C benchmarks/ab_base_rope
-#   MLA_COMMIT=<hash> A_DIR=benchmarks/ab_base_rope bash benchmarks/run_rope_ab.sh   (the device command)
+#   mkdir -p benchmarks/ab_v1_rope && git archive 01d2447 backends/musa_fp8/mla_core_musa_fp8 | tar -x -C benchmarks/ab_v1_rope  # optional
+#   MLA_COMMIT=<hash> A_DIR=benchmarks/ab_base_rope AB_ARGS="--extra v1=benchmarks/ab_v1_rope" bash benchmarks/run_rope_ab.sh
+#   (the device command; AB_ARGS optional: the extra times the branch's first kernel, 01d2447, at its first config)
 # Logs and JSON in $OUT. AB_ARGS: extra bench_rope_ab.py arguments (e.g. --tokens 4096 --neox-tokens '').
 set -u
 export PYTHONUNBUFFERED=1
