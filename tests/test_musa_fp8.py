@@ -83,6 +83,7 @@ ROPE_EDGES = [  # tokens, heads, rope, nope, is_neox, dtype, cos/sin dtype, pos 
     (5, 3, 6, 96, False, torch.bfloat16, torch.float32, torch.int64),  # half 3 and 96 NOPE: masked columns
     (4, 2, 2, 0, True, torch.float16, torch.float32, torch.int64),  # no NOPE values
     (7, 16, 6, 40, True, torch.bfloat16, torch.float32, torch.int32),
+    (2, 40, 64, 128, False, torch.bfloat16, torch.float32, torch.int64),  # three RoPE groups of 16 heads
 ]
 
 
