@@ -10,8 +10,11 @@ of a problem the answer is one dict lookup. Dispatch imports neither the autotun
 Eager calls and CUDA-graph captures are remembered apart (:func:`capturing`): a backend's ``priority_for`` may
 answer differently while the current CUDA stream captures (the cuda backend prefers its one-launch decode for
 eager calls, whose time is the host's, and leaves captured ones to triton: docs/plugins.md, "Priority"). A capture
-of a problem already called eagerly reuses the eager choice: its kernels are loaded (Triton loads a kernel's module
-at its first launch, which a capturing stream forbids) and the replay computes what the eager calls did.
+of a problem already called eagerly reuses the eager choice: the replay runs the kernels the eager calls ran and
+computes what they did, and no backend's first launch (Triton loads a kernel's module then) lands inside a capture.
+(A first Triton launch inside a capture did work on the H200 with torch 2.11 / triton 3.6: benchmarks/NOTES.md,
+"Round (h), the lead's last device call"; the guard costs graphs captured after an eager warm-up 2.4-4.7 us a layer
+at 16 heads and L <= 4k.)
 
 A plugin's mistakes stay its own: an exception from ``why_not`` / ``unavailable_reason`` / ``configs`` /
 ``priority_for`` makes that backend unusable for the problem (the exception is the reason) and the others

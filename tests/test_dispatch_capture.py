@@ -85,8 +85,8 @@ def test_eager_and_captured_calls_are_ranked_and_remembered_apart(world):
 
 
 def test_a_capture_of_a_problem_called_eagerly_replays_the_eager_choice(world):
-    """The eager call loaded that backend's kernels (Triton loads a module at its first launch, which a capturing
-    stream forbids), and the replay computes what the eager calls did."""
+    """The replay runs the kernels the eager calls ran (no backend's first launch, where Triton loads a module,
+    lands inside the capture) and computes what they did."""
     fakes, state = world
     eager = _choose(state, _problem(), False)
     assert eager.backend.name == "cap_eager"

@@ -1,7 +1,8 @@
 """Probe (GPU): can a CUDA-graph capture be the first call of a Triton decode kernel in a process?
 
 Why dispatch lets a capture of a problem already called eagerly take the eager choice (mla_core/dispatch.py):
-Triton loads a kernel's module (``cuModuleLoadData``) at its first launch, which a capturing stream forbids. Run in
+Triton loads a kernel's module (``cuModuleLoadData``) at its first launch, which some stacks refuse inside a capture
+("operation not permitted when stream is capturing"); on the H200 with torch 2.11 / triton 3.6 it printed ok. Run in
 a fresh process (nothing launched before): captures ``mla_decode(backend="triton")`` at 16 heads, batch 1, auto
 splits, as the first call, then prints one line ``first Triton launch inside a capture: ok`` or ``... failed:
 <error>``. Exit status 0 either way (a probe, not a test).
