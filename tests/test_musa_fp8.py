@@ -91,9 +91,28 @@ ROPE_EDGES = [  # tokens, heads, rope, nope, is_neox, dtype, cos/sin dtype, pos 
 def test_rope_every_config_at_row_and_column_edges(edge):
     """Every config of the backend: partial head groups, key-row programs past the last token, odd widths; outputs
     are slices of poisoned rows with a spare head row and a spare key row, every written byte the reference's."""
+    _rope_every_config_matches_reference(*edge)
+
+
+# the kernel's row tiles: block_r NOPE heads (and key rows) per program, rope_r RoPE heads per program
+ROPE_ROW_TILES = [4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("heads", [h for h in boundary_lengths(ROPE_ROW_TILES, limit=65, multiples=(1,)) if h])
+def test_rope_every_config_at_head_tile_edges(heads):
+    """Head counts at every edge of the configs' head tiles (block_r, rope_r), every config, interleaved."""
+    _rope_every_config_matches_reference(2, heads, 64, 128, False, torch.bfloat16, torch.float32, torch.int64)
+
+
+@pytest.mark.parametrize("tokens", [t for t in boundary_lengths([4, 8, 16], limit=17, multiples=(1,)) if t])
+def test_rope_every_config_at_key_row_tile_edges(tokens):
+    """Token counts at every edge of the key-row programs' tiles (block_r key rows each), every config, NeoX."""
+    _rope_every_config_matches_reference(tokens, 1, 64, 128, True, torch.float16, torch.float32, torch.int32)
+
+
+def _rope_every_config_matches_reference(nnz, heads, rope, nope, is_neox, dtype, cache_dtype, pos_dtype):
     from mla_core import specs
     from mla_core.plugins import get_backend
-    nnz, heads, rope, nope, is_neox, dtype, cache_dtype, pos_dtype = edge
     inputs = make_inputs(nnz=nnz, heads=heads, rope=rope, nope=nope, dtype=dtype, cache_dtype=cache_dtype,
                          pos_dtype=pos_dtype, seed=nnz * heads)
     want = rope_call(inputs, "reference", is_neox=is_neox, quant_scale_q=2.0, quant_scale_kv=0.5)
