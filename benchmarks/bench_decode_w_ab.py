@@ -100,8 +100,8 @@ def main():
                     mod, sched = arms[name]
                     with schedule(sched):
                         times[name].append(time_graph(lambda mod=mod: decode.run(mod, call, config), iters=20))
-                r = dict(heads=heads, batch=batch, length=length, kernel=config.get("kernel", "mma.sync"), bitequal=same,
-                         A=statistics.median(times["A"]), B=statistics.median(times["B"]))
+                r = dict(heads=heads, batch=batch, length=length, kernel=config.get("kernel", "mma.sync"),
+                         bitequal=same, A=statistics.median(times["A"]), B=statistics.median(times["B"]))
                 r["B_over_A"] = r["B"] / r["A"]
                 fm = FLASHMLA_US.get((heads, batch, length))
                 r["B_over_FlashMLA"] = r["B"] / fm if fm else float("nan")

@@ -44,8 +44,10 @@ def programs_q1(T):
         w0 += [full, ("stage_use", i)]
         if i > 0:
             w0.append(("sync", "P0E"))
-        w0 += [("write", "P", i), ("write", "fac", i), ("arrive", "P0F"), ("release", (0, i)), ("marrive", f"empty{s}")]
-        w1 += [full, ("stage_use", i), ("sync", "P0F"), ("read", "fac", i), ("read_begin", "P", i), ("read_end", "P", i)]
+        w0 += [("write", "P", i), ("write", "fac", i), ("arrive", "P0F"), ("release", (0, i)),
+               ("marrive", f"empty{s}")]
+        w1 += [full, ("stage_use", i), ("sync", "P0F"), ("read", "fac", i), ("read_begin", "P", i),
+               ("read_end", "P", i)]
         if i + 1 < T:
             w1.append(("arrive", "P0E"))
         w1 += [("release", (1, i)), ("marrive", f"empty{s}")]
@@ -104,8 +106,8 @@ def check_mutants():
 
     caught = 0
     for name, mut in [("P0E waited on step 0", p0e_on_first), ("no P-empty barrier", no_p0e),
-                      ("P0E arrived before the slab read", p0e_before_read), ("WG1 without its full wait", wg1_no_full_wait),
-                      ("factors written after P0F", fac_after_arrive)]:
+                      ("P0E arrived before the slab read", p0e_before_read),
+                      ("WG1 without its full wait", wg1_no_full_wait), ("factors written after P0F", fac_after_arrive)]:
         found = None
         for T in range(1, 6):
             try:
