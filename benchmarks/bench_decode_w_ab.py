@@ -1,16 +1,17 @@
 """A/B of the WGMMA decode's schedules (issue 9, branch wip/decode-128-heads-w): A = a snapshot of main's csrc/
-(the seesaw), B = this branch's csrc/ with MLA_CORE_CUDA_DECODE_SCHEDULE=q1 (S of the whole 64-key step on one
-warpgroup, Q read once per step). One process, the same inputs, A B B A per shape (CUDA-graph replays, L2 flushed,
-the median of each arm's two timings), bf16 (or fp16) unquantized, page 64, full lengths, num_kv_splits="auto".
+(the seesaw), B (C, ...) = this branch's csrc/ with MLA_CORE_CUDA_DECODE_SCHEDULE=q1 (q1p, ...: S of the whole
+64-key step on one warpgroup, Q read once per step; q1p pipelined). One process, the same inputs, A B C C B A per
+shape (CUDA-graph replays, L2 flushed, the median of each arm's two timings), bf16 (or fp16) unquantized,
+page 64, full lengths, num_kv_splits="auto".
 
     python benchmarks/bench_decode_w_ab.py --src-a DIR_A --src-b DIR_B [--heads 128,16] [--batch 32,128]
-        [--lengths 8192,32768] [--dtype bf16]
+        [--lengths 8192,32768] [--dtype bf16] [--schedules q1,q1p]
 
-Per shape: A µs, B µs, B / A, B / FlashMLA (the H200 times quoted in docs/cuda.md / benchmarks/NOTES.md where
-measured), and whether B's outputs and LSE equal A's bit for bit (predicted: Q1 does each element's arithmetic in
-the seesaw's order); if not, B's rel L2 against A (the reference tolerance is the GPU tests' job). Builds both
-first (benchmarks/run_decode_w_ab.sh does, keeping compile time out of this call). JSON to
-$OUT/bench_decode_w_ab.json; exit 1 when an output differs from A's.
+Per shape and arm X: A µs, X µs, X / A, X / FlashMLA (the H200 times quoted in docs/cuda.md /
+benchmarks/NOTES.md where measured), and whether X's outputs and LSE equal A's bit for bit (predicted: Q1 does
+each element's arithmetic in the seesaw's order); if not, X's rel L2 against A (the reference tolerance is the
+GPU tests' job). Builds both first (benchmarks/run_decode_w_ab.sh does, keeping compile time out of this call).
+JSON to $OUT/bench_decode_w_ab.json; exit 1 when an output differs from A's.
 """
 from __future__ import annotations
 
@@ -69,14 +70,17 @@ def main():
     ap.add_argument("--batch", default="32,128")
     ap.add_argument("--lengths", default="8192,32768")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--schedule-b", default="q1")
+    ap.add_argument("--schedules", default="q1,q1p")
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     from mla_core_cuda import decode
-    arms = {"A": (load_cuda_extension(args.src_a), None), "B": (load_cuda_extension(args.src_b), args.schedule_b)}
+    mod_a, mod_b = load_cuda_extension(args.src_a), load_cuda_extension(args.src_b)
+    scheds = args.schedules.split(",")
+    arms = {"A": (mod_a, None), **{"BCDEF"[i]: (mod_b, name) for i, name in enumerate(scheds)}}
+    others = [n for n in arms if n != "A"]
     cuda = mla_core.get_backend("cuda")
-    print(f"# {device_info()}\n# A = {args.src_a} ({arms['A'][0].__name__}), B = {args.src_b} "
-          f"({arms['B'][0].__name__}, {SCHEDULE}={args.schedule_b})", flush=True)
+    print(f"# {device_info()}\n# A = {args.src_a} ({mod_a.__name__}); "
+          + ", ".join(f"{n} = {args.src_b} ({mod_b.__name__}, {SCHEDULE}={arms[n][1]})" for n in others), flush=True)
     rows, mismatches = [], 0
     for heads in ints(args.heads):
         for batch in ints(args.batch):
@@ -93,32 +97,42 @@ def main():
                 for name, (mod, sched) in arms.items():
                     with schedule(sched):
                         outs[name] = decode.run(mod, call, config)
-                same = all(torch.equal(bits(a), bits(b)) for a, b in zip(outs["A"], outs["B"]))
-                mismatches += not same
-                times = {"A": [], "B": []}
-                for name in ("A", "B", "B", "A"):
+                times = {n: [] for n in arms}
+                order = list(arms)
+                for name in order + order[::-1]:
                     mod, sched = arms[name]
                     with schedule(sched):
                         times[name].append(time_graph(lambda mod=mod: decode.run(mod, call, config), iters=20))
                 r = dict(heads=heads, batch=batch, length=length, kernel=config.get("kernel", "mma.sync"),
-                         bitequal=same, A=statistics.median(times["A"]), B=statistics.median(times["B"]))
-                r["B_over_A"] = r["B"] / r["A"]
+                         A=statistics.median(times["A"]))
                 fm = FLASHMLA_US.get((heads, batch, length))
-                r["B_over_FlashMLA"] = r["B"] / fm if fm else float("nan")
-                if not same:
-                    r["rel_l2_out"] = rel_l2(outs["B"][0], outs["A"][0])
+                line = f"H={heads} B={batch} L={length} ({r['kernel']}): A {r['A']:.1f} us"
+                for n in others:
+                    same = all(torch.equal(bits(a), bits(b)) for a, b in zip(outs["A"], outs[n]))
+                    mismatches += not same
+                    r[n] = statistics.median(times[n])
+                    r[f"{n}_over_A"] = r[n] / r["A"]
+                    r[f"{n}_over_FlashMLA"] = r[n] / fm if fm else float("nan")
+                    r[f"{n}_bitequal"] = same
+                    if not same:
+                        r[f"{n}_rel_l2_out"] = rel_l2(outs[n][0], outs["A"][0])
+                    line += (f"; {arms[n][1]} {r[n]:.1f} us, /A {r[n + '_over_A']:.3f}, /FlashMLA "
+                             f"{r[n + '_over_FlashMLA']:.2f}, == A: {same}"
+                             + ("" if same else f" (rel L2 {r[n + '_rel_l2_out']:.2e})"))
                 rows.append(r)
-                print(f"H={heads} B={batch} L={length} ({r['kernel']}): A {r['A']:.1f} B {r['B']:.1f} us, B/A "
-                      f"{r['B_over_A']:.3f}, B/FlashMLA {r['B_over_FlashMLA']:.2f}; B == A bit for bit: {same}"
-                      + ("" if same else f" (rel L2 {r['rel_l2_out']:.2e})"), flush=True)
+                print(line, flush=True)
                 del q, cache, table, lens, outs
                 torch.cuda.empty_cache()
     print()
-    print_table(rows, [("heads", "H", "d"), ("batch", "B", "d"), ("length", "L", "d"), ("A", "A µs", ".1f"),
-                       ("B", "B µs", ".1f"), ("B_over_A", "B/A", ".3f"), ("B_over_FlashMLA", "B/FlashMLA", ".2f")])
-    print(f"outputs and LSE of B bit-equal to A's: {len(rows) - mismatches} of {len(rows)} shapes")
+    cols = [("heads", "H", "d"), ("batch", "B", "d"), ("length", "L", "d"), ("A", "A µs", ".1f")]
+    for n in others:
+        cols += [(n, f"{arms[n][1]} µs", ".1f"), (f"{n}_over_A", f"{arms[n][1]}/A", ".3f"),
+                 (f"{n}_over_FlashMLA", f"{arms[n][1]}/FlashMLA", ".2f")]
+    print_table(rows, cols)
+    print(f"outputs and LSE bit-equal to A's: {len(rows) * len(others) - mismatches} of {len(rows) * len(others)}"
+          f" (shape, schedule)")
     write_json("bench_decode_w_ab.json", dict(device=device_info(), src_a=args.src_a, src_b=args.src_b,
-                                              schedule_b=args.schedule_b, rows=rows))
+                                              schedules=scheds, rows=rows))
     return 1 if mismatches else 0
 
 

@@ -7,7 +7,8 @@ hazards and every-interleaving search).
    P·V, releases the stage; WG1 waits full (its own acquire of the stage's V), syncs P0F, reads the factors and P,
    [not the last step: arrives P0E], releases the stage. At the end WG0 writes both row sums, both sync ALL and
    read them. Every interleaving of producer / WG0 / WG1 for 1..6 steps: no deadlock, no hazard, no generation
-   completed by arrivals alone; five broken variants must be caught.
+   completed by arrivals alone; the same for q1p (WG0 waits step i + 1's stage and issues its S inside step i);
+   six broken variants must be caught.
 2. Layout: the m64n64k16 accumulator's (row, key) of register j (the PTX ISA's wgmma D fragment: row 16 (t / 32) +
    (t % 32) / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (t % 4) + j % 2) is, for j < 16, the m64n32k16 fragment's
    and, for j >= 16, the m64n32k16 fragment's of register j - 16 with the key + 32: q1_step's s0 / s1 are Z's two
@@ -29,7 +30,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import decode_wgmma_z_emulation as z  # noqa: E402
 
 
-def programs_q1(T):
+def programs_q1(T, pipe=False):
+    """pipe (q1p): WG0 waits step i + 1's stage and issues its S in the middle of step i (before P0E / P0F)."""
     prod, w0, w1 = [], [], []
     for i in range(T):
         s = i & 1
@@ -41,7 +43,10 @@ def programs_q1(T):
     for i in range(T):
         s = i & 1
         full = ("mwait", f"full{s}_0", (i >> 1) & 1)
-        w0 += [full, ("stage_use", i)]
+        if not pipe or i == 0:
+            w0 += [full, ("stage_use", i)]
+        if pipe and i + 1 < T:
+            w0 += [("mwait", f"full{s ^ 1}_0", ((i + 1) >> 1) & 1), ("stage_use", i + 1)]
         if i > 0:
             w0.append(("sync", "P0E"))
         w0 += [("write", "P", i), ("write", "fac", i), ("arrive", "P0F"), ("release", (0, i)),
@@ -68,9 +73,10 @@ def run_checker(fn, tiles):
 
 def check_protocol():
     bad = 0
-    for T, (states, finals, dl) in zip(range(1, 7), run_checker(programs_q1, range(1, 7))):
-        print(f"  T={T}: {states} states, {finals} ends, {len(dl)} deadlocks")
-        bad += bool(dl) or finals == 0
+    for pipe in (False, True):
+        for T, (states, finals, dl) in zip(range(1, 7), run_checker(lambda T: programs_q1(T, pipe), range(1, 7))):
+            print(f"  {'q1p' if pipe else 'q1 '} T={T}: {states} states, {finals} ends, {len(dl)} deadlocks")
+            bad += bool(dl) or finals == 0
     return bad
 
 
@@ -104,8 +110,13 @@ def check_mutants():
                       [j for j, op in enumerate(w0) if op == ("arrive", "P0F")][i] + 1, ("write", "fac", i))
         return p
 
+    def pipe_no_next_wait(p, T):  # q1p issues S(i + 1) without waiting its stage
+        p = programs_q1(T, True)
+        p[1][:] = [op for k, op in enumerate(p[1]) if not (op[0] == "mwait" and k > 2)]
+        return p
+
     caught = 0
-    for name, mut in [("P0E waited on step 0", p0e_on_first), ("no P-empty barrier", no_p0e),
+    for name, mut in [("q1p: S(i + 1) without its full wait", pipe_no_next_wait), ("P0E waited on step 0", p0e_on_first), ("no P-empty barrier", no_p0e),
                       ("P0E arrived before the slab read", p0e_before_read),
                       ("WG1 without its full wait", wg1_no_full_wait), ("factors written after P0F", fac_after_arrive)]:
         found = None
@@ -120,7 +131,7 @@ def check_mutants():
                 break
         print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
         caught += bool(found)
-    return caught, 5
+    return caught, 6
 
 
 def check_layout():
