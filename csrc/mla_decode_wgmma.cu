@@ -356,8 +356,6 @@ __device__ __forceinline__ void p_qdq(const DecodeParams& p, float (&e)[16]) {
   }
 }
 
-// One step of schedule Q1 (decode_wgmma_kernel's comment) for consumer warpgroup wg: the stage's S, softmax and P
-// on WG0, O's columns 256 wg.. on both; m / l as the kernel keeps them (l_0 in l_*, WG0's l_1 in l1_*).
 // S of a whole step (keys 0-31 into d, 32-63 into e; the stage at `sk`): 36 k16 steps, one group, issued only.
 template <typename T>
 __device__ __forceinline__ void q1_s(float (&d)[16], float (&e)[16], const uint8_t* sq, const uint8_t* sk) {
@@ -366,6 +364,9 @@ __device__ __forceinline__ void q1_s(float (&d)[16], float (&e)[16], const uint8
     Wgmma<T>::s_full(d, e, kmajor_desc(sq, 32 * ks), kmajor_desc(sk, 32 * ks), ks > 0);
   wg_commit();
 }
+// One step of schedule Q1 (decode_wgmma_kernel's comment) for consumer warpgroup wg: the stage's S, softmax and P
+// on WG0, O's columns 256 wg.. on both; m / l as the kernel keeps them (l_0 in l_*, WG0's l_1 in l1_*). Pipe
+// (q1p): WG0's S of step it + 1 goes into sn, issued after this step's first P half (sn holds step it's S).
 template <typename T, int PF, bool Pipe>
 __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], float (&sn0)[16], float (&sn1)[16],
                                         const uint8_t* sq, const uint8_t* sk0, const uint8_t* sk,
