@@ -3,8 +3,8 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``),
-``MUTANT_INDICES=16,17`` only those mutants.
+(or ``wgmma``, ``fp8cache``, ``q1``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``,
+``Q1_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ WGMMA_SELECTION = "tests/test_cuda_decode.py -k 'every_config or (deepseek and b
 QDQ_SELECTION = ("tests/test_cuda_decode.py -k 'calibrated or (deepseek and fp8-16-16) or "
                  "(deepseek and fp8_p_nvfp4-128-16) or heads_and_out'")
 """The WGMMA kernel's fake-quantization mutants: FP8 K/V with calibrated amaxes, FP8 P, NVFP4 P at 16 and 128 heads."""
+Q1_SELECTION = "tests/test_cuda_decode.py -k 'q1 and (128-64 or 20-16)'"
+"""Schedule Q1's mutants (branch wip/decode-128-heads-w): Q1 bit-equal to the seesaw, 128 heads page 64 and
+20 heads (padding) page 16, every split count, bf16 and fp16."""
 FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or fp8_cache_unaligned or "
                        "fp8_cache_fp16_q or (test_fp8_cache and 16-16-3)'")
 """The FP8 KV cache's mutants: every code exact, the byte path, fp16 q and P qdq, the edges at 16 heads, page 16."""
@@ -177,6 +180,21 @@ MUTANTS = [
          new="      sk[code_off(w, r >> 2) + (c >> 6) * kSlab + 64 * (r >> 2) + (c & 63)]",
          tests=[FP8_CACHE_SELECTION], gpu=True,
          why="FP8 cache producer, unaligned rows (byte path): codes of a group's rows to one row's place"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="a2_lo = sa2[row_lo], a2_hi = sa2[row_lo + 8];",
+         new="a2_lo = sa1[row_lo], a2_hi = sa1[row_lo + 8];",
+         tests=[Q1_SELECTION], gpu=True,
+         why="Q1: WG1 rescales O_R by a1 twice (a2 never applied where a row's maximum rose in the second half)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      const float x1 = (v1 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;",
+         new="      const float x1 = (v0 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;",
+         tests=[Q1_SELECTION], gpu=True,
+         why="Q1: keys 32-63 masked with keys 0-31's validity (absent keys past a length score as real ones)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    l1_lo = (l1_lo * a1_lo) * a2_lo + sum1_lo;",
+         new="    l1_lo = (l1_lo * a1_lo + sum1_lo) * a2_lo;",
+         tests=[Q1_SELECTION], gpu=True,
+         why="Q1: l_1 in l_0's order (float32 rounding only: bit-equality with the seesaw must notice)"),
 ]
 
 
@@ -185,8 +203,9 @@ if __name__ == "__main__":
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache: judge with WGMMA_SELECTION / QDQ_SELECTION / FP8_CACHE_SELECTION
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1: judge with WGMMA_SELECTION / QDQ_SELECTION / FP8_CACHE_SELECTION
+    # / Q1_SELECTION
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION,
-              "fp8cache": FP8_CACHE_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+              "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))
