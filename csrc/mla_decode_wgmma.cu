@@ -16,9 +16,10 @@
 //     validity bits, written before the stage is published). The next step's block-table entries are read while
 //     a step's copies are in flight (off the critical path). Each producer thread arrives on full[s] after its
 //     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async;
-//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory), masked by
-//     the validity bits; P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded
-//     first, p_qdq), row sums from the float32 P; factors and P are taken against 0 while a row's max is -inf.
+//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory; the
+//     unquantized problem runs schedule Q1 instead, decode_wgmma_kernel's comment), masked by the validity bits;
+//     P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded first, p_qdq), row
+//     sums from the float32 P; factors and P are taken against 0 while a row's max is -inf.
 // Outputs, LSE, empty rows and splits as the mma.sync kernel (0 and -inf), partials merged by its combine kernel.
 // The protocol was checked over every interleaving for 1-6 steps (benchmarks/probes/decode_wgmma_z_emulation.py)
 // and measured as variant Z of the decode probe (benchmarks/NOTES.md). Layout, descriptors and ordering rules:
@@ -35,8 +36,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -365,11 +364,9 @@ __device__ __forceinline__ void q1_s(float (&d)[16], float (&e)[16], const uint8
   wg_commit();
 }
 // One step of schedule Q1 (decode_wgmma_kernel's comment) for consumer warpgroup wg: the stage's S, softmax and P
-// on WG0, O's columns 256 wg.. on both; m / l as the kernel keeps them (l_0 in l_*, WG0's l_1 in l1_*). Pipe
-// (q1p): WG0's S of step it + 1 goes into sn, issued after this step's first P half (sn holds step it's S).
-template <typename T, int PF, bool Pipe>
-__device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], float (&sn0)[16], float (&sn1)[16],
-                                        const uint8_t* sq, const uint8_t* sk0, const uint8_t* sk,
+// on WG0, O's columns 256 wg.. on both; m / l as the kernel keeps them (l_0 in l_*, WG0's l_1 in l1_*).
+template <typename T>
+__device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], const uint8_t* sq, const uint8_t* sk,
                                         const uint8_t* sv, uint8_t* sp, float* sa1, float* sa2, const uint32_t* valid4,
                                         uint64_t* full, uint64_t* empty, int it, int steps, int wg, int t, int lane,
                                         int row_lo, float& m_lo, float& m_hi, float& l_lo, float& l_hi, float& l1_lo,
@@ -377,36 +374,16 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
   const int s = it & 1;
   if (wg == 0) {
     float s0[16], s1[16];  // keys 0-31, 32-63 (s_half's layout each)
-    if constexpr (Pipe) {
-      if (it == 0) {  // S of step 0; later steps' S was issued by the step before (into sn)
 #pragma unroll
-        for (int j = 0; j < 16; ++j) sn0[j] = sn1[j] = 0.f;
-        reg_fence(sn0);
-        reg_fence(sn1);
-        mbar_wait(&full[0], 0);
-        wg_fence();
-        q1_s<T>(sn0, sn1, sq, sk);
-        wg_wait<0>();
-        reg_fence(sn0);
-        reg_fence(sn1);
-      }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        s0[j] = sn0[j];
-        s1[j] = sn1[j];
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) s0[j] = s1[j] = 0.f;
-      reg_fence(s0);
-      reg_fence(s1);
-      mbar_wait(&full[s], (it >> 1) & 1);
-      wg_fence();
-      q1_s<T>(s0, s1, sq, sk);
-      wg_wait<0>();
-      reg_fence(s0);
-      reg_fence(s1);
-    }
+    for (int j = 0; j < 16; ++j) s0[j] = s1[j] = 0.f;
+    reg_fence(s0);
+    reg_fence(s1);
+    mbar_wait(&full[s], (it >> 1) & 1);
+    wg_fence();
+    q1_s<T>(s0, s1, sq, sk);
+    wg_wait<0>();
+    reg_fence(s0);
+    reg_fence(s1);
     const uint32_t v0 = valid4[0] | (valid4[1] << 16), v1 = valid4[2] | (valid4[3] << 16);
     float mx0_lo = -INFINITY, mx0_hi = -INFINITY, mx1_lo = -INFINITY, mx1_hi = -INFINITY;
 #pragma unroll
@@ -432,20 +409,8 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     const float a2_lo = ex2(m1_lo - finite_or_zero(m2_lo)), a2_hi = ex2(m1_hi - finite_or_zero(m2_hi));
     float sum0_lo, sum0_hi, sum1_lo, sum1_hi;
     exponentiate(s0, m1_lo, m1_hi, sum0_lo, sum0_hi);
-    p_qdq<T, PF>(p, s0);
     uint32_t a0[2][4], a1[2][4];
     p_fragments<T>(s0, a0);
-    if constexpr (Pipe) {  // S of step it + 1 from here (s0 packed: O, S, s1 and P0 fit 224 registers)
-      if (it + 1 < steps) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) sn0[j] = sn1[j] = 0.f;
-        reg_fence(sn0);
-        reg_fence(sn1);
-        mbar_wait(&full[s ^ 1], ((it + 1) >> 1) & 1);
-        wg_fence();
-        q1_s<T>(sn0, sn1, sq, sk0 + (s ^ 1) * kTileBytes);
-      }
-    }
     exponentiate(s1, m2_lo, m2_hi, sum1_lo, sum1_hi);
     l_lo = (l_lo * a1_lo + sum0_lo) * a2_lo;
     l_hi = (l_hi * a1_hi + sum0_hi) * a2_hi;
@@ -453,7 +418,6 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     l1_hi = (l1_hi * a1_hi) * a2_hi + sum1_hi;
     m_lo = m2_lo;
     m_hi = m2_hi;
-    p_qdq<T, PF>(p, s1);
     p_fragments<T>(s1, a1);
     if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1 read the previous step's P slab and factors
     store_p(sp, a0, row_lo, 0, t);
@@ -468,20 +432,12 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
-    if constexpr (Pipe) {
-      reg_fence(sn0);
-      reg_fence(sn1);
-    }
     rescale(o, a2_lo, a2_hi);
     wg_fence();
     pv_regs<T>(o, a1, sv, kPTile);
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
-    if constexpr (Pipe) {  // S of step it + 1 completed with the groups before (in order)
-      reg_fence(sn0);
-      reg_fence(sn1);
-    }
   } else {
     mbar_wait(&full[s], (it >> 1) & 1);  // the stage's V (WG0's wait does not order this warpgroup's reads)
     nb_sync<kConsumerThreads>(kBarP0Full);  // P of both halves and the factors
@@ -504,15 +460,13 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
 }
 
 // KF: K's (= V's) format, kNoQuant or kFP8 (k_codes_fp8), or kCodes (an FP8 cache: codes_to_values); PF: P's
-// format (p_qdq). Q1 1 / 2 (schedule "q1" / "q1p", unquantized only, branch wip/decode-128-heads-w, not yet
-// measured; 0: the seesaw): WG0
-// computes S of the whole step (36 x m64n64k16: Q read once per 64 keys instead of twice), both halves' maxima,
-// P, factors and row-sum recurrences exactly as the seesaw's two warpgroups do (so the same values, bit for bit,
-// if m64n64 sums each element's k steps as m64n32 does), publishes P (the slab) and the factors a1, a2 (smx0,
-// smx1) on P0F; WG1 only accumulates O_R from the slab and arrives P0E once it read them. MX0 / H1F unused.
-// Q1 == 2 pipelines WG0: S of step i + 1 is issued (into sn) once step i's first half is packed as P, so the
-// second half's softmax, the P stores and the first rescale run under it; the same arithmetic.
-template <typename T, int KF, int PF, int Q1 = 0>
+// format (p_qdq). The unquantized problem (KF = PF = kNoQuant) runs schedule Q1 (q1_step): WG0 computes S of the
+// whole step (36 x m64n64k16: Q read once per 64 keys instead of twice), both halves' maxima, P, factors and
+// row-sum recurrences exactly as the seesaw's two warpgroups do (the same values, bit for bit: measured, NOTES
+// "Q1"), publishes P (the slab) and the factors a1, a2 (smx0, smx1) on P0F; WG1 only accumulates O_R from the
+// slab and arrives P0E once it read them (MX0 / H1F unused). Measured 0.92-0.95x the seesaw's time at 16 and 128
+// heads; the quantized problems keep the seesaw (their P / K conversions are split over both warpgroups).
+template <typename T, int KF, int PF>
 __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
@@ -602,14 +556,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   for (int j = 0; j < 128; ++j) o[j] = 0.f;
   // Running max (log2 domain, both warpgroups alike) and this warpgroup's row sum (this thread's 8 of 32 keys).
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  constexpr bool kQ1 = KF == kNoQuant && PF == kNoQuant;  // schedule Q1 (above)
   float l1_lo = 0.f, l1_hi = 0.f;  // Q1: WG0 also keeps the seesaw's WG1 row sum (l_1)
-  float sn0[16], sn1[16];           // Q1 == 2: WG0's S of the next step, in flight
   for (int it = 0; it < steps; ++it) {
     const int s = it & 1;
     const uint8_t* sk = sk0 + s * kTileBytes;
     const uint8_t* sv = sk + wg * 4 * kKeys * 128;  // this warpgroup's V columns: slabs 4 wg .. 4 wg + 3
-    if constexpr (Q1 > 0) {
-      q1_step<T, PF, Q1 == 2>(p, o, sn0, sn1, sq, sk0, sk, sv, sp, smx0, smx1, s_valid + 4 * s, full, empty, it, steps, wg, t, lane, row_lo,
+    if constexpr (kQ1) {
+      q1_step<T>(p, o, sq, sk, sv, sp, smx0, smx1, s_valid + 4 * s, full, empty, it, steps, wg, t, lane, row_lo,
                      m_lo, m_hi, l_lo, l_hi, l1_lo, l1_hi);
       continue;
     }
@@ -706,15 +660,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   for (int d = 1; d <= 2; d <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
-    if constexpr (Q1 > 0) {
+    if constexpr (kQ1) {
       l1_lo += __shfl_xor_sync(0xffffffffu, l1_lo, d);
       l1_hi += __shfl_xor_sync(0xffffffffu, l1_hi, d);
     }
   }
-  if ((t & 3) == 0 && (Q1 == 0 || wg == 0)) {
+  if ((t & 3) == 0 && (!kQ1 || wg == 0)) {
     sl[wg * kHeads + row_lo] = l_lo;
     sl[wg * kHeads + row_lo + 8] = l_hi;
-    if constexpr (Q1 > 0) {
+    if constexpr (kQ1) {
       sl[kHeads + row_lo] = l1_lo;
       sl[kHeads + row_lo + 8] = l1_hi;
     }
@@ -755,7 +709,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   }
 }
 
-template <typename T, int KF, int PF, int Q1 = 0>
+template <typename T, int KF, int PF>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   // Once per device and instantiation (not a stream operation: capture-safe).
   static bool attribute_set[kMaxDevices] = {};
@@ -763,34 +717,20 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices || !attribute_set[device]) {
-    err = cudaFuncSetAttribute(decode_wgmma_kernel<T, KF, PF, Q1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    err = cudaFuncSetAttribute(decode_wgmma_kernel<T, KF, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kSmemBytes);
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) attribute_set[device] = true;
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
-  decode_wgmma_kernel<T, KF, PF, Q1><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
+  decode_wgmma_kernel<T, KF, PF><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
-}
-
-// Schedule Q1 (decode_wgmma_kernel) for the unquantized problem while MLA_CORE_CUDA_DECODE_SCHEDULE is q1 (1) or
-// q1p (2, pipelined), else 0: the branch's A/B switch until Q1 is measured (read per launch: a test or benchmark
-// may switch it in one process).
-int schedule_q1() {
-  const char* v = std::getenv("MLA_CORE_CUDA_DECODE_SCHEDULE");
-  if (v == nullptr) return 0;
-  return std::strcmp(v, "q1") == 0 ? 1 : std::strcmp(v, "q1p") == 0 ? 2 : 0;
 }
 
 template <typename T, int KF>
 cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
   if (p.p_fmt == kFP8) return launch_split<T, KF, kFP8>(p, stream);
   if (p.p_fmt == kNVFP4) return launch_split<T, KF, kNVFP4>(p, stream);
-  if constexpr (KF == kNoQuant) {
-    const int q1 = schedule_q1();
-    if (q1 == 1) return launch_split<T, KF, kNoQuant, 1>(p, stream);
-    if (q1 == 2) return launch_split<T, KF, kNoQuant, 2>(p, stream);
-  }
   return launch_split<T, KF, kNoQuant>(p, stream);
 }
 template <typename T>

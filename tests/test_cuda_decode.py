@@ -469,23 +469,3 @@ def test_fp8_cache_unaligned_rows_and_graph(kernels):
     assert torch.equal(static, eager)
     assert kernels == ["wgmma"] * 5
 
-
-@pytest.mark.parametrize("schedule", ["q1", "q1p"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("splits", [1, 3, "auto"])
-@pytest.mark.parametrize("page_size", [16, 64])
-@pytest.mark.parametrize("heads", [16, 20, 128])
-def test_schedule_q1_bit_equal(monkeypatch, heads, page_size, splits, dtype, schedule, kernels):
-    """Schedule Q1 (branch wip/decode-128-heads-w: S of the whole step on one warpgroup, selected by
-    MLA_CORE_CUDA_DECODE_SCHEDULE=q1, or q1p: pipelined) computes every score, maximum, P value, row sum and
-    product as the seesaw does, in the same order: outputs and LSE bit-equal to the default schedule's, on every
-    tile edge."""
-    inputs = _inputs(tuple(LENGTHS), heads, page_size, dtype)
-    kw = dict(num_kv_splits=splits, return_lse=True)
-    monkeypatch.delenv("MLA_CORE_CUDA_DECODE_SCHEDULE", raising=False)
-    out_a, lse_a = decode("cuda", inputs, **kw)
-    monkeypatch.setenv("MLA_CORE_CUDA_DECODE_SCHEDULE", schedule)
-    out_b, lse_b = decode("cuda", inputs, **kw)
-    assert kernels == ["wgmma", "wgmma"]
-    assert torch.equal(out_a.view(torch.int16), out_b.view(torch.int16))
-    assert torch.equal(lse_a.view(torch.int32), lse_b.view(torch.int32))
