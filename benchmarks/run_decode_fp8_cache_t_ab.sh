@@ -42,8 +42,9 @@ tail -n 4 "$LOGS/ab_build_a.log" "$LOGS/ab_build_b.log"
 if [ "${AB_QUICK:-0}" = 1 ]; then shape=(--batch 32 --lengths 8192); else shape=(); fi
 timeout "${BENCH_TIMEOUT:-110}" python3 benchmarks/bench_decode_fp8_cache_t_ab.py --src-a "$A_SRC" \
   --src-b "$PWD/csrc" "${shape[@]}" 2>&1 | tee "$LOGS/ab_bench.log" | tail -18
-mkdir -p "$LOGS/fp16" && OUT=$LOGS/fp16 timeout "${FP16_TIMEOUT:-15}" python3 benchmarks/bench_decode_fp8_cache_t_ab.py \
-  --src-a "$A_SRC" --src-b "$PWD/csrc" --q-dtype fp16 --heads 16,128 --batch 32 --lengths 8192 2>&1 \
+mkdir -p "$LOGS/fp16" && OUT=$LOGS/fp16 timeout "${FP16_TIMEOUT:-15}" \
+  python3 benchmarks/bench_decode_fp8_cache_t_ab.py --src-a "$A_SRC" --src-b "$PWD/csrc" --q-dtype fp16 \
+  --heads 16,128 --batch 32 --lengths 8192 2>&1 \
   | tee "$LOGS/ab_bench_fp16.log" | tail -5
 left=$(( ${CALL_LIMIT:-290} - ($(date +%s) - t0) ))
 echo "GPU tests with ${left} s left"
