@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import fp8_cache, make_inputs  # noqa: E402
-from common import device_info, print_table, time_graph, write_json  # noqa: E402
+from common import device_info, load_cuda_extension, print_table, time_graph, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
@@ -33,16 +33,6 @@ import mla_core  # noqa: E402
 from mla_core.specs import validate_decode  # noqa: E402
 
 RANK, ROPE = 512, 64
-
-
-def load(src: str):
-    """The extension built from csrc folder ``src`` (the build module hashes the sources once per process: reset)."""
-    from mla_core_cuda import build
-    os.environ["MLA_CORE_CUDA_SRC"] = os.path.abspath(src)
-    build._DEFAULT_KEY = None
-    module = build.build()
-    build._DEFAULT_KEY = None
-    return module
 
 
 def problem_call(q, cache, table, lens, kv_scale=None):
@@ -68,7 +58,7 @@ def main():
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     from mla_core_cuda import decode
-    mods = {"A": load(args.src_a), "B": load(args.src_b)}
+    mods = {"A": load_cuda_extension(args.src_a), "B": load_cuda_extension(args.src_b)}
     cuda, triton = mla_core.get_backend("cuda"), mla_core.get_backend("triton") if args.triton else None
     print(f"# {device_info()}\n# A = {args.src_a} ({mods['A'].__name__}), B = {args.src_b} ({mods['B'].__name__}); "
           f"q {args.q_dtype}", flush=True)

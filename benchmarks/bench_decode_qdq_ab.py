@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import make_inputs  # noqa: E402
-from common import device_info, print_table, time_graph, write_json  # noqa: E402
+from common import device_info, load_cuda_extension, print_table, time_graph, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
@@ -32,16 +32,6 @@ from mla_core.specs import validate_decode  # noqa: E402
 
 RANK, ROPE = 512, 64
 RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8")}
-
-
-def load(src: str):
-    """The extension built from csrc folder ``src`` (the build module hashes the sources once per process: reset)."""
-    from mla_core_cuda import build
-    os.environ["MLA_CORE_CUDA_SRC"] = os.path.abspath(src)
-    build._DEFAULT_KEY = None
-    module = build.build()
-    build._DEFAULT_KEY = None
-    return module
 
 
 def main():
@@ -55,7 +45,7 @@ def main():
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     from mla_core_cuda import decode
-    mods = {"A": load(args.src_a), "B": load(args.src_b)}
+    mods = {"A": load_cuda_extension(args.src_a), "B": load_cuda_extension(args.src_b)}
     cuda = mla_core.get_backend("cuda")
     print(f"# {device_info()}\n# A = {args.src_a} ({mods['A'].__name__}), B = {args.src_b} ({mods['B'].__name__})",
           flush=True)

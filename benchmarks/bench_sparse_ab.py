@@ -23,26 +23,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_sparse import FLASHMLA_US, TOP_K, make_case  # noqa: E402
-from common import device_info, print_table, time_graph, write_json  # noqa: E402
+from common import device_info, load_cuda_extension, print_table, time_graph, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
 
 import mla_core  # noqa: E402
 from mla_core import specs  # noqa: E402
-
-
-def load(src: str, cache: str | None):
-    """The extension built from csrc folder ``src`` into build cache ``cache`` (None: $MLA_CORE_CACHE_DIR); the
-    build module hashes the sources once per process: reset."""
-    from mla_core_cuda import build
-    os.environ["MLA_CORE_CUDA_SRC"] = os.path.abspath(src)
-    if cache:
-        os.environ["MLA_CORE_CACHE_DIR"] = os.path.abspath(cache)
-    build._DEFAULT_KEY = None
-    module = build.build()
-    build._DEFAULT_KEY = None
-    return module
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -60,7 +47,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     from mla_core_cuda import sparse
-    mods = {"A": load(args.src_a, args.cache_a), "B": load(args.src_b, args.cache_b)}
+    mods = {"A": load_cuda_extension(args.src_a, args.cache_a), "B": load_cuda_extension(args.src_b, args.cache_b)}
     cuda = mla_core.get_backend("cuda")
     print(f"# {device_info()}\n# A = {args.src_a} ({mods['A'].__name__}), B = {args.src_b} ({mods['B'].__name__})",
           flush=True)

@@ -31,3 +31,16 @@ def write_json(name: str, payload: dict) -> str | None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
     return path
+
+
+def load_cuda_extension(src: str, cache: str | None = None):
+    """The cuda backend's extension built from csrc folder ``src`` (an A/B's A or B) into build cache ``cache``
+    (None: $MLA_CORE_CACHE_DIR). The build module hashes the sources once per process: reset before and after."""
+    from mla_core_cuda import build
+    os.environ["MLA_CORE_CUDA_SRC"] = os.path.abspath(src)
+    if cache:
+        os.environ["MLA_CORE_CACHE_DIR"] = os.path.abspath(cache)
+    build._DEFAULT_KEY = None
+    module = build.build()
+    build._DEFAULT_KEY = None
+    return module

@@ -1,7 +1,8 @@
 """Host (Python) time of one eager decode step of ``mla_core.mla_forward`` and of ``MLAAttention`` (issue 11).
 
-Times, per call, the median and the minimum of ``--repeats`` loops of back-to-back calls (perf_counter; on a GPU
-one synchronize per loop, so a host-bound step measures its host time):
+Times, per call, the median and the minimum of ``--repeats`` loops of back-to-back calls (perf_counter, or the
+thread's CPU time with ``--clock thread``; on a GPU one synchronize per loop, so a host-bound step measures its
+host time):
 
 * the layer's inner decode alone (dispatch and ``Backend.run``, as the triton layer calls it: "decode op");
 * ``mla_core.mla_forward`` (the layer op, one new token per request) with ``MLA_CORE_CHECKS=full`` and
@@ -45,25 +46,26 @@ DIMS = {  # hidden, q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim, pag
 }
 
 
-def per_call_us(fn, device: torch.device, loop_s: float = 0.1, repeats: int = 15) -> tuple[float, float]:
+def per_call_us(fn, device: torch.device, loop_s: float = 0.1, repeats: int = 15,
+                clock=time.perf_counter) -> tuple[float, float]:
     """Median and minimum over ``repeats`` loops (each about ``loop_s`` long) of the time per call, in µs (the
     minimum is the least disturbed loop on a shared CPU)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(5):
         fn()
     sync()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(10):
         fn()
     sync()
-    calls = max(5, int(loop_s / ((time.perf_counter() - start) / 10)))
+    calls = max(5, int(loop_s / ((clock() - start) / 10)))
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             fn()
         sync()
-        samples.append((time.perf_counter() - start) * 1e6 / calls)
+        samples.append((clock() - start) * 1e6 / calls)
     return statistics.median(samples), min(samples)
 
 
@@ -76,20 +78,21 @@ def config(heads: int, dims: str) -> SimpleNamespace:
                            attention_bias=False, rope_interleave=True, rms_norm_eps=1e-6)
 
 
-def module_step(heads: int, batch: int, length: int, backend: str | None, device: torch.device, dims: str = "tiny"):
+def module_step(heads: int, batch: int, length: int, backend: str | None, device: torch.device, dims: str = "tiny",
+                dtype: torch.dtype = torch.bfloat16):
     """(module, step): a decode step of MLAAttention, ``batch`` requests with ``length - 1`` cached tokens each."""
     from mla_core.nn import MLAAttention, StaticPageTable
     torch.manual_seed(0)
     page = DIMS[dims][-1]
     table = StaticPageTable(batch, length, page, device=device, generator=torch.Generator().manual_seed(0))
-    mod = MLAAttention(config(heads, dims), num_pages=table.num_pages, page_size=page, dtype=torch.bfloat16,
+    mod = MLAAttention(config(heads, dims), num_pages=table.num_pages, page_size=page, dtype=dtype,
                        device=device, attention_backend=backend)
     with torch.no_grad():
         for p in mod.parameters():
             p.normal_(0, 0.02)
     mod.latent_cache.normal_()
     table.lengths.fill_(length - 1)
-    hidden = torch.randn(batch, mod.hidden_size, device=device).to(torch.bfloat16)
+    hidden = torch.randn(batch, mod.hidden_size, device=device).to(dtype)
     offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
 
     def step():
@@ -101,8 +104,9 @@ def module_step(heads: int, batch: int, length: int, backend: str | None, device
 def layer_step(mod, batch: int, length: int, backend: str | None):
     """The layer op alone on the module's cache and weights (q and kv as the projections would give them)."""
     device = mod.latent_cache.device
-    q = torch.randn(batch, mod.local_heads, mod.qk_dim, device=device).to(torch.bfloat16)
-    kv = torch.randn(batch, mod.kv_lora_rank + mod.rope_dim, device=device).to(torch.bfloat16)
+    dtype = mod.latent_cache.dtype
+    q = torch.randn(batch, mod.local_heads, mod.qk_dim, device=device).to(dtype)
+    kv = torch.randn(batch, mod.kv_lora_rank + mod.rope_dim, device=device).to(dtype)
     pages = -(-length // mod.latent_cache.shape[1])
     table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
     offsets = torch.arange(batch + 1, dtype=torch.int32, device=device)
@@ -167,7 +171,7 @@ def stub_cuda() -> None:
 
 
 _VIEW_OPS = {"view", "t", "transpose", "slice", "select", "unsqueeze", "squeeze", "reshape", "expand", "as_strided",
-             "detach", "alias", "permute", "_unsafe_view", "split", "narrow", "unbind"}
+             "detach", "alias", "permute", "_unsafe_view", "split", "split_with_sizes", "narrow", "unbind"}
 
 
 def count(fn) -> dict:
@@ -277,9 +281,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dims", choices=sorted(DIMS), default="tiny")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                    help="weights, cache and activations (CPU: float32 GEMMs cost about their dispatch, bf16 ones "
+                         "with more than 64 outputs ~15 µs of oneDNN work each, which a GPU's host does not do)")
     ap.add_argument("--length", type=int, default=32)
     ap.add_argument("--backend", default="reference", help="backend of the layer and its attention ('' = automatic)")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: this thread's CPU time (a CPU stub on a shared machine; on a GPU it misses the "
+                         "waits of a synchronizing step)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: tiny ops, a shared CPU)")
     ap.add_argument("--stub-triton", action="store_true",
                     help="(TRITON_INTERPRET=1) Triton kernel launches do nothing: time the host path around them")
@@ -308,11 +318,12 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     backend = args.backend or None
     costs = launch_costs(device, args.repeats) if args.launch_costs else None
-    mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims)
+    mod, module = module_step(args.heads, args.batch, args.length, backend, device, args.dims,
+                              getattr(torch, args.dtype))
     layer = layer_step(mod, args.batch, args.length, backend)
     inner = decode_step(mod, args.batch, args.length, backend)
     print(f"mla_core at {os.path.dirname(mla_core.__file__)}, torch {torch.__version__}, {args.device}, "
-          f"{args.dims} dims, heads {args.heads}, batch {args.batch}, length {args.length}, "
+          f"{args.dims} dims, {args.dtype}, heads {args.heads}, batch {args.batch}, length {args.length}, "
           f"backend {backend or 'automatic'}{' (Triton launches stubbed)' if args.stub_triton else ''}"
           f"{' (cuda calls stubbed)' if args.stub_cuda else ''}")
     rows = []
@@ -323,7 +334,8 @@ def main(argv=None) -> int:
             for what, fn in (("decode op", inner), ("mla_forward", layer), ("MLAAttention", module)):
                 if args.only and what not in args.only.split(","):
                     continue
-                median, least = per_call_us(fn, device, repeats=args.repeats)
+                median, least = per_call_us(fn, device, repeats=args.repeats,
+                                            clock=time.thread_time if args.clock == "thread" else time.perf_counter)
                 rows.append(dict(what=what, checks=checks, us=median, min_us=least))
                 print(f"{what:>13} [{checks:>8}]  median {median:8.1f} µs/call  (min {least:8.1f})", flush=True)
                 if args.count:

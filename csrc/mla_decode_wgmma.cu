@@ -18,9 +18,10 @@
 //     validity bits, written before the stage is published). The next step's block-table entries are read while
 //     a step's copies are in flight (off the critical path). Each producer thread arrives on full[s] after its
 //     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async;
-//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory), masked by
-//     the validity bits; P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded
-//     first, p_qdq), row sums from the float32 P; factors and P are taken against 0 while a row's max is -inf.
+//   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory; the
+//     unquantized problem runs schedule Q1 instead, decode_wgmma_kernel's comment), masked by the validity bits;
+//     P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded first, p_qdq), row
+//     sums from the float32 P; factors and P are taken against 0 while a row's max is -inf.
 // Outputs, LSE, empty rows and splits as the mma.sync kernel (0 and -inf), partials merged by its combine kernel.
 // The protocol was checked over every interleaving for 1-6 steps (benchmarks/probes/decode_wgmma_z_emulation.py)
 // and measured as variant Z of the decode probe (benchmarks/NOTES.md). Layout, descriptors and ordering rules:
@@ -356,8 +357,117 @@ __device__ __forceinline__ void p_qdq(const DecodeParams& p, float (&e)[16]) {
   }
 }
 
+// S of a whole step (keys 0-31 into d, 32-63 into e; the stage at `sk`): 36 k16 steps, one group, issued only.
+template <typename T>
+__device__ __forceinline__ void q1_s(float (&d)[16], float (&e)[16], const uint8_t* sq, const uint8_t* sk) {
+#pragma unroll
+  for (int ks = 0; ks < kDim / 16; ++ks)
+    Wgmma<T>::s_full(d, e, kmajor_desc(sq, 32 * ks), kmajor_desc(sk, 32 * ks), ks > 0);
+  wg_commit();
+}
+// One step of schedule Q1 (decode_wgmma_kernel's comment) for consumer warpgroup wg: the stage's S, softmax and P
+// on WG0, O's columns 256 wg.. on both; m / l as the kernel keeps them (l_0 in l_*, WG0's l_1 in l1_*).
+template <typename T>
+__device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], const uint8_t* sq, const uint8_t* sk,
+                                        const uint8_t* sv, uint8_t* sp, float* sa1, float* sa2, const uint32_t* valid4,
+                                        uint64_t* full, uint64_t* empty, int it, int steps, int wg, int t, int lane,
+                                        int row_lo, float& m_lo, float& m_hi, float& l_lo, float& l_hi, float& l1_lo,
+                                        float& l1_hi) {
+  const int s = it & 1;
+  if (wg == 0) {
+    float s0[16], s1[16];  // keys 0-31, 32-63 (s_half's layout each)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) s0[j] = s1[j] = 0.f;
+    reg_fence(s0);
+    reg_fence(s1);
+    mbar_wait(&full[s], (it >> 1) & 1);
+    wg_fence();
+    q1_s<T>(s0, s1, sq, sk);
+    wg_wait<0>();
+    reg_fence(s0);
+    reg_fence(s1);
+    const uint32_t v0 = valid4[0] | (valid4[1] << 16), v1 = valid4[2] | (valid4[3] << 16);
+    float mx0_lo = -INFINITY, mx0_hi = -INFINITY, mx1_lo = -INFINITY, mx1_hi = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int key = 8 * (j >> 2) + 2 * (t & 3) + (j & 1);
+      const float x0 = (v0 >> key) & 1u ? s0[j] * p.qk_scale_log2 : -INFINITY;
+      const float x1 = (v1 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;
+      s0[j] = x0;
+      s1[j] = x1;
+      if (j & 2) {
+        mx0_hi = fmaxf(mx0_hi, x0);
+        mx1_hi = fmaxf(mx1_hi, x1);
+      } else {
+        mx0_lo = fmaxf(mx0_lo, x0);
+        mx1_lo = fmaxf(mx1_lo, x1);
+      }
+    }
+    quad_max(mx0_lo, mx0_hi);
+    quad_max(mx1_lo, mx1_hi);
+    const float m1_lo = fmaxf(m_lo, mx0_lo), m1_hi = fmaxf(m_hi, mx0_hi);
+    const float m2_lo = fmaxf(m1_lo, mx1_lo), m2_hi = fmaxf(m1_hi, mx1_hi);
+    const float a1_lo = ex2(m_lo - finite_or_zero(m1_lo)), a1_hi = ex2(m_hi - finite_or_zero(m1_hi));
+    const float a2_lo = ex2(m1_lo - finite_or_zero(m2_lo)), a2_hi = ex2(m1_hi - finite_or_zero(m2_hi));
+    float sum0_lo, sum0_hi, sum1_lo, sum1_hi;
+    exponentiate(s0, m1_lo, m1_hi, sum0_lo, sum0_hi);
+    uint32_t a0[2][4], a1[2][4];
+    p_fragments<T>(s0, a0);
+    exponentiate(s1, m2_lo, m2_hi, sum1_lo, sum1_hi);
+    l_lo = (l_lo * a1_lo + sum0_lo) * a2_lo;
+    l_hi = (l_hi * a1_hi + sum0_hi) * a2_hi;
+    l1_lo = (l1_lo * a1_lo) * a2_lo + sum1_lo;
+    l1_hi = (l1_hi * a1_hi) * a2_hi + sum1_hi;
+    m_lo = m2_lo;
+    m_hi = m2_hi;
+    p_fragments<T>(s1, a1);
+    if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1 read the previous step's P slab and factors
+    store_p(sp, a0, row_lo, 0, t);
+    store_p(sp, a1, row_lo, kPTile, t);
+    store_row_pair(sa1, row_lo, t, a1_lo, a1_hi);
+    store_row_pair(sa2, row_lo, t, a2_lo, a2_hi);
+    fence_proxy_async();
+    nb_arrive<kConsumerThreads>(kBarP0Full);
+    rescale(o, a1_lo, a1_hi);
+    wg_fence();
+    pv_regs<T>(o, a0, sv, 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    rescale(o, a2_lo, a2_hi);
+    wg_fence();
+    pv_regs<T>(o, a1, sv, kPTile);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+  } else {
+    mbar_wait(&full[s], (it >> 1) & 1);  // the stage's V (WG0's wait does not order this warpgroup's reads)
+    nb_sync<kConsumerThreads>(kBarP0Full);  // P of both halves and the factors
+    const float a1_lo = sa1[row_lo], a1_hi = sa1[row_lo + 8], a2_lo = sa2[row_lo], a2_hi = sa2[row_lo + 8];
+    rescale(o, a1_lo, a1_hi);
+    wg_fence();
+    pv_slab<T>(o, sp, sv, 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    rescale(o, a2_lo, a2_hi);
+    wg_fence();
+    pv_slab<T>(o, sp, sv, kPTile);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
+  }
+  release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s has completed
+}
+
 // KF: K's (= V's) format, kNoQuant or kFP8 (k_codes_fp8), or kCodes (an FP8 cache: codes_to_values); PF: P's
-// format (p_qdq).
+// format (p_qdq). The unquantized problem (KF = PF = kNoQuant) runs schedule Q1 (q1_step): WG0 computes S of the
+// whole step (36 x m64n64k16: Q read once per 64 keys instead of twice), both halves' maxima, P, factors and
+// row-sum recurrences exactly as the seesaw's two warpgroups do (the same values, bit for bit: measured, NOTES
+// "Q1"), publishes P (the slab) and the factors a1, a2 (smx0, smx1) on P0F; WG1 only accumulates O_R from the
+// slab and arrives P0E once it read them (MX0 / H1F unused). Measured 0.92-0.95x the seesaw's time at 16 and 128
+// heads; the quantized problems keep the seesaw (their P / K conversions are split over both warpgroups).
 template <typename T, int KF, int PF>
 __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -448,10 +558,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   for (int j = 0; j < 128; ++j) o[j] = 0.f;
   // Running max (log2 domain, both warpgroups alike) and this warpgroup's row sum (this thread's 8 of 32 keys).
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  constexpr bool kQ1 = KF == kNoQuant && PF == kNoQuant;  // schedule Q1 (above)
+  float l1_lo = 0.f, l1_hi = 0.f;  // Q1: WG0 also keeps the seesaw's WG1 row sum (l_1)
   for (int it = 0; it < steps; ++it) {
     const int s = it & 1;
     const uint8_t* sk = sk0 + s * kTileBytes;
     const uint8_t* sv = sk + wg * 4 * kKeys * 128;  // this warpgroup's V columns: slabs 4 wg .. 4 wg + 3
+    if constexpr (kQ1) {
+      q1_step<T>(p, o, sq, sk, sv, sp, smx0, smx1, s_valid + 4 * s, full, empty, it, steps, wg, t, lane, row_lo,
+                     m_lo, m_hi, l_lo, l_hi, l1_lo, l1_hi);
+      continue;
+    }
 
     // S of this warpgroup's half (rows 32 wg.. of every K slab).
     float sc[16];
@@ -540,15 +657,23 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s has completed
   }
 
-  // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups).
+  // Row sums: over the quad, then l = l_0 + l_1 (the same order in both warpgroups; Q1: WG0 stores both).
 #pragma unroll
   for (int d = 1; d <= 2; d <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
+    if constexpr (kQ1) {
+      l1_lo += __shfl_xor_sync(0xffffffffu, l1_lo, d);
+      l1_hi += __shfl_xor_sync(0xffffffffu, l1_hi, d);
+    }
   }
-  if ((t & 3) == 0) {
+  if ((t & 3) == 0 && (!kQ1 || wg == 0)) {
     sl[wg * kHeads + row_lo] = l_lo;
     sl[wg * kHeads + row_lo + 8] = l_hi;
+    if constexpr (kQ1) {
+      sl[kHeads + row_lo] = l1_lo;
+      sl[kHeads + row_lo + 8] = l1_hi;
+    }
   }
   nb_sync<kConsumerThreads>(kBarAll);
   const float lt_lo = sl[row_lo] + sl[kHeads + row_lo], lt_hi = sl[row_lo + 8] + sl[kHeads + row_lo + 8];

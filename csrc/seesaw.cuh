@@ -73,6 +73,8 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s, uint32_t k0) 
 // and P V over one 128-column scale block (pv128_rs: m64n128k16 into o[kOff .. kOff + 63], A from registers).
 #define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
+#define MLA_E4(i) "+f"(e[i]), "+f"(e[i + 1]), "+f"(e[i + 2]), "+f"(e[i + 3])
+#define MLA_E16(i) MLA_E4(i), MLA_E4(i + 4), MLA_E4(i + 8), MLA_E4(i + 12)
 #define MLA_F128 MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48), MLA_F16(64), MLA_F16(80), MLA_F16(96), MLA_F16(112)
 template <typename T> struct Wgmma;
 #define MLA_WGMMA_OPS(T_, TY, PAIR, CONVERT)                                                                           \
@@ -81,6 +83,14 @@ template <typename T> struct Wgmma;
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                        \
                    "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
                    : MLA_F16(0)                                                                                        \
+                   : "l"(da), "l"(db), "r"(accumulate));                                                               \
+    }                                                                                                                  \
+    /* S of all 64 keys (m64n64k16): keys 0-31 into d, 32-63 into e, each in s_half's layout */                      \
+    static __device__ __forceinline__ void s_full(float (&d)[16], float (&e)[16], uint64_t da, uint64_t db,            \
+                                                  int accumulate) {                                                    \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                        \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+                   : MLA_F16(0), MLA_E16(0)                                                                            \
                    : "l"(da), "l"(db), "r"(accumulate));                                                               \
     }                                                                                                                  \
     static __device__ __forceinline__ void pv(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {             \
@@ -123,6 +133,8 @@ MLA_WGMMA_OPS(__half, "f16", __half2, __floats2half2_rn)
 #undef MLA_F128
 #undef MLA_F16
 #undef MLA_F4
+#undef MLA_E16
+#undef MLA_E4
 
 // This thread's P half (16 float32 of the S accumulator layout) as the two m64k16 A fragments of its keys.
 template <typename T>

@@ -7,6 +7,15 @@ registers the user cache, the shipped cache and tuning-on-a-miss, in that order)
 backend with the highest priority for the problem (``Backend.priority_for``). After the first call
 of a problem the answer is one dict lookup. Dispatch imports neither the autotuner nor the CLI: they build on it.
 
+Eager calls and CUDA-graph captures are remembered apart (:func:`capturing`): a backend's ``priority_for`` may
+answer differently while the current CUDA stream captures (the cuda backend prefers its one-launch decode for
+eager calls, whose time is the host's, and leaves captured ones to triton: docs/plugins.md, "Priority"). A capture
+of a problem already called eagerly reuses the eager choice: the replay runs the kernels the eager calls ran and
+computes what they did, and no backend's first launch (Triton loads a kernel's module then) lands inside a capture.
+(A first Triton launch inside a capture did work on the H200 with torch 2.11 / triton 3.6: benchmarks/NOTES.md,
+"Round (h), the lead's last device call"; the guard costs graphs captured after an eager warm-up 2.4-4.7 us a layer
+at 16 heads and L <= 4k.)
+
 A plugin's mistakes stay its own: an exception from ``why_not`` / ``unavailable_reason`` / ``configs`` /
 ``priority_for`` makes that backend unusable for the problem (the exception is the reason) and the others
 are asked.
@@ -20,6 +29,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import torch
+
 from . import env, plugins
 from .backend import Backend, BackendOutputError, check_result, result_checks
 from .errors import NoBackendError
@@ -27,8 +38,8 @@ from .plugins import backends, get_backend
 from .problem import Problem
 
 ENV_BACKEND = env.BACKEND
-__all__ = ["BackendOutputError", "Choice", "ChoiceSource", "add_choice_source", "candidates", "check_result",
-           "choose", "clear_memory", "explain", "requested_backend", "result_checks", "use_backend"]
+__all__ = ["BackendOutputError", "Choice", "ChoiceSource", "add_choice_source", "candidates", "capturing",
+           "check_result", "choose", "clear_memory", "explain", "requested_backend", "result_checks", "use_backend"]
 
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("mla_core_backend", default=None)
 
@@ -46,12 +57,25 @@ ChoiceSource = Callable[[Problem, "list[Backend]"], "Choice | None"]
 """Asked on an in-memory miss with the valid backends (highest ``priority_for`` first); None: no opinion."""
 
 _memory: dict[tuple[str | None, Problem], Choice] = {}
+"""Choices of eager calls by (override name, problem)."""
+_captured: dict[tuple[str | None, Problem], Choice] = {}
+"""Choices of calls made while the current CUDA stream captures a graph, by the same key."""
 _sources: list[ChoiceSource] = []
 
 
 def clear_memory() -> None:
     """Forget every in-memory decision (after plugins or the cache change)."""
     _memory.clear()
+    _captured.clear()
+
+
+def capturing(problem: Problem) -> bool:
+    """Whether a call of ``problem`` made now is captured into a CUDA graph: a CUDA problem while the current
+    CUDA stream captures (``torch.cuda.is_current_stream_capturing()``; never asked for other devices, nor before
+    CUDA is initialized). Dispatch remembers eager and captured choices apart; a backend's ``priority_for`` may
+    call this to rank itself differently for the two (its time is the host's launch cost eagerly, the GPU's in
+    a graph's replay)."""
+    return problem.device == "cuda" and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 plugins.on_change(clear_memory)
@@ -141,9 +165,19 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
     """
     name = requested_backend(explicit)
     key = (name, problem)
-    choice = _memory.get(key)
-    if choice is not None:
+    if capturing(problem):
+        choice = _captured.get(key) or _memory.get(key)  # a problem called eagerly replays the eager choice
+        if choice is None:
+            choice = _captured[key] = _decide(problem, name, explicit)
         return choice
+    choice = _memory.get(key)
+    if choice is None:
+        choice = _memory[key] = _decide(problem, name, explicit)
+    return choice
+
+
+def _decide(problem: Problem, name: str | None, explicit: str | None) -> Choice:
+    """:func:`choose` on a miss of its memory: the override, else the choice sources, else the priority rule."""
     if not _log_configured:
         _configure_logging()
     if name is not None:
@@ -162,7 +196,6 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
         choice = next((c for c in (source(problem, ok) for source in _sources) if c is not None), None)
         if choice is None:
             choice = Choice(ok[0], plugins.default_config(ok[0], problem)[0], "priority")
-    _memory[key] = choice
     _log.info("%s -> %s %s (%s)", problem.key(), choice.backend.name, choice.config, choice.source)
     return choice
 

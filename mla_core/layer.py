@@ -175,11 +175,10 @@ def _host_index_tensors(*tensors: torch.Tensor) -> list[torch.Tensor]:
     wide = [tensors[i].dtype == torch.int64 for i in order]
     words = torch.cat([(t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)).view(torch.int32)
                        if w else t for t, w in zip((tensors[i] for i in order), wide)]).to("cpu")
-    host, at = [None] * len(tensors), 0
-    for i, w in zip(order, wide):
-        n = tensors[i].numel() * (2 if w else 1)
-        host[i] = words[at:at + n].view(torch.int64) if w else words[at:at + n]
-        at += n
+    host = [None] * len(tensors)
+    chunks = words.split_with_sizes([tensors[i].numel() * (2 if w else 1) for i, w in zip(order, wide)])
+    for i, w, chunk in zip(order, wide, chunks):
+        host[i] = chunk.view(torch.int64) if w else chunk
     return host
 
 

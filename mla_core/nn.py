@@ -145,7 +145,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x * rsqrt(mean(x^2) + eps): torch computes a bf16 / fp16 x in float32 and rounds once to x's dtype
         # (the same values as x.float() -> rms_norm -> .to(x.dtype); on a GPU one kernel instead of three)
-        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        return self._parameters["weight"] * F.rms_norm(x, (x.shape[-1],), eps=self.eps)   # (no __getattr__)
 
 
 class BlockFP8Linear(nn.Module):
@@ -326,8 +326,8 @@ class MLAAttention(nn.Module):
         """
         if torch.compiler.is_compiling():            # traced: views of the parameters, no Python-side cache
             return self._build_layer_weights()
-        kv_b = self._modules["kv_b_proj"]
-        key = (_identity(kv_b.weight), _identity(getattr(kv_b, "weight_scale_inv", None)))
+        params = self._modules["kv_b_proj"]._parameters     # (a missing attribute would cost an exception)
+        key = (_identity(params["weight"]), _identity(params.get("weight_scale_inv")))
         cached = self.__dict__.get("_layer_weights")
         if cached is None or cached[0] != key:
             cached = (key, self._build_layer_weights())
@@ -368,7 +368,7 @@ class MLAAttention(nn.Module):
         kv = mods["kv_a_proj_with_mqa"](hidden_states)
         norm = mods["kv_a_layernorm"]
         attn = mla_forward(q.view(tokens, self.local_heads, self.qk_dim), kv, input_row_offsets, buffers["freqs_cis"],
-                           norm.weight, buffers["latent_cache"], block_table, cache_lengths,
+                           norm._parameters["weight"], buffers["latent_cache"], block_table, cache_lengths,
                            max_seq_len=max_seq_len, softmax_scale=self.softmax_scale, epsilon=norm.eps,
                            rope_interleave=self.rope_interleave, attention_backend=self.attention_backend,
                            sparse_indices=sparse_indices, topk_lengths=topk_lengths, **self.layer_weights())

@@ -331,6 +331,8 @@ def validate_decode(q, latent_cache, block_table, b_seq_len, *, softmax_scale, k
     features = {"lse"} if return_lse else set()
     if q.dtype == torch.float32 and latent_cache.dtype != torch.float32:
         features.add("fp32_q")
+    if kv_scale is not None and (k_qdq or v_qdq):
+        features.add("kv_qdq_fp8_cache")
     problem = Problem.make(
         "decode", device.type, features,
         dtype=dtype_name(latent_cache.dtype), q_dtype=dtype_name(q.dtype), out_dtype=dtype_name(out_dtype),

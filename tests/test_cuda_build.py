@@ -285,10 +285,13 @@ def test_auto_splits_for_one_cta_per_sm(batch, heads, pages, want):
     (dict(heads=128, batch=32, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4"), False),
     (dict(heads=128, batch=32, k_qdq="fp8", v_qdq="nvfp4"), False),
     (dict(heads=128, batch=32, dtype="float32", q_dtype="float32"), False)])
-def test_priority_above_triton_where_wgmma_was_faster(kw, wgmma_first):
+def test_priority_above_triton_where_wgmma_was_faster(kw, wgmma_first, monkeypatch):
     """Dispatch without a tuned entry prefers cuda over triton (200) for decode on the WGMMA kernel (unquantized,
     or K/V both FP8, any P) above 16 heads, and at 16 heads or fewer only with "auto" splits from batch 8 (at the
-    default 32 splits triton measured faster there); the recipes the mma.sync kernel runs stay below triton."""
+    default 32 splits triton measured faster there); the recipes the mma.sync kernel runs stay below triton.
+    These are the graph-timed rules, for a call being captured; eager calls: tests/test_dispatch_capture.py."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     backend = cuda_backend.CudaBackend()
     triton_priority = mla_core.get_backend("triton").priority
     assert (backend.priority_for(_problem(**kw)) > triton_priority) == wgmma_first

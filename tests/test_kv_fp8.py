@@ -221,8 +221,11 @@ def test_triton_and_cuda_refuse_kv_qdq_over_fp8():
                                        page_size=None, num_kv_splits=1, k_qdq="fp8", k_qdq_amax=None, v_qdq=None,
                                        v_qdq_amax=None, p_qdq="fp8", p_qdq_amax=1.0, return_lse=True, out_dtype=None,
                                        kv_scale=1.0)
-    for name in ("triton", "cuda"):
-        assert any("k_qdq / v_qdq over an FP8 cache" in r for r in mla_core.get_backend(name).why_not(problem)), name
+    assert "kv_qdq_fp8_cache" in problem.features
+    for name in ("triton", "cuda"):     # the declared capability (on this CPU the cuda backend is unavailable first)
+        reasons = mla_core.get_backend(name).capabilities["decode"].why_not(problem)
+        assert any("k_qdq / v_qdq over an FP8 cache" in r for r in reasons), name
+    assert not mla_core.get_backend("reference").why_not(problem)
     with pytest.raises(mla_core.NoBackendError, match="k_qdq / v_qdq over an FP8 cache"):
         run("triton", inputs, 32, 16, k_qdq="fp8")
     out, _ = run(None, inputs, 32, 16, k_qdq="fp8")  # automatic dispatch falls back to the reference

@@ -55,7 +55,7 @@ def test_rope_bitwise_equal_to_reference(is_neox, cache_dtype, dtype, pos_dtype)
     assert rel_l2(got[0].double(), q_exp * 0.75) > 1e-3
 
 
-@pytest.mark.parametrize("config", [{"block_h": 4, "num_warps": 2}, {"block_h": 16, "num_warps": 4}])
+@pytest.mark.parametrize("config", [{"block_r": 4, "num_warps": 2}, {"block_r": 16, "num_warps": 4}])
 @pytest.mark.parametrize("heads", [1, 5, 16])
 def test_rope_writes_poisoned_strided_cache_rows(config, heads):
     """Outputs are slices of 576-byte rows with a spare head row; every written byte equals the reference's."""
@@ -74,6 +74,60 @@ def test_rope_writes_poisoned_strided_cache_rows(config, heads):
     for g, w in zip(got, want):
         assert torch.equal(bits(g), bits(w))
     assert q_rows[:, heads].float().isnan().all() and k_rows[:, 1].float().isnan().all()
+
+
+ROPE_EDGES = [  # tokens, heads, rope, nope, is_neox, dtype, cos/sin dtype, pos dtype
+    (1, 1, 64, 512, False, torch.bfloat16, torch.float32, torch.int64),
+    (3, 5, 64, 512, True, torch.float16, torch.bfloat16, torch.int32),
+    (9, 17, 64, 512, False, torch.bfloat16, torch.bfloat16, torch.int32),
+    (5, 3, 6, 96, False, torch.bfloat16, torch.float32, torch.int64),  # half 3 and 96 NOPE: masked columns
+    (4, 2, 2, 0, True, torch.float16, torch.float32, torch.int64),  # no NOPE values
+    (7, 16, 6, 40, True, torch.bfloat16, torch.float32, torch.int32),
+    (2, 40, 64, 128, False, torch.bfloat16, torch.float32, torch.int64),  # three RoPE groups of 16 heads
+]
+
+
+@pytest.mark.parametrize("edge", ROPE_EDGES, ids=lambda e: "x".join(map(str, e[:4])) + ("-neox" if e[4] else ""))
+def test_rope_every_config_at_row_and_column_edges(edge):
+    """Every config of the backend: partial head groups, key-row programs past the last token, odd widths; outputs
+    are slices of poisoned rows with a spare head row and a spare key row, every written byte the reference's."""
+    _rope_every_config_matches_reference(*edge)
+
+
+# the kernel's row tiles: block_r NOPE heads (and key rows) per program, rope_r RoPE heads per program
+ROPE_ROW_TILES = [4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("heads", [h for h in boundary_lengths(ROPE_ROW_TILES, limit=65, multiples=(1,)) if h])
+def test_rope_every_config_at_head_tile_edges(heads):
+    """Head counts at every edge of the configs' head tiles (block_r, rope_r), every config, interleaved."""
+    _rope_every_config_matches_reference(2, heads, 64, 128, False, torch.bfloat16, torch.float32, torch.int64)
+
+
+@pytest.mark.parametrize("tokens", [t for t in boundary_lengths([4, 8, 16], limit=17, multiples=(1,)) if t])
+def test_rope_every_config_at_key_row_tile_edges(tokens):
+    """Token counts at every edge of the key-row programs' tiles (block_r key rows each), every config, NeoX."""
+    _rope_every_config_matches_reference(tokens, 1, 64, 128, True, torch.float16, torch.float32, torch.int32)
+
+
+def _rope_every_config_matches_reference(nnz, heads, rope, nope, is_neox, dtype, cache_dtype, pos_dtype):
+    from mla_core import specs
+    from mla_core.plugins import get_backend
+    inputs = make_inputs(nnz=nnz, heads=heads, rope=rope, nope=nope, dtype=dtype, cache_dtype=cache_dtype,
+                         pos_dtype=pos_dtype, seed=nnz * heads)
+    want = rope_call(inputs, "reference", is_neox=is_neox, quant_scale_q=2.0, quant_scale_kv=0.5)
+    backend = get_backend("musa_fp8")
+    width = nope + rope
+    for config in backend.configs(specs.validate_rope_quantize(*inputs, is_neox, None, 2.0, 0.5, None, None, None,
+                                                               None)[0]):
+        q_rows = torch.full((nnz, heads + 1, width), float("nan"), dtype=FP8)
+        k_rows = torch.full((nnz, 2, width), float("nan"), dtype=FP8)
+        outs = (q_rows[:, :heads, nope:], k_rows[:, 0, nope:], q_rows[:, :heads, :nope], k_rows[:, 0, :nope])
+        problem, call = specs.validate_rope_quantize(*inputs, is_neox, None, 2.0, 0.5, *outs)
+        got = backend.run(problem, call, config)
+        for g, w in zip(got, want):
+            assert torch.equal(bits(g), bits(w)), config
+        assert q_rows[:, heads].float().isnan().all() and k_rows[:, 1].float().isnan().all(), config
 
 
 def test_rope_saturates_and_rounds_ties_to_even():
@@ -315,6 +369,28 @@ def test_gpu_rope_deepseek_size_bitwise(is_neox):
     want = rope_call(inputs, "reference", is_neox=is_neox, quant_scale_q=0.5, quant_scale_kv=2.0)
     for g, w in zip(got, want):
         assert torch.equal(bits(g), bits(w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("nnz,heads", [(1001, 128), (33, 17)])
+def test_gpu_rope_every_config_bitwise(is_neox, nnz, heads):
+    """Each config of the backend (the autotuner may pick any) into 576-byte rows, against the reference."""
+    from mla_core import specs
+    from mla_core.plugins import get_backend
+    inputs = [t.cuda() for t in make_inputs(nnz=nnz, heads=heads, max_pos=4096, seed=heads)]
+    want = rope_call(inputs, "reference", is_neox=is_neox, quant_scale_q=0.5, quant_scale_kv=2.0)
+    backend = get_backend("musa_fp8")
+    q_rows = torch.empty((nnz, heads, 576), dtype=FP8, device="cuda")
+    k_rows = torch.empty((nnz, 576), dtype=FP8, device="cuda")
+    outs = (q_rows[..., 512:], k_rows[:, 512:], q_rows[..., :512], k_rows[:, :512])
+    problem, call = specs.validate_rope_quantize(*inputs, is_neox, None, 0.5, 2.0, *outs)
+    for config in backend.configs(problem):
+        q_rows.fill_(float("nan"))
+        k_rows.fill_(float("nan"))
+        got = backend.run(problem, call, config)
+        for g, w in zip(got, want):
+            assert torch.equal(bits(g), bits(w)), config
 
 
 @pytest.mark.gpu

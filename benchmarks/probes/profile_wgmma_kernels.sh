@@ -14,7 +14,7 @@ NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 python3 -c "from mla_core_cuda import build; build.build()" 2>&1 | tail -1
 METRICS=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__cycles_active.avg,dram__bytes_read.sum,lts__t_bytes.sum
-SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
+SECTIONS="--section SourceCounters --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
 
 cat >/tmp/mla_profile_decode.py <<'EOF'
 import math, sys, torch
@@ -32,7 +32,9 @@ lse = torch.empty(batch, heads, dtype=torch.float32, device="cuda")
 part_o = torch.empty(batch * heads * splits * 512, device="cuda") if splits > 1 else None
 part_lse = torch.empty(batch * heads * splits, device="cuda") if splits > 1 else None
 for _ in range(4):
-    module.decode_wgmma(q, cache, table, lens, out, lse, part_o, part_lse, splits, 576 ** -0.5 * math.log2(math.e))
+    # unquantized: out_scale, k / v / p scales 1, formats 0 (none), V not from K's codes, no exact division
+    module.decode_wgmma(q, cache, table, lens, out, lse, part_o, part_lse, splits, 576 ** -0.5 * math.log2(math.e),
+                        1.0, 1.0, 1.0, 1.0, 0, 0, 0, False, False)
 torch.cuda.synchronize()
 EOF
 

@@ -61,6 +61,7 @@ OUTPUT_BUFFERS: dict[str, dict[str, int]] = {
 FEATURES: dict[str, str] = {
     "lse": "the call asks for the log-sum-exp (return_lse=True, or an lse buffer); without it a backend may skip it",
     "fp32_q": "decode: a float32 query (a caller-quantized carrier) over a bf16/fp16 cache",
+    "kv_qdq_fp8_cache": "decode: k_qdq / v_qdq over an FP8 cache (its dequantized values re-quantized on read)",
     "gqa": "prefill: fewer key/value heads than query heads (GQA / MQA)",
     "nm_sparsity": "prefill: N:M score sparsity along keys (sparsity_n < sparsity_m)",
 }
@@ -156,7 +157,19 @@ def _decode_cases() -> list[Case]:
     out.append(Case("decode", "fp32 query over a bfloat16 cache (fp32_q)", lambda d: dict(
         inputs.decode_inputs([17, 65], heads=4, page_size=16, q_dtype=torch.float32, device=d, seed=13),
         num_kv_splits=2)))
+    out.append(Case("decode", "FP8 cache (float8_e4m3fn + kv_scale), P fp8", lambda d: dict(
+        _fp8_cache(inputs.decode_inputs([17, 33, 64], heads=8, page_size=16, device=d, seed=14)),
+        num_kv_splits=2, p_qdq="fp8")))
+    out.append(Case("decode", "k_qdq / v_qdq over an FP8 cache (kv_qdq_fp8_cache)", lambda d: dict(
+        _fp8_cache(inputs.decode_inputs([17, 33], heads=4, page_size=16, device=d, seed=15)),
+        num_kv_splits=2, k_qdq="fp8", v_qdq="fp8")))
     return out
+
+
+def _fp8_cache(kw: dict, kv_scale: float = 0.01) -> dict:
+    """``kw``'s bf16 cache as the E4M3 codes of ``value / kv_scale`` (NaN slots stay NaN codes), with its scale."""
+    codes = (kw["latent_cache"].float() / kv_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return dict(kw, latent_cache=codes, kv_scale=kv_scale)
 
 
 def _prefill_pairs() -> list[tuple[int, int]]:

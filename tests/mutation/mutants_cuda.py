@@ -3,8 +3,8 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``),
-``MUTANT_INDICES=16,17`` only those mutants.
+(or ``wgmma``, ``fp8cache``, ``q1``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``,
+``Q1_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ WGMMA_SELECTION = "tests/test_cuda_decode.py -k 'every_config or (deepseek and b
 QDQ_SELECTION = ("tests/test_cuda_decode.py -k 'calibrated or (deepseek and fp8-16-16) or "
                  "(deepseek and fp8_p_nvfp4-128-16) or heads_and_out'")
 """The WGMMA kernel's fake-quantization mutants: FP8 K/V with calibrated amaxes, FP8 P, NVFP4 P at 16 and 128 heads."""
+Q1_SELECTION = "tests/test_cuda_decode.py -k '(deepseek and bf16) or heads_and_out or (fp16_cache and bf16)'"
+"""Schedule Q1's mutants (the unquantized WGMMA problem): bf16 at 16 / 64 / 128 heads, every page size and split
+count; the head-group edges and padding (1-128 heads); fp16."""
 FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or fp8_cache_unaligned or "
                        "fp8_cache_fp16_q or fp8_cache_few_heads or (test_fp8_cache and 16-16-3)'")
 """The FP8 KV cache's mutants: every code exact and the byte path (16 heads: the keys-as-M kernel, 128: the 64-head
@@ -179,6 +182,16 @@ MUTANTS = [
          tests=[FP8_CACHE_SELECTION], gpu=True,
          why="FP8 cache producer, unaligned rows (byte path): codes of a group's rows to one row's place"),
     dict(file="csrc/mla_decode_wgmma.cu",
+         old="a2_lo = sa2[row_lo], a2_hi = sa2[row_lo + 8];",
+         new="a2_lo = sa1[row_lo], a2_hi = sa1[row_lo + 8];",
+         tests=[Q1_SELECTION], gpu=True,
+         why="Q1: WG1 rescales O_R by a1 twice (a2 never applied where a row's maximum rose in the second half)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      const float x1 = (v1 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;",
+         new="      const float x1 = (v0 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;",
+         tests=[Q1_SELECTION], gpu=True,
+         why="Q1: keys 32-63 masked with keys 0-31's validity (absent keys past a length score as real ones)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
          old='  return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1) + 2 * (x >> 3);',
          new='  return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1);',
          tests=[FP8_CACHE_SELECTION], gpu=True,
@@ -226,8 +239,9 @@ if __name__ == "__main__":
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache: judge with WGMMA_SELECTION / QDQ_SELECTION / FP8_CACHE_SELECTION
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1: judge with WGMMA_SELECTION / QDQ_SELECTION / FP8_CACHE_SELECTION
+    # / Q1_SELECTION
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION,
-              "fp8cache": FP8_CACHE_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+              "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))

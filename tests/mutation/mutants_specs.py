@@ -21,4 +21,8 @@ MUTANTS = [
          why="cu_seqlens ending short of the packed token count must be refused"),
     dict(file=SPECS, old="    if kv_heads < 1 or heads % kv_heads:", new="    if kv_heads < 1:", tests=PREFILL,
          why="kv heads must divide the query heads (GQA)"),
+    dict(file=SPECS, old="    if kv_scale is not None and (k_qdq or v_qdq):", new="    if False:",
+         tests=["tests/test_kv_fp8.py -k refuse_kv_qdq_over_fp8"],
+         why="k_qdq / v_qdq over an FP8 cache must name its feature, or backends that read the codes as they are "
+             "run it and return unquantized K / V"),
 ]

@@ -12,7 +12,6 @@ from mla_core import OpCapability
 from . import build, decode, prefill
 
 _FORMATS = frozenset({None, "fp8", "nvfp4"})
-_FP8_CACHE = "float8_e4m3fn"
 CAPABILITY = (9, 0)
 """The compute capability the kernels are built for (sm_90a: H100 / H200)."""
 
@@ -51,7 +50,7 @@ class CudaBackend(mla_core.Backend):
                    "decode, FP8 top-k sparse decode, varlen prefill (q/k 192, v 128)")
     capabilities = {
         "decode": OpCapability(
-            limits={"dtype": frozenset({"bfloat16", "float16", _FP8_CACHE}),
+            limits={"dtype": frozenset({"bfloat16", "float16", decode.FP8_CACHE}),
                     "q_dtype": frozenset({"bfloat16", "float16"}),
                     "k_qdq": _FORMATS, "v_qdq": _FORMATS, "p_qdq": _FORMATS, "heads": range(1, 129),
                     "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
@@ -59,7 +58,9 @@ class CudaBackend(mla_core.Backend):
             notes="sm_90 (H100/H200) only; kv_lora_rank 512 + rope 64; heads 1..128 (unquantized and K = V FP8 "
                   "with any P on WGMMA, the nvfp4 recipe and K/V mixes on mma.sync); any page size >= 1; "
                   "q in the cache dtype (bf16/fp16); an FP8 KV cache (float8_e4m3fn + kv_scale) with q bf16/fp16 "
-                  "on WGMMA, p_qdq only (no k_qdq / v_qdq)"),
+                  "on WGMMA, p_qdq only (no k_qdq / v_qdq)",
+            why={"kv_qdq_fp8_cache": "k_qdq / v_qdq over an FP8 cache: the kernels read its codes as they are "
+                                     "(re-quantizing the dequantized values: the reference backend)"}),
         "sparse_decode": OpCapability(
             limits={"kv_layout": frozenset({"fp8", "fp8_ds_mla"}), "heads": range(64, 1025, 64),
                     "q_len": range(1, 5), "kv_lora_rank": frozenset({512}), "rope_dim": frozenset({64})},
@@ -91,23 +92,23 @@ class CudaBackend(mla_core.Backend):
     def priority_for(self, problem) -> int:
         """:data:`PRIORITY_WGMMA` for a decode the WGMMA kernel runs at more than 16 heads, or at 16 heads or
         fewer with ``num_kv_splits="auto"`` from batch 8 (measured on the H200: 1.15-1.29x triton's speed there; at
-        the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x);
-        :data:`PRIORITY_PREFILL` for every prefill it runs; else 180."""
+        the API's default 32 splits its one-CTA-per-SM kernel runs 8+ waves and triton is faster, 0.74-0.81x) or,
+        below batch 8, for an eager call (:func:`mla_core.dispatch.capturing` False); :data:`PRIORITY_PREFILL` for
+        every prefill it runs; else 180.
+
+        Eager below batch 8 (the fused layer's decode step): one pybind11 call against triton's split and combine
+        launches, 28.7 against 122.9 us of host time per call on the H200 (benchmarks/NOTES.md, "eager step, round
+        (h)"), while the GPU time differs by 2.4-4.7 us (triton faster at L <= 4k, WGMMA from 16k). A call captured
+        into a CUDA graph, where only the GPU time counts, keeps triton unless the problem was called eagerly
+        before (dispatch then replays the eager choice). Tuned cache entries win over both."""
         if problem.op == "prefill":
             return self.PRIORITY_PREFILL
         if problem.op != "decode" or not decode.wgmma_covers(problem):
             return self.priority
-        if problem["heads"] > 16 or (problem.get("num_kv_splits") == "auto" and problem.get("batch", 1) >= 8):
+        if problem["heads"] > 16 or (problem.get("num_kv_splits") == "auto" and (
+                problem.get("batch", 1) >= 8 or not mla_core.dispatch.capturing(problem))):
             return self.PRIORITY_WGMMA
         return self.priority
-
-    def why_not(self, problem):
-        reasons = super().why_not(problem)
-        if (problem.op == "decode" and problem.get("dtype") == _FP8_CACHE
-                and (problem.get("k_qdq") or problem.get("v_qdq"))):
-            reasons.append("k_qdq / v_qdq over an FP8 cache (float8_e4m3fn): the cache already holds FP8 codes; "
-                           "re-quantizing their dequantized values on read is run by the reference backend only")
-        return reasons
 
     def unavailable_reason(self) -> str | None:
         reason = device_reason()

@@ -18,7 +18,7 @@ class ReferenceBackend(mla_core.Backend):
     capabilities = {
         "decode": OpCapability(
             limits={"k_qdq": _ALL_FORMATS, "v_qdq": _ALL_FORMATS, "p_qdq": _ALL_FORMATS},
-            features=frozenset({"lse", "fp32_q"}), notes="any page size, heads, widths"),
+            features=frozenset({"lse", "fp32_q", "kv_qdq_fp8_cache"}), notes="any page size, heads, widths"),
         "prefill": OpCapability(
             limits={"q_quant": _ALL_FORMATS, "k_quant": _ALL_FORMATS, "p_quant": _ALL_FORMATS,
                     "v_quant": _ALL_FORMATS},

@@ -30,7 +30,9 @@ class TritonBackend(mla_core.Backend):
             features=frozenset({"lse", "fp32_q"}),
             notes="any page size >= 1; heads 1..128; kv_lora_rank a multiple of 16 (NVFP4 K blocks stay "
                   "within the latent part) up to 1024; rope 0..256; an FP8 cache (float8_e4m3fn + kv_scale) with "
-                  "p_qdq only (no k_qdq / v_qdq)"),
+                  "p_qdq only (no k_qdq / v_qdq)",
+            why={"kv_qdq_fp8_cache": "k_qdq / v_qdq over an FP8 cache: the kernels read its codes as they are "
+                                     "(re-quantizing the dequantized values: the reference backend)"}),
         "prefill": OpCapability(
             limits={"dtype": _FLOAT, "q_quant": _FORMATS, "k_quant": _FORMATS, "p_quant": _FORMATS,
                     "v_quant": _FORMATS},
@@ -54,13 +56,6 @@ class TritonBackend(mla_core.Backend):
         if importlib.util.find_spec("triton") is None:
             return "the triton package is not installed (pip install 'mla-core[triton]')"
         return None
-
-    def why_not(self, problem):
-        reasons = super().why_not(problem)
-        if problem.op == "decode" and problem.get("dtype") == _FP8_CACHE and (problem.get("k_qdq") or problem.get("v_qdq")):
-            reasons.append("k_qdq / v_qdq over an FP8 cache (float8_e4m3fn): the cache already holds FP8 codes; "
-                           "re-quantizing their dequantized values on read is run by the reference backend only")
-        return reasons
 
     def _kernels(self, op: str):
         module = _KERNEL_MODULES.get(op)
