@@ -715,8 +715,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
 // The seesaw kernel pays 64 wgmma rows a step whatever the head count (48 of 64 padding at 16 heads) and, for an FP8
 // cache, converts each stage in shared memory. Here the 64 keys of a step are the M of m64n16k16 and the 16 heads
 // its N: S^T = K Q^T with K's codes converted in the consumers' registers into A fragments, O^T = V^T P^T with V's
-// codes alike; the ring holds only codes (4 stages of [64 rows x 576 B], the producer warpgroup copies them), Q^T
-// and P^T are the B operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). The two consumer
+// codes alike; the ring holds only codes (4 stages of [64 rows x 576 B], the producer warpgroup copies them, one
+// bulk copy a row completing on full[s], so several stages are in flight: produce_codes_t), Q^T and P^T are the B
+// operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). The two consumer
 // warpgroups take alternate steps (WG c: steps c, c + 2, ...), each an online softmax of its own (running max per
 // 64-key step), merged at the end. Contraction orders inside a k16 step are permuted so each thread's codes are
 // contiguous bytes (t_qcol, t_pkey); the output columns follow the thread's 16 contiguous latent columns (t_vcol).
@@ -776,23 +777,54 @@ __device__ __forceinline__ void wgmma_t(float (&d)[8], const uint32_t (&a)[4], u
   }
 }
 
+// mbarrier arrive (release, CTA scope) that also adds `bytes` to the phase's expected transaction count: the phase
+// completes once every arrival is in and that many bytes of complete_tx copies have landed.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// One bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
+// async proxy, completing `bytes` transactions on `bar`. The issuing thread does not wait for it.
+__device__ __forceinline__ void bulk_copy(uint8_t* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 // Producer warp w's share of a step: the codes of rows 16 w .. 16 w + 15 to rows of the stage `st` (576 B each),
 // lane l < 16 holding row 16 w + l's offset (row_offset: bytes); an absent key's row is zeros, its validity bit 0.
-// `aligned`: 16-byte cp.async (36 a row, 18 a lane), else byte loads and stores.
+// Each producer thread arrives on `full` once. `aligned` (16-byte rows and base): bulk copies that complete on
+// `full` (the issuing lane's arrive.expect_tx of their bytes first), so the warp moves on to the next stage without
+// waiting: the 16 rows as one copy of 9,216 B when they are present and contiguous in the cache (a page's run),
+// else lane l < 16 its own row; an absent row is 36 zero stores, then fence.proxy.async (a later bulk copy of this
+// thread writes the same bytes). Else byte loads and stores by the whole warp before each lane's arrive.
 __device__ __forceinline__ void produce_codes_t(const DecodeParams& p, int64_t my_off, uint8_t* st, uint32_t* valid,
-                                                int w, int lane, bool aligned) {
+                                                uint64_t* full, int w, int lane, bool aligned) {
   const uint32_t bits = __ballot_sync(0xffffffffu, lane < 16 && my_off >= 0);
   if (lane == 0) *valid = bits;
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
   uint8_t* dst = st + 16 * w * kDim;
-  if (aligned) {
-#pragma unroll 2
-    for (int i = lane; i < 16 * (kDim / 16); i += 32) {
-      const int r = i / (kDim / 16), c = i - r * (kDim / 16);
-      const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
-      cp_async16(dst + r * kDim + 16 * c, off >= 0 ? cache + off + 16 * c : cache, off >= 0 ? 16u : 0u);
+  const int64_t off0 = __shfl_sync(0xffffffffu, my_off, 0);
+  const bool run = __all_sync(0xffffffffu, lane >= 16 || (my_off >= 0 && my_off == off0 + lane * kDim));
+  if (aligned && run) {
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full, 16 * kDim);
+      bulk_copy(dst, cache + off0, 16 * kDim, full);
+    } else {
+      mbar_arrive(full);
     }
-    cp_async_commit();
+  } else if (aligned) {
+    if (lane < 16 && my_off >= 0) {
+      mbar_arrive_expect_tx(full, kDim);
+      bulk_copy(dst + lane * kDim, cache + my_off, kDim, full);
+    } else {
+      if (lane < 16) {
+        const uint32_t row = smem_u32(dst + lane * kDim);
+#pragma unroll 1
+        for (int c = 0; c < kDim / 16; ++c) st_shared16(row + 16 * c, make_uint4(0u, 0u, 0u, 0u));
+        fence_proxy_async();
+      }
+      mbar_arrive(full);
+    }
   } else {
 #pragma unroll 1
     for (int i = lane; i < 16 * kDim; i += 32) {  // every lane takes part in each shuffle
@@ -800,6 +832,7 @@ __device__ __forceinline__ void produce_codes_t(const DecodeParams& p, int64_t m
       const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
       dst[r * kDim + c] = off >= 0 ? cache[off + c] : 0;
     }
+    mbar_arrive(full);
   }
 }
 
@@ -902,7 +935,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
 
   if (tid == 0) {
     for (int s = 0; s < kStagesT; ++s) {
-      mbar_init(&full[s], kProducerThreads);
+      mbar_init(&full[s], kProducerThreads);  // every producer thread once a step (+ its row's bytes: expect_tx)
       mbar_init(&empty[s], 4);  // the 4 warps of the stage's consumer warpgroup (s % 2)
     }
   }
@@ -917,11 +950,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     for (int i = 0; i < steps; ++i) {
       const int s = i % kStagesT;
       if (i >= kStagesT) mbar_wait(&empty[s], ((i - kStagesT) / kStagesT) & 1);
-      produce_codes_t(p, next_off, sst + s * kStageBytesT, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
+      produce_codes_t(p, next_off, sst + s * kStageBytesT, s_valid + 4 * s + (warp - 8), &full[s], warp - 8, lane,
+                      aligned);
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
       next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
-      cp_async_wait_all();
-      mbar_arrive(&full[s]);
     }
     return;
   }
@@ -930,15 +962,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
   const int h0 = hg * kHeadsT;
 
   if (steps > 0) {  // Q^T: heads h0.. (zero past p.heads), logical column L from cache column t_qcol(L)
+    // every load issued before the first store (one memory latency, not one a round)
+    constexpr int kRounds = kHeadsT * kDim / 2 / kConsumerThreads;
+    static_assert(kRounds * kConsumerThreads == kHeadsT * kDim / 2, "Q^T pairs split evenly over the consumers");
     const uint16_t* qg = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h;
-    for (int i = tid; i < kHeadsT * kDim / 2; i += kConsumerThreads) {
-      const int h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
-      uint32_t v = 0;
+    uint32_t v[kRounds];
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) {
+      const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
+      v[k] = 0;
       if (h0 + h < p.heads) {
         const uint16_t* src = qg + h * p.q_stride_h + t_qcol(L);  // t_qcol(L + 1) = t_qcol(L) + 1 (L even)
-        v = static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 16);
+        v[k] = static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 16);
       }
-      *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v;
+    }
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) {
+      const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
+      *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v[k];
     }
     fence_proxy_async();
     nb_sync<kConsumerThreads>(kBarAll);

@@ -20,9 +20,11 @@ Q1_SELECTION = "tests/test_cuda_decode.py -k '(deepseek and bf16) or heads_and_o
 """Schedule Q1's mutants (the unquantized WGMMA problem): bf16 at 16 / 64 / 128 heads, every page size and split
 count; the head-group edges and padding (1-128 heads); fp16."""
 FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or fp8_cache_unaligned or "
-                       "fp8_cache_fp16_q or fp8_cache_few_heads or (test_fp8_cache and 16-16-3)'")
+                       "fp8_cache_fp16_q or fp8_cache_few_heads or (test_fp8_cache and 16-16-3) or "
+                       "(test_fp8_cache and 16-33-3)'")
 """The FP8 KV cache's mutants: every code exact and the byte path (16 heads: the keys-as-M kernel, 128: the 64-head
-one), fp16 q and P qdq, 1-16 heads over odd / even step counts, the edges at 16 heads, page 16."""
+one), fp16 q and P qdq, 1-16 heads over odd / even step counts, the edges at 16 heads, pages 16 and 33 (33: a
+producer warp's rows across pages, copied row by row)."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
@@ -231,6 +233,21 @@ MUTANTS = [
          new='      dst[r * kDim + (c ^ 1)] = off >= 0 ? cache[off + c] : 0;',
          tests=[FP8_CACHE_SELECTION], gpu=True,
          why='FP8 cache, keys-as-M kernel, unaligned rows (byte path): adjacent codes swapped'),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="lane >= 16 || (my_off >= 0 && my_off == off0 + lane * kDim));",
+         new="lane >= 16 || my_off >= 0);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel producer: 16 present rows copied as one run though not contiguous"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      bulk_copy(dst + lane * kDim, cache + my_off, kDim, full);",
+         new="      bulk_copy(dst + (lane & ~1) * kDim, cache + my_off, kDim, full);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel producer, rows copied one by one: odd rows land on the even row before"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="st_shared16(row + 16 * c, make_uint4(0u, 0u, 0u, 0u));",
+         new="st_shared16(row + 16 * c, make_uint4(0x7f7f7f7fu, 0u, 0u, 0u));",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel producer: absent rows filled with NaN codes, not zeros (0 x NaN in P V)"),
 ]
 
 
