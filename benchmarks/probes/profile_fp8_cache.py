@@ -184,18 +184,18 @@ def opcode(src):
 
 
 def classify(rows, hd):
-    """Per SASS row: (region, class). Regions: prologue (before the producer's DEALLOC, or all code if none),
-    producer (DEALLOC .. next EXIT), consumer (the rest up to the last EXIT), stubs (after the last EXIT)."""
+    """Per SASS row: (region, class). Regions: producer (the warp's USETMAXREG.DEALLOC .. the last EXIT: ptxas
+    places the producer's code after the consumers', and its first EXITs are predicated early exits), consumer
+    (the code before it), stubs (after the last EXIT: the try-wait retry loops of both)."""
     ops = [opcode(r[hd["Source"]]) for r in rows]
     dealloc = next((i for i, o in enumerate(ops) if o.startswith("USETMAXREG") and "DEALLOC" in o), None)
     exits = [i for i, o in enumerate(ops) if o == "EXIT"]
     last_exit = exits[-1] if exits else len(ops) - 1
-    prod_end = next((i for i in exits if dealloc is not None and i > dealloc), None)
     out, after_wait = [], False
     for i, o in enumerate(ops):
         if i > last_exit:
             region = "stubs"
-        elif dealloc is not None and dealloc <= i <= (prod_end if prod_end is not None else last_exit):
+        elif dealloc is not None and dealloc <= i:
             region = "producer"
         else:
             region = "consumer"
@@ -249,8 +249,17 @@ def summarize(args):
                                               for v, key in stalls))
     blocks = sass_blocks(args.sass)
     print(f"(sass: {len(blocks)} kernel blocks)")
+    # ncu's source page may repeat a function's block (seen: 5 blocks for 3 results): name each block by the raw
+    # row of the same kernel (names compared without namespaces, casts and spaces), first block of a name only
+    key = lambda t: re.sub(r"\(int\)|mla_core_cuda::|<?unnamed>::|\s|^Kernel Name", "", t)  # noqa: E731
+    by_kernel = {key(k.get("Kernel Name", "")): n for n, k in zip(names, kernels)}
+    seen = set()
     for idx, (title, header, rows) in enumerate(blocks):
-        name = names[idx] if idx < len(names) else f"k{idx}"
+        name = next((n for kn, n in by_kernel.items() if kn and kn in key(title)), f"k{idx}")
+        if name in seen:
+            print(f"(block {idx}: {name} again, skipped)")
+            continue
+        seen.add(name)
         hd = {c: i for i, c in enumerate(header)}
         tot_col = next(c for c in header if c.startswith("Warp Stall Sampling (All"))
         reasons = [c for c in header if c.startswith("stall_")]
