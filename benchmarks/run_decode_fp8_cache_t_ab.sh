@@ -47,11 +47,11 @@ tail -n 4 "$LOGS/ab_build_a.log" "$LOGS/ab_build_b.log"
   python3 benchmarks/probes/decode_fp8_cache_t_emulation.py; } \
   2>&1 | tee "$LOGS/fp8_cache_checks.log" | grep -E "ALL PASS|FAIL"
 if [ "${AB_QUICK:-0}" = 1 ]; then
-  shape=(--heads 16 --batch 32,128 --lengths 8192,32768); fp16_heads=16; limit=${CALL_LIMIT:-185}
+  shape=(--heads 16 --batch 32,128 --lengths 8192,32768); fp16_heads=16; limit=${CALL_LIMIT:-185}; bench_s=75
 else
-  shape=(); fp16_heads=16,128; limit=${CALL_LIMIT:-290}
+  shape=(); fp16_heads=16,128; limit=${CALL_LIMIT:-290}; bench_s=110
 fi
-timeout "${BENCH_TIMEOUT:-110}" python3 benchmarks/bench_decode_fp8_cache_t_ab.py --src-a "$A_SRC" \
+timeout "${BENCH_TIMEOUT:-$bench_s}" python3 benchmarks/bench_decode_fp8_cache_t_ab.py --src-a "$A_SRC" \
   --src-b "$PWD/csrc" "${shape[@]}" 2>&1 | tee "$LOGS/ab_bench.log" | tail -18
 mkdir -p "$LOGS/fp16" && OUT=$LOGS/fp16 timeout "${FP16_TIMEOUT:-15}" \
   python3 benchmarks/bench_decode_fp8_cache_t_ab.py --src-a "$A_SRC" --src-b "$PWD/csrc" --q-dtype fp16 \
