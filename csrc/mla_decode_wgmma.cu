@@ -966,20 +966,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     constexpr int kRounds = kHeadsT * kDim / 2 / kConsumerThreads;
     static_assert(kRounds * kConsumerThreads == kHeadsT * kDim / 2, "Q^T pairs split evenly over the consumers");
     const uint16_t* qg = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h;
-    uint32_t v[kRounds];
+    // (a head past p.heads reads the last head's row, in bounds, and stores zeros: no branch between the loads)
+    uint16_t lo[kRounds], hi[kRounds];
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
-      v[k] = 0;
-      if (h0 + h < p.heads) {
-        const uint16_t* src = qg + h * p.q_stride_h + t_qcol(L);  // t_qcol(L + 1) = t_qcol(L) + 1 (L even)
-        v[k] = static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 16);
-      }
+      const uint16_t* src = qg + min(h, p.heads - 1 - h0) * p.q_stride_h + t_qcol(L);  // t_qcol(L + 1) = .. + 1
+      lo[k] = src[0];
+      hi[k] = src[1];
     }
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
-      *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v[k];
+      const uint32_t v = h0 + h < p.heads ? static_cast<uint32_t>(lo[k]) | (static_cast<uint32_t>(hi[k]) << 16) : 0u;
+      *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v;
     }
     fence_proxy_async();
     nb_sync<kConsumerThreads>(kBarAll);
