@@ -4,7 +4,9 @@
 // scale (the producer converts each stage in place, k_codes_fp8) and P FP8 or NVFP4 (in the consumers'
 // registers, p_qdq); the mma.sync kernel (mla_decode.cu) runs every other quantized problem. An FP8 cache (E4M3
 // codes, cache_fp8): the producer copies 1-byte codes and converts them exactly to q's dtype in place
-// (produce_codes, codes_to_values); kv_scale is in qk_scale_log2 and out_scale (docs/numerics.md).
+// (produce_codes, codes_to_values); kv_scale is in qk_scale_log2 and out_scale (docs/numerics.md). An FP8 cache
+// at <= 16 heads without P fake quantization runs decode_t_kernel instead (keys as the wgmma M, codes converted
+// in the consumers' registers: its comment below).
 //
 // One CTA of three warpgroups per (request, split, group of 64 heads) walks its split's keys in steps of 64 (two
 // 32-key P tiles of the numerics contract: a split starts at a multiple of 32, so each half is a P tile at an
@@ -709,6 +711,441 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   }
 }
 
+// ---- An FP8 cache at <= 16 heads: keys as the wgmma M (decode_t_kernel) ----
+// The seesaw kernel pays 64 wgmma rows a step whatever the head count (48 of 64 padding at 16 heads) and, for an FP8
+// cache, converts each stage in shared memory. Here the 64 keys of a step are the M of m64n16k16 and the 16 heads
+// its N: S^T = K Q^T with K's codes converted in the consumers' registers into A fragments, O^T = V^T P^T with V's
+// codes alike; the ring holds only codes (4 stages of [64 rows x 576 B], the producer warpgroup copies them, one
+// bulk copy a row completing on full[s], so several stages are in flight: produce_codes_t), Q^T and P^T are the B
+// operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). The two consumer
+// warpgroups take alternate steps (WG c: steps c, c + 2, ...), each an online softmax of its own (running max per
+// 64-key step), merged at the end. Contraction orders inside a k16 step are permuted so each thread's codes are
+// contiguous bytes (t_qcol, t_pkey); the output columns follow the thread's 16 contiguous latent columns (t_vcol).
+// Checked on the CPU by benchmarks/probes/decode_fp8_cache_t_check.py (the same index formulas).
+constexpr int kHeadsT = 16;                       // heads per CTA: the wgmma N
+constexpr int kStagesT = 4;                       // code stages (two in flight per consumer warpgroup)
+constexpr int kStageBytesT = kKeys * kDim;        // 36,864 B: 64 code rows of 576 B, row after row
+constexpr int kSlabT = kHeadsT * 128;             // one [16 rows x 128 B] B-operand slab (64 columns / keys)
+constexpr int kBarT0 = 6;                         // named barriers 6, 7: consumer warpgroup 0's, 1's 128 threads
+constexpr int kSmemBytesT = 9 * kSlabT            // Q^T
+                            + 2 * kSlabT          // P^T, one slab per consumer warpgroup
+                            + kStagesT * kStageBytesT
+                            + 2 * 4 * kHeadsT * 4  // [2 warpgroups][4 warps] step maxima, then row sums
+                            + 2 * kHeadsT * 4      // [2 warpgroups] running maxima (the merge)
+                            + kStagesT * 4 * 4     // [4 stages][4 producer warps] validity bits
+                            + 2 * kStagesT * 8     // mbarriers full[4], empty[4]
+                            + 1024;                // alignment slack
+
+// Byte offset of (row, byte) in a run of 16-row B-operand slabs (the 128-byte swizzle of slab_off).
+__device__ __forceinline__ uint32_t t_off(uint32_t row, uint32_t byte) {
+  return (byte >> 7) * kSlabT + row * 128u + ((((byte >> 4) & 7u) ^ (row & 7u)) << 4) + (byte & 15u);
+}
+// K-major B descriptor (16 rows), the k16 step `kbyte` bytes into each row.
+__device__ __forceinline__ uint64_t t_desc(const uint8_t* s, uint32_t kbyte) {
+  return make_desc(smem_u32(s) + (kbyte >> 7) * kSlabT + (kbyte & 127u), 16u, 1024u);
+}
+// The physical (cache) column of Q^T's logical column L: in the k16 step u of 64-column block L / 64, thread q's
+// A fragment holds logical columns (2q, 2q + 1, 2q + 8, 2q + 9) = its codes at 64 (L / 64) + 16 q + 4 u + 0..3.
+__device__ __forceinline__ int t_qcol(int L) {
+  const int x = L & 15;
+  return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1) + 2 * (x >> 3);
+}
+// The logical key (P^T's column) of the stage's physical key row pk: in k16 step pk / 16, thread q's A fragment
+// holds logical keys (2q, 2q + 1, 2q + 8, 2q + 9) = rows 16 (pk / 16) + 4 q + 0..3.
+__device__ __forceinline__ int t_pkey(int pk) {
+  const int r = pk & 3;
+  return (pk & ~15) + 2 * ((pk & 15) >> 2) + (r & 1) + 8 * (r >> 1);
+}
+// (The latent column of O^T's row R of M tile mt, for the thread whose rows are R = 16 w + g and R + 8: 16 (8 w +
+// g) + 2 mt + (R's half): each thread's 16 columns are contiguous, t_vcol in the check.)
+
+// m64n16k16, A from registers (the m64k16 fragment of pv_rs), B = a K-major 16-row operand; D f32 (8 a thread).
+template <typename T>
+__device__ __forceinline__ void wgmma_t(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+                 "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+                 "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+}
+
+// mbarrier arrive (release, CTA scope) that also adds `bytes` to the phase's expected transaction count: the phase
+// completes once every arrival is in and that many bytes of complete_tx copies have landed.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// One bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
+// async proxy, completing `bytes` transactions on `bar`. The issuing thread does not wait for it.
+__device__ __forceinline__ void bulk_copy(uint8_t* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+// Producer warp w's share of a step: the codes of rows 16 w .. 16 w + 15 to rows of the stage `st` (576 B each),
+// lane l < 16 holding row 16 w + l's offset (row_offset: bytes); an absent key's row is zeros, its validity bit 0.
+// Each producer thread arrives on `full` once. `aligned` (16-byte rows and base): bulk copies that complete on
+// `full` (the issuing lane's arrive.expect_tx of their bytes first), so the warp moves on to the next stage without
+// waiting: the 16 rows as one copy of 9,216 B when they are present and contiguous in the cache (a page's run),
+// else lane l < 16 its own row; an absent row is 36 zero stores, then fence.proxy.async (a later bulk copy of this
+// thread writes the same bytes). Else byte loads and stores by the whole warp before each lane's arrive.
+__device__ __forceinline__ void produce_codes_t(const DecodeParams& p, int64_t my_off, uint8_t* st, uint32_t* valid,
+                                                uint64_t* full, int w, int lane, bool aligned) {
+  const uint32_t bits = __ballot_sync(0xffffffffu, lane < 16 && my_off >= 0);
+  if (lane == 0) *valid = bits;
+  const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
+  uint8_t* dst = st + 16 * w * kDim;
+  const int64_t off0 = __shfl_sync(0xffffffffu, my_off, 0);
+  const bool run = __all_sync(0xffffffffu, lane >= 16 || (my_off >= 0 && my_off == off0 + lane * kDim));
+  if (aligned && run) {
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full, 16 * kDim);
+      bulk_copy(dst, cache + off0, 16 * kDim, full);
+    } else {
+      mbar_arrive(full);
+    }
+  } else if (aligned) {
+    if (lane < 16 && my_off >= 0) {
+      mbar_arrive_expect_tx(full, kDim);
+      bulk_copy(dst + lane * kDim, cache + my_off, kDim, full);
+    } else {
+      if (lane < 16) {
+        const uint32_t row = smem_u32(dst + lane * kDim);
+#pragma unroll 1
+        for (int c = 0; c < kDim / 16; ++c) st_shared16(row + 16 * c, make_uint4(0u, 0u, 0u, 0u));
+        fence_proxy_async();
+      }
+      mbar_arrive(full);
+    }
+  } else {
+#pragma unroll 1
+    for (int i = lane; i < 16 * kDim; i += 32) {  // every lane takes part in each shuffle
+      const int r = i / kDim, c = i % kDim;
+      const int64_t off = __shfl_sync(0xffffffffu, my_off, r);
+      dst[r * kDim + c] = off >= 0 ? cache[off + c] : 0;
+    }
+    mbar_arrive(full);
+  }
+}
+
+// S^T of a step (keys 16 w + g, + 8 of the stage `st` x the 16 heads of Q^T at `sqt`) into sc: per 64-column block
+// two LDS.128 (the thread's 16 codes of each of its two keys, the next block's loaded before this one's wgmma), 8
+// conversions, 4 wgmma; one group per block; waited for.
+template <typename T>
+__device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const uint8_t* sqt, int w, int g, int q) {
+  const uint32_t lo = st + (16 * w + g) * kDim + 16 * q, hi = lo + 8 * kDim;
+  uint4 nlo = ld_shared16(lo), nhi = ld_shared16(hi);
+#pragma unroll
+  for (int blk = 0; blk < kDim / 64; ++blk) {
+    const uint4 clo = nlo, chi = nhi;
+    uint32_t a[4][4];
+    e4m3x4_to<T>(clo.x, a[0][0], a[0][2]);
+    e4m3x4_to<T>(chi.x, a[0][1], a[0][3]);
+    e4m3x4_to<T>(clo.y, a[1][0], a[1][2]);
+    e4m3x4_to<T>(chi.y, a[1][1], a[1][3]);
+    e4m3x4_to<T>(clo.z, a[2][0], a[2][2]);
+    e4m3x4_to<T>(chi.z, a[2][1], a[2][3]);
+    e4m3x4_to<T>(clo.w, a[3][0], a[3][2]);
+    e4m3x4_to<T>(chi.w, a[3][1], a[3][3]);
+    if (blk + 1 < kDim / 64) {
+      nlo = ld_shared16(lo + 64 * (blk + 1));
+      nhi = ld_shared16(hi + 64 * (blk + 1));
+    }
+    wg_fence();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) wgmma_t<T>(sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 0 || u > 0);
+    wg_commit();
+    wg_wait<1>();  // the previous block's fragments free (two blocks in flight)
+  }
+  wg_wait<0>();
+  reg_fence(sc);
+}
+
+// O^T += V^T P^T of a step: k16 step u takes the thread's 4 keys 16 u + 4 q .. + 3 (4 LDS.128 of its 16 latent
+// columns 16 (8 w + g) ..), bytes transposed by PRMT into code pairs of one column, 8 M tiles of 64 columns; P^T
+// at `spt`. After the last loads lane 0 releases the stage (`empty`). Waited for.
+template <typename T>
+__device__ __forceinline__ void pv_t_product(float (&o)[64], uint32_t st, const uint8_t* spt, int w, int g, int q,
+                                             uint64_t* empty, int lane) {
+  const uint32_t base = st + 16 * (8 * w + g) + 4 * q * kDim;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = ld_shared16(base + (16 * u + j) * kDim);
+    if (u == 3) {  // the step's codes are all in registers
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty);
+    }
+    uint32_t a[8][4];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      const int k = mt >> 1;
+      const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;  // bytes (2 mt, 2 mt + 1) of two keys' words, interleaved
+      const uint32_t w0 = (&v[0].x)[k], w1 = (&v[1].x)[k], w2 = (&v[2].x)[k], w3 = (&v[3].x)[k];
+      e4m3x4_to<T>(__byte_perm(w0, w1, sel), a[mt][0], a[mt][1]);
+      e4m3x4_to<T>(__byte_perm(w2, w3, sel), a[mt][2], a[mt][3]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      float(&d)[8] = *reinterpret_cast<float(*)[8]>(o + 8 * mt);
+      wgmma_t<T>(d, a[mt], t_desc(spt, 32 * u), 1);
+    }
+    wg_commit();
+    wg_wait<1>();
+  }
+  wg_wait<0>();
+  reg_fence(o);
+}
+
+// This thread's head k (0-3) of the m64n16 accumulator layout: column 8 (k / 2) + 2 q + k % 2; element i of an M
+// tile belongs to head (i / 4) * 2 + i % 2, row half (i / 2) % 2.
+__device__ __forceinline__ int t_head(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sqt = align1024(smem_raw);                 // Q^T: 9 slabs [16 heads x 128 B]
+  uint8_t* spt = sqt + 9 * kSlabT;                    // P^T: [2 warpgroups] one slab [16 heads x 64 keys]
+  uint8_t* sst = spt + 2 * kSlabT;                    // code stages [4][64 rows x 576 B]
+  float* sred = reinterpret_cast<float*>(sst + kStagesT * kStageBytesT);  // [2][4 warps][16]
+  float* smx = sred + 2 * 4 * kHeadsT;                                     // [2][16]
+  uint32_t* s_valid = reinterpret_cast<uint32_t*>(smx + 2 * kHeadsT);     // [4 stages][4 producer warps]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_valid + kStagesT * 4);   // [4]
+  uint64_t* empty = full + kStagesT;                                       // [4]
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+  const int head_groups = (p.heads + kHeadsT - 1) / kHeadsT;
+  const int hg = blockIdx.x % head_groups;
+  const int split = (blockIdx.x / head_groups) % p.num_splits;
+  const int b = blockIdx.x / (head_groups * p.num_splits);
+
+  const SplitKeys keys = split_keys(p, b, split, kPTile);
+  const int64_t lo = keys.lo, hi = keys.hi;
+  const int steps = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStagesT; ++s) {
+      mbar_init(&full[s], kProducerThreads);  // every producer thread once a step (+ its row's bytes: expect_tx)
+      mbar_init(&empty[s], 4);  // the 4 warps of the stage's consumer warpgroup (s % 2)
+    }
+  }
+  __syncthreads();
+
+  if (warp >= 8) {  // the producer warpgroup: copies only
+    setmaxnreg_dec<kProducerRegs>();
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 16 == 0) &&
+                         (p.cache_stride_tok % 16 == 0);
+    const int64_t row = 16 * (warp - 8) + (lane & 15);
+    int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
+    for (int i = 0; i < steps; ++i) {
+      const int s = i % kStagesT;
+      if (i >= kStagesT) mbar_wait(&empty[s], ((i - kStagesT) / kStagesT) & 1);
+      produce_codes_t(p, next_off, sst + s * kStageBytesT, s_valid + 4 * s + (warp - 8), &full[s], warp - 8, lane,
+                      aligned);
+      const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
+      next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
+    }
+    return;
+  }
+  setmaxnreg_inc<kConsumerRegs>();
+  const int wg = warp >> 2, w = warp & 3, t = tid & 127, g = lane >> 2, q = lane & 3;
+  const int h0 = hg * kHeadsT;
+
+  if (steps > 0) {  // Q^T: heads h0.. (zero past p.heads), logical column L from cache column t_qcol(L)
+    // every load issued before the first store (one memory latency, not one a round)
+    constexpr int kRounds = kHeadsT * kDim / 2 / kConsumerThreads;
+    static_assert(kRounds * kConsumerThreads == kHeadsT * kDim / 2, "Q^T pairs split evenly over the consumers");
+    const uint16_t* qg = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h;
+    // (a head past p.heads reads the last head's row, in bounds, and stores zeros: no branch between the loads)
+    uint16_t lo[kRounds], hi[kRounds];
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) {
+      const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
+      const uint16_t* src = qg + min(h, p.heads - 1 - h0) * p.q_stride_h + t_qcol(L);  // t_qcol(L + 1) = .. + 1
+      lo[k] = src[0];
+      hi[k] = src[1];
+    }
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) {
+      const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
+      const uint32_t v = h0 + h < p.heads ? static_cast<uint32_t>(lo[k]) | (static_cast<uint32_t>(hi[k]) << 16) : 0u;
+      *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v;
+    }
+    fence_proxy_async();
+    nb_sync<kConsumerThreads>(kBarAll);
+  }
+
+  float o[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] = 0.f;
+  float m[4], l[4];  // running max (log2 domain) of this thread's heads t_head(k, q); row sums of its keys
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.f;
+  }
+  uint8_t* my_pt = spt + wg * kSlabT;
+  float* red = sred + wg * 4 * kHeadsT;
+  for (int it = wg; it < steps; it += 2) {
+    const int s = it % kStagesT;
+    const uint32_t st = smem_u32(sst + s * kStageBytesT);
+    float sc[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sc[j] = 0.f;
+    reg_fence(sc);
+    mbar_wait(&full[s], (it / kStagesT) & 1);
+    s_t_product<T>(sc, st, sqt, w, g, q);
+
+    // keys 16 w + g (elements i % 4 < 2) and + 8; heads t_head((i / 4) * 2 + i % 2, q)
+    const uint32_t vb = s_valid[4 * s + w];
+    const bool ok_lo = (vb >> g) & 1u, ok_hi = (vb >> (g + 8)) & 1u;
+    float mx[4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x = ((i & 2) ? ok_hi : ok_lo) ? sc[i] * p.qk_scale_log2 : -INFINITY;
+      sc[i] = x;
+      const int k = (i >> 2) * 2 + (i & 1);
+      mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
+    }
+#pragma unroll
+    for (int d = 4; d <= 16; d <<= 1)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], d));
+    if (g == 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) red[w * kHeadsT + t_head(k, q)] = mx[k];
+    }
+    nb_sync<128>(kBarT0 + wg);  // the 4 warps' maxima (and every warp's previous P^T V^T done)
+    float a[4], z[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int hk = t_head(k, q);
+      const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
+      const float mn = fmaxf(m[k], mk);
+      z[k] = finite_or_zero(mn);
+      a[k] = ex2(m[k] - z[k]);
+      m[k] = mn;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int ilo = (k >> 1) * 4 + (k & 1);
+      const float plo = ex2(sc[ilo] - z[k]), phi = ex2(sc[ilo + 2] - z[k]);
+      sc[ilo] = plo;
+      sc[ilo + 2] = phi;
+      l[k] = l[k] * a[k] + (plo + phi);
+    }
+    // P^T: head row, logical key t_pkey(physical key)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int pk = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
+      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * t_pkey(pk))) =
+          static_cast<uint16_t>(Wgmma<T>::pack(sc[i], 0.f) & 0xffffu);
+    }
+    if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];
+    }
+    fence_proxy_async();
+    nb_sync<128>(kBarT0 + wg);  // P^T complete
+    pv_t_product<T>(o, st, my_pt, w, g, q, &empty[s], lane);
+  }
+
+  // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
+#pragma unroll
+  for (int d = 4; d <= 16; d <<= 1)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) l[k] += __shfl_xor_sync(0xffffffffu, l[k], d);
+  if (g == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      red[w * kHeadsT + t_head(k, q)] = l[k];
+      if (w == 0) smx[wg * kHeadsT + t_head(k, q)] = m[k];
+    }
+  }
+  float* ot = reinterpret_cast<float*>(sst + kStageBytesT);  // stage 1: warpgroup 1's, free after its last step
+  if (wg == 1) {
+    nb_sync<128>(kBarT0 + 1);  // every warp's last loads from stage 1 done
+#pragma unroll
+    for (int j = 0; j < 64; ++j) ot[j * 128 + t] = o[j];
+  }
+  nb_sync<kConsumerThreads>(kBarAll);
+  if (wg == 1) return;
+  float inv[4], lse[4], f0[4], f1[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    const float l0 = (sred[hk] + sred[kHeadsT + hk]) + (sred[2 * kHeadsT + hk] + sred[3 * kHeadsT + hk]);
+    const float* r1 = sred + 4 * kHeadsT;
+    const float l1 = (r1[hk] + r1[kHeadsT + hk]) + (r1[2 * kHeadsT + hk] + r1[3 * kHeadsT + hk]);
+    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);
+    f0[k] = ex2(m[k] - zt);
+    f1[k] = ex2(m1 - zt);
+    const float lt = l0 * f0[k] + l1 * f1[k];
+    inv[k] = lt == 0.f ? 0.f : p.out_scale / lt;
+    lse[k] = lt == 0.f ? -INFINITY : (mt + log2f(lt)) * kLn2;
+  }
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const int k = ((j & 7) >> 2) * 2 + (j & 1);
+    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
+  }
+  const int col0 = 16 * (8 * w + g);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    if (h0 + hk >= p.heads) continue;
+    const int64_t gi = static_cast<int64_t>(b) * p.heads + h0 + hk;
+    if (w == 0 && g == 0) {
+      if (p.num_splits > 1) p.part_lse[gi * p.num_splits + split] = lse[k];
+      else if (p.lse != nullptr) p.lse[gi] = lse[k];
+    }
+    const int e = (k >> 1) * 4 + (k & 1);  // element of M tile mt: row half 0 at e, 1 at e + 2
+    if (p.num_splits > 1) {
+      float* dst = p.part_o + (gi * p.num_splits + split) * kNope + col0;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) store_pair(dst + 2 * mt, o[8 * mt + e] * inv[k], o[8 * mt + e + 2] * inv[k]);
+    } else if (p.out_dtype == kFP32) {
+      float* dst = static_cast<float*>(p.out) + gi * kNope + col0;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) store_pair(dst + 2 * mt, o[8 * mt + e] * inv[k], o[8 * mt + e + 2] * inv[k]);
+    } else if (p.out_dtype == kBF16) {
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + gi * kNope + col0;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) store_pair(dst + 2 * mt, o[8 * mt + e] * inv[k], o[8 * mt + e + 2] * inv[k]);
+    } else {
+      __half* dst = static_cast<__half*>(p.out) + gi * kNope + col0;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) store_pair(dst + 2 * mt, o[8 * mt + e] * inv[k], o[8 * mt + e + 2] * inv[k]);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t launch_t(const DecodeParams& p, cudaStream_t stream) {
+  static bool attribute_set[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !attribute_set[device]) {
+    err = cudaFuncSetAttribute(decode_t_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesT);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) attribute_set[device] = true;
+  }
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeadsT - 1) / kHeadsT);
+  decode_t_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytesT, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename T, int KF, int PF>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   // Once per device and instantiation (not a stream operation: capture-safe).
@@ -735,6 +1172,7 @@ cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
 }
 template <typename T>
 cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
+  if (p.cache_fp8 && p.heads <= kHeadsT && p.p_fmt == kNoQuant) return launch_t<T>(p, stream);
   if (p.cache_fp8) return launch_split_p<T, kCodes>(p, stream);
   return p.k_fmt == kFP8 ? launch_split_p<T, kFP8>(p, stream) : launch_split_p<T, kNoQuant>(p, stream);
 }

@@ -420,8 +420,9 @@ def test_fp8_cache_fp16_q_and_p_qdq(heads, kernels):
     assert kernels == ["wgmma"] * 8
 
 
+@pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
-def test_fp8_cache_codes_exact(q_dtype, kernels):
+def test_fp8_cache_codes_exact(q_dtype, heads, kernels):
     """Every finite code converts exactly, in every row and column of a step: each request is 64 equal rows
     (every producer warp, row group and lane converts them), so every key scores the same, P = 1, l = 64, and the
     float32 output is (64 code) * (kv_scale / 64) = float32(code * kv_scale), the cache's value, bit for bit; the
@@ -436,17 +437,19 @@ def test_fp8_cache_codes_exact(q_dtype, kernels):
     cache = torch.stack([r.expand(64, -1) for r in rows]).contiguous().view(FP8).cuda()  # one page of 64 each
     table = torch.arange(6, dtype=torch.int32).view(6, 1).cuda()
     lens = torch.full((6,), 64, dtype=torch.int32).cuda()
-    q = (torch.randn(6, 16, RANK + ROPE, generator=g) * 0.01).to(q_dtype).cuda()
+    q = (torch.randn(6, heads, RANK + ROPE, generator=g) * 0.01).to(q_dtype).cuda()
     out, _ = decode("cuda", (q, cache, table, lens), kv_scale=KV_SCALE, num_kv_splits=1, out_dtype=torch.float32)
     want = numerics.fp8_cache_values(cache[:, 0, :RANK], KV_SCALE)[:, None].expand_as(out)
     assert torch.equal(out, want), f"{(out != want).sum().item()} values differ"
     assert kernels == ["wgmma"]
 
 
-def test_fp8_cache_unaligned_rows_and_graph(kernels):
+@pytest.mark.parametrize("heads", [16, 128])
+def test_fp8_cache_unaligned_rows_and_graph(heads, kernels):
     """Rows that are not 16-byte aligned (a column slice of a 577-byte-wide cache: the producer's byte path) give
-    the aligned cache's numbers bit for bit; int64 metadata; captured in a CUDA graph and replayed."""
-    q, cache, table, lens = _fp8_inputs((300, 17, 0, 64), 16, 16)
+    the aligned cache's numbers bit for bit; int64 metadata; captured in a CUDA graph and replayed (16 heads: the
+    keys-as-M kernel, 128: the 64-head one)."""
+    q, cache, table, lens = _fp8_inputs((300, 17, 0, 64), heads, 16)
     wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), 0x7F, dtype=torch.uint8, device="cuda")
     wide[..., 1:] = cache.view(torch.uint8)
     sliced = wide[..., 1:].view(FP8)
@@ -469,3 +472,16 @@ def test_fp8_cache_unaligned_rows_and_graph(kernels):
     assert torch.equal(static, eager)
     assert kernels == ["wgmma"] * 5
 
+
+@pytest.mark.parametrize("heads", [1, 8, 16])
+def test_fp8_cache_few_heads(heads, kernels):
+    """The keys-as-M kernel (<= 16 heads, heads past the count padded): its two warpgroups take alternate 64-key
+    steps and merge at the end, so odd and even step counts, one step, an empty split, a page of 48 (steps across
+    pages) and 1-32 splits against the reference; fp16 q; bf16 output."""
+    for q_dtype in (torch.bfloat16, torch.float16):
+        inputs = _fp8_inputs((4097, 129, 64, 63, 0, 192, 700), heads, 48, q_dtype)
+        for splits in (1, 5, 32):
+            check(inputs, tol=1e-3, kv_scale=KV_SCALE, num_kv_splits=splits, out_dtype=torch.float32)
+        out, _ = check(inputs, kv_scale=KV_SCALE, num_kv_splits=2)
+        assert out.dtype == q_dtype
+    assert kernels == ["wgmma"] * 8

@@ -20,8 +20,11 @@ Q1_SELECTION = "tests/test_cuda_decode.py -k '(deepseek and bf16) or heads_and_o
 """Schedule Q1's mutants (the unquantized WGMMA problem): bf16 at 16 / 64 / 128 heads, every page size and split
 count; the head-group edges and padding (1-128 heads); fp16."""
 FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or fp8_cache_unaligned or "
-                       "fp8_cache_fp16_q or (test_fp8_cache and 16-16-3)'")
-"""The FP8 KV cache's mutants: every code exact, the byte path, fp16 q and P qdq, the edges at 16 heads, page 16."""
+                       "fp8_cache_fp16_q or fp8_cache_few_heads or (test_fp8_cache and 16-16-3) or "
+                       "(test_fp8_cache and 16-33-3)'")
+"""The FP8 KV cache's mutants: every code exact and the byte path (16 heads: the keys-as-M kernel, 128: the 64-head
+one), fp16 q and P qdq, 1-16 heads over odd / even step counts, the edges at 16 heads, pages 16 and 33 (33: a
+producer warp's rows across pages, copied row by row)."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
@@ -190,6 +193,61 @@ MUTANTS = [
          new="      const float x1 = (v0 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;",
          tests=[Q1_SELECTION], gpu=True,
          why="Q1: keys 32-63 masked with keys 0-31's validity (absent keys past a length score as real ones)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='  return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1) + 2 * (x >> 3);',
+         new='  return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1);',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: Q^T's columns 2q + 8, 2q + 9 of a k16 step staged from 2q, 2q + 1's"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='  return (pk & ~15) + 2 * ((pk & 15) >> 2) + (r & 1) + 8 * (r >> 1);',
+         new='  return (pk & ~15) + 2 * ((pk & 15) >> 2) + (r & 1) + 4 * (r >> 1);',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: P^T's keys 4q + 2, 4q + 3 written to the wrong logical keys"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='      const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;',
+         new='      const uint32_t sel = (mt & 1) ? 0x5140u : 0x7362u;',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: V's byte transposition picks the other M tile's columns"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];',
+         new='    o[j] = o[j] * f0[k] + ot[j * 128 + t];',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: warpgroup 1's output merged without its factor 2^(m1 - max)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='    const float lt = l0 * f0[k] + l1 * f1[k];',
+         new='    const float lt = l0 * f0[k] + l1;',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: warpgroup 1's row sum merged without its factor"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='    const bool ok_lo = (vb >> g) & 1u, ok_hi = (vb >> (g + 8)) & 1u;',
+         new='    const bool ok_lo = (vb >> g) & 1u, ok_hi = (vb >> g) & 1u;',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: keys 16w + g + 8 masked by key 16w + g's bit (keys past a length score 0)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='      for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];',
+         new='      for (int j = 0; j < 64; ++j) o[j] *= a[j & 3];',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel: O^T rescaled by the wrong heads' factors"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='      dst[r * kDim + c] = off >= 0 ? cache[off + c] : 0;',
+         new='      dst[r * kDim + (c ^ 1)] = off >= 0 ? cache[off + c] : 0;',
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why='FP8 cache, keys-as-M kernel, unaligned rows (byte path): adjacent codes swapped'),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="lane >= 16 || (my_off >= 0 && my_off == off0 + lane * kDim));",
+         new="lane >= 16 || my_off >= 0);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel producer: 16 present rows copied as one run though not contiguous"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="      bulk_copy(dst + lane * kDim, cache + my_off, kDim, full);",
+         new="      bulk_copy(dst + (lane & ~1) * kDim, cache + my_off, kDim, full);",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel producer, rows copied one by one: odd rows land on the even row before"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="st_shared16(row + 16 * c, make_uint4(0u, 0u, 0u, 0u));",
+         new="st_shared16(row + 16 * c, make_uint4(0x7f7f7f7fu, 0u, 0u, 0u));",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel producer: absent rows filled with NaN codes, not zeros (0 x NaN in P V)"),
 ]
 
 

@@ -166,6 +166,7 @@ def _decode_main() -> bool:
     ok &= _case(128, 33, [1, 300, 0, 97], 3, "fp8cache", "wgmma")
     ok &= _case(16, 64, [129, 64, 1, 300], 32, "fp8cache", "wgmma", unaligned=True)
     ok &= _case(20, 1, [0, 1, 33, 70], 1, "fp8cache", "wgmma")
+    ok &= _case(8, 33, [1, 700, 0, 129], 1, "fp8cache", "wgmma")  # keys-as-M kernel: padded heads, odd steps
     return ok
 
 
