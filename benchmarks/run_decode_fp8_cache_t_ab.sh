@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A/B of two builds of the cuda decode over bf16 and FP8 caches (issue 9; first for the keys-as-M FP8-cache kernel,
-# branch wip/decode-fp8-cache-faster), one device call: build A (main's csrc/) and B (this checkout's) side by
-# side, the two CPU checks (conversion / layout of both FP8 paths), bench_decode_fp8_cache_t_ab.py (bf16 and FP8 cache on A and B alternately; bf16 B == A bit for bit everywhere,
-# FP8 B == A at 128 heads, FP8 B within 1e-2 of A at 16), one fp16-q shape, then the FP8-cache GPU tests on B
-# with the time left of CALL_LIMIT: first those that reach decode_t_kernel's paths (the bulk copies of a page's
-# run and of single rows, zero-filled tails, the byte path, 1-16 heads), then the rest. Before the call, in
-# main's repository root (the snapshots are untracked: they travel):
+# branch wip/decode-fp8-cache-faster), one device call: build A (main's csrc/) and B (this checkout's) side by side, the
+# two CPU checks (conversion / layout of both FP8 paths), bench_decode_fp8_cache_t_ab.py (bf16 and FP8 cache on A and B
+# alternately; bf16 B == A bit for bit everywhere, FP8 B == A at 128 heads, FP8 B within 1e-2 of A at 16), one fp16-q
+# shape, then the FP8-cache GPU tests on B with the time left of CALL_LIMIT: first those that reach decode_t_kernel's
+# paths (the bulk copies of a page's run and of single rows, zero-filled tails, the byte path, 1-16 heads), then the
+# rest. Before the call, in main's repository root (the snapshots are untracked: they travel):
 #   rm -rf benchmarks/ab_base benchmarks/ab_fp8t2 && mkdir -p benchmarks/ab_base benchmarks/ab_fp8t2
 #   git archive main csrc | tar -x -C benchmarks/ab_base
 #   git archive wip/decode-fp8-cache-faster | tar -x -C benchmarks/ab_fp8t2
