@@ -5,7 +5,8 @@ Order (docs/architecture.md): an explicit override (the op's ``backend=`` argume
 else the first answer of the registered choice sources (:func:`add_choice_source`; the autotuner
 registers the user cache, the shipped cache and tuning-on-a-miss, in that order); else the valid
 backend with the highest priority for the problem (``Backend.priority_for``). After the first call
-of a problem the answer is one dict lookup. Dispatch imports neither the autotuner nor the CLI: they build on it.
+of a problem the answer is two dict lookups (its choice, and that no capture chose otherwise: no
+capture-state query). Dispatch imports neither the autotuner nor the CLI: they build on it.
 
 Eager calls and CUDA-graph captures are remembered apart (:func:`capturing`): a backend's ``priority_for`` may
 answer differently while the current CUDA stream captures (the cuda backend prefers its one-launch decode for
@@ -165,15 +166,17 @@ def choose(problem: Problem, explicit: str | None = None) -> Choice:
     """
     name = requested_backend(explicit)
     key = (name, problem)
-    if capturing(problem):
-        choice = _captured.get(key) or _memory.get(key)  # a problem called eagerly replays the eager choice
+    eager = _memory.get(key)
+    if eager is not None and key not in _captured:
+        return eager  # eager call, or a capture of a problem called eagerly (it replays the eager choice)
+    if capturing(problem):  # asked only where the two states can answer differently
+        choice = _captured.get(key)
         if choice is None:
             choice = _captured[key] = _decide(problem, name, explicit)
         return choice
-    choice = _memory.get(key)
-    if choice is None:
-        choice = _memory[key] = _decide(problem, name, explicit)
-    return choice
+    if eager is None:
+        eager = _memory[key] = _decide(problem, name, explicit)
+    return eager
 
 
 def _decide(problem: Problem, name: str | None, explicit: str | None) -> Choice:

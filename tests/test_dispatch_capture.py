@@ -94,6 +94,18 @@ def test_a_capture_of_a_problem_called_eagerly_replays_the_eager_choice(world):
     assert _choose(state, _problem(batch=2), True).backend.name == "cap_graph"   # another key: its own decision
 
 
+def test_a_problem_called_eagerly_asks_no_capture_state_again(world, monkeypatch):
+    """The steady state (eager calls, and captures after them) is dict lookups: the stream is not asked."""
+    fakes, state = world
+    eager = _choose(state, _problem(), False)
+
+    def never():
+        raise AssertionError("asked the stream's capture state for a problem called eagerly")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", never)
+    for _ in range(3):
+        assert dispatch.choose(_problem()) is eager
+
+
 def test_clear_memory_forgets_both_states(world):
     fakes, state = world
     problem = _problem()

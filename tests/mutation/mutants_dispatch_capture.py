@@ -7,12 +7,16 @@ DISPATCH = "mla_core/dispatch.py"
 CUDA = "backends/cuda/mla_core_cuda/backend.py"
 
 MUTANTS = [
-    dict(file=DISPATCH, old="    if capturing(problem):\n        choice = _captured.get(key)",
-         new="    if False:\n        choice = _captured.get(key)", tests=[TESTS],
+    dict(file=DISPATCH, old="    if capturing(problem):  # asked only",
+         new="    if False:  # asked only", tests=[TESTS],
          why="one memory for both states: a capture's choice is replayed by the eager calls after it"),
-    dict(file=DISPATCH, old="choice = _captured.get(key) or _memory.get(key)", new="choice = _captured.get(key)",
+    dict(file=DISPATCH, old="if eager is not None and key not in _captured:",
+         new="if eager is not None and key not in _captured and not capturing(problem):",
          tests=[TESTS],
          why="a capture of a problem called eagerly decides again: a Triton kernel first launched in the capture"),
+    dict(file=DISPATCH, old="if eager is not None and key not in _captured:",
+         new="if eager is not None and key not in _captured and False:", tests=[TESTS],
+         why="every call asks the stream's capture state (~0.3 us a call on the dispatch path)"),
     dict(file=DISPATCH, old="choice = _captured[key] = _decide(", new="choice = _memory[key] = _decide(",
          tests=[TESTS], why="a capture's decision stored as the eager one"),
     dict(file=DISPATCH, old="    _memory.clear()\n    _captured.clear()", new="    _memory.clear()",
