@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import fp8_cache, make_inputs  # noqa: E402
-from common import device_info, print_table, time_graph, write_json  # noqa: E402
+from common import device_info, print_table, same_bits, time_graph, write_json  # noqa: E402
 from common import load_cuda_extension as load  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
@@ -43,11 +43,6 @@ def problem_call(q, cache, table, lens, kv_scale=None):
                            qk_rope_head_dim=ROPE, page_size=None, num_kv_splits="auto", k_qdq=None, k_qdq_amax=None,
                            v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None,
                            kv_scale=kv_scale)
-
-
-def bits(t):
-    """t's bits as integers, for bit-for-bit comparison (float32 -> int32, 16-bit floats -> int16)."""
-    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
 
 
 def main():
@@ -80,8 +75,8 @@ def main():
                 f_config = cuda.configs(f_problem)[0]
                 outs = {n: decode.run(m, call, config) for n, m in mods.items()}
                 f_outs = {n: decode.run(m, f_call, f_config) for n, m in mods.items()}
-                r["bf16_bitequal"] = all(torch.equal(bits(a), bits(b)) for a, b in zip(outs["A"], outs["B"]))
-                r["fp8_bitequal"] = all(torch.equal(bits(a), bits(b)) for a, b in zip(f_outs["A"], f_outs["B"]))
+                r["bf16_bitequal"] = all(same_bits(a, b) for a, b in zip(outs["A"], outs["B"]))
+                r["fp8_bitequal"] = all(same_bits(a, b) for a, b in zip(f_outs["A"], f_outs["B"]))
                 r["fp8_rel_l2"] = rel_l2(f_outs["B"][0], f_outs["A"][0])
                 r["fp8_lse_rel_l2"] = rel_l2(f_outs["B"][1], f_outs["A"][1])
                 ok = r["bf16_bitequal"] and (r["fp8_bitequal"] if heads > 16 else

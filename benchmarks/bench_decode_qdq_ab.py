@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import make_inputs  # noqa: E402
-from common import device_info, load_cuda_extension, print_table, time_graph, write_json  # noqa: E402
+from common import device_info, load_cuda_extension, print_table, same_bits, time_graph, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
@@ -64,9 +64,7 @@ def main():
                         v_qdq=v, v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
                     config = cuda.configs(problem)[0]
                     outs = {name: decode.run(mod, call, config) for name, mod in mods.items()}
-                    same = all(torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a.view(torch.int16),
-                                           b.view(torch.int32) if b.dtype == torch.float32 else b.view(torch.int16))
-                               for a, b in zip(outs["A"], outs["B"]))
+                    same = all(same_bits(a, b) for a, b in zip(outs["A"], outs["B"]))
                     mismatches += not same
                     times = {"A": [], "B": []}
                     for name in ("A", "B", "B", "A"):

@@ -23,17 +23,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_sparse import FLASHMLA_US, TOP_K, make_case  # noqa: E402
-from common import device_info, load_cuda_extension, print_table, time_graph, write_json  # noqa: E402
+from common import device_info, load_cuda_extension, print_table, same_bits, time_graph, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 os.environ.setdefault("MLA_CORE_AUTOTUNE", "off")
 
 import mla_core  # noqa: E402
 from mla_core import specs  # noqa: E402
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
 
 
 def main():
@@ -60,7 +56,7 @@ def main():
                                                              None, 576 ** -0.5, 1.0, None, True, None)
                 config = cuda.configs(problem)[0]
                 outs = {name: sparse.run(mod, call, config) for name, mod in mods.items()}
-                same = all(torch.equal(bits(a), bits(b)) for a, b in zip(outs["A"], outs["B"]))
+                same = all(same_bits(a, b) for a, b in zip(outs["A"], outs["B"]))
                 finite = bool(torch.isfinite(outs["B"][0].float()).all())
                 mismatches += (not same) + (not finite)
                 times = {"A": [], "B": []}

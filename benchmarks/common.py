@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+import torch
+
 from mla_core.bench import device_info, flush_l2, measure_ceilings, time_eager, time_graph  # noqa: F401 (re-exported)
 
 
@@ -44,3 +46,11 @@ def load_cuda_extension(src: str, cache: str | None = None):
     module = build.build()
     build._DEFAULT_KEY = None
     return module
+
+
+def same_bits(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` (float32 or a 16-bit float) hold the same bits (an A/B's equality check:
+    NaNs of one payload compare equal, -0.0 and 0.0 do not)."""
+    def bits(t):
+        return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+    return a.dtype == b.dtype and torch.equal(bits(a), bits(b))
