@@ -30,7 +30,9 @@ RECIPES = {"bf16": (None, None, None), "fp8": ("fp8", "fp8", "fp8"), "nvfp4": ("
            "fp8_p_nvfp4": ("fp8", "fp8", "nvfp4")}
 WGMMA_RECIPES = ("bf16", "fp8", "fp8_p_nvfp4")
 """Recipes the WGMMA kernel runs (K and V share its shared-memory tile: both off or both FP8)."""
-LENGTHS = boundary_lengths([32, 64], extra=(1000, 32768))  # 0, 1, 31, 32, 33, 63, 64, 65, 127..129, 1000, 32768
+# 0, 1, 15..17, 31..33, 63..65, 127..129, 1000, 32768: the 32-key P tiles, the 64-key steps (128: the keys-as-M
+# kernel's two warpgroups alternate them) and its producer's 16-row runs (a warp's bulk copy)
+LENGTHS = boundary_lengths([16, 32, 64], extra=(1000, 32768))
 
 
 @functools.lru_cache(maxsize=4)
