@@ -751,10 +751,11 @@ __device__ __forceinline__ int t_qcol(int L) {
   return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1) + 2 * (x >> 3);
 }
 // The logical key (P^T's column) of the stage's physical key row pk: in k16 step pk / 16, thread q's A fragment
-// holds logical keys (2q, 2q + 1, 2q + 8, 2q + 9) = rows 16 (pk / 16) + 4 q + 0..3.
+// holds logical keys (2q, 2q + 1, 2q + 8, 2q + 9) = its load slots j = 0..3 = rows 16 (pk / 16) + 4 q + (j ^ (q & 1))
+// (pv_t_load: an odd q takes its rows pairwise swapped).
 __device__ __forceinline__ int t_pkey(int pk) {
-  const int r = pk & 3;
-  return (pk & ~15) + 2 * ((pk & 15) >> 2) + (r & 1) + 8 * (r >> 1);
+  const int q = (pk & 15) >> 2, j = (pk & 3) ^ (q & 1);
+  return (pk & ~15) + 2 * q + (j & 1) + 8 * (j >> 1);
 }
 // (The latent column of O^T's row R of M tile mt, for the thread whose rows are R = 16 w + g and R + 8: 16 (8 w +
 // g) + 2 mt + (R's half): each thread's 16 columns are contiguous, t_vcol in the check.)
@@ -869,39 +870,61 @@ __device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const u
   reg_fence(sc);
 }
 
-// O^T += V^T P^T of a step: k16 step u takes the thread's 4 keys 16 u + 4 q .. + 3 (4 LDS.128 of its 16 latent
-// columns 16 (8 w + g) ..), bytes transposed by PRMT into code pairs of one column, 8 M tiles of 64 columns; P^T
-// at `spt`. After the last loads lane 0 releases the stage (`empty`). Waited for.
+// P's element as P·V's f16 operand: rounded to T first (numerics: P enters P·V in q's dtype), then to f16, which
+// holds every bf16 value of P (<= 1) from 2^-14 up exactly (8 significant bits of 11); below 2^-14 f16's subnormals
+// round it to 2^-24 steps (<= 2^-25 off, against P's row maximum 1). So P·V runs on f16 whatever q's dtype: V's
+// codes enter as the f16 pairs the hardware converts them to, without the widening to bf16 (e4m3x4_to).
 template <typename T>
-__device__ __forceinline__ void pv_t_product(float (&o)[64], uint32_t st, const uint8_t* spt, int w, int g, int q,
-                                             uint64_t* empty, int lane) {
-  const uint32_t base = st + 16 * (8 * w + g) + 4 * q * kDim;
+__device__ __forceinline__ uint16_t p_f16_bits(float x) {
+  const float r = std::is_same_v<T, __half> ? x : __bfloat162float(__float2bfloat16_rn(x));
+  return __half_as_ushort(__float2half_rn(r));
+}
+
+// The 4 LDS.128 of P·V's k16 step u: slot j = the thread's key row 16 u + 4 q + (j ^ (q & 1)), its 16 latent
+// columns 16 (8 w + g) ..; `be` / `bo` = the thread's base (st + 16 (8 w + g) + 4 q kDim) + / - kDim (q & 1) for the
+// even / odd slots. A quarter warp (g = 2k, 2k + 1; q = 0..3) then reads rows of both parities (a row is 576 B, 64
+// banks' bytes mod 128 apart): 4 distinct 16-byte bank groups, 2-way conflicts (8 wavefronts an LDS.128, the least
+// with 576-B rows) instead of 4-way (16) when every q read the same parity.
+__device__ __forceinline__ void pv_t_load(uint4 (&v)[4], uint32_t be, uint32_t bo, int u) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = ld_shared16(((j & 1) ? bo : be) + (16 * u + j) * kDim);
+}
+
+// O^T += V^T P^T of a step, on f16 (P^T's f16 at `spt`: p_f16_bits): k16 step u converts the thread's 4 code
+// rows `v` (pv_t_load; step 0's loaded by the caller), bytes transposed by PRMT into code pairs of one column, 8 M
+// tiles of 64 columns. Half of step u + 1's rows are loaded right after step u's wgmma, before the wait for step
+// u - 1's, the other half after it; after the last loads lane 0 releases the stage (`empty`). Waited for.
+__device__ __forceinline__ void pv_t_product(float (&o)[64], uint4 (&v)[4], uint32_t be, uint32_t bo,
+                                             const uint8_t* spt, uint64_t* empty, int lane) {
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = ld_shared16(base + (16 * u + j) * kDim);
-    if (u == 3) {  // the step's codes are all in registers
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty);
-    }
     uint32_t a[8][4];
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int k = mt >> 1;
       const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;  // bytes (2 mt, 2 mt + 1) of two keys' words, interleaved
       const uint32_t w0 = (&v[0].x)[k], w1 = (&v[1].x)[k], w2 = (&v[2].x)[k], w3 = (&v[3].x)[k];
-      e4m3x4_to<T>(__byte_perm(w0, w1, sel), a[mt][0], a[mt][1]);
-      e4m3x4_to<T>(__byte_perm(w2, w3, sel), a[mt][2], a[mt][3]);
+      e4m3x4_to<__half>(__byte_perm(w0, w1, sel), a[mt][0], a[mt][1]);
+      e4m3x4_to<__half>(__byte_perm(w2, w3, sel), a[mt][2], a[mt][3]);
     }
     wg_fence();
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       float(&d)[8] = *reinterpret_cast<float(*)[8]>(o + 8 * mt);
-      wgmma_t<T>(d, a[mt], t_desc(spt, 32 * u), 1);
+      wgmma_t<__half>(d, a[mt], t_desc(spt, 32 * u), 1);
     }
     wg_commit();
+    if (u + 1 < 4) v[0] = ld_shared16(be + (16 * (u + 1)) * kDim);  // half of step u + 1's rows before the wait
+    if (u + 1 < 4) v[1] = ld_shared16(bo + (16 * (u + 1) + 1) * kDim);
     wg_wait<1>();
+    if (u + 1 < 4) {
+      v[2] = ld_shared16(be + (16 * (u + 1) + 2) * kDim);
+      v[3] = ld_shared16(bo + (16 * (u + 1) + 3) * kDim);
+      if (u + 1 == 3) {  // the step's codes are all loaded
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty);
+      }
+    }
   }
   wg_wait<0>();
   reg_fence(o);
@@ -1044,20 +1067,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
       sc[ilo + 2] = phi;
       l[k] = l[k] * a[k] + (plo + phi);
     }
-    // P^T: head row, logical key t_pkey(physical key)
+    // P^T (f16, p_f16_bits): head row, logical key t_pkey(physical key)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int pk = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
-      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * t_pkey(pk))) =
-          static_cast<uint16_t>(Wgmma<T>::pack(sc[i], 0.f) & 0xffffu);
+      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * t_pkey(pk))) = p_f16_bits<T>(sc[i]);
     }
     if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
 #pragma unroll
       for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];
     }
+    uint4 v[4];  // P·V's first code rows, loaded before the barrier
+    const uint32_t pv_base = st + 16 * (8 * w + g) + 4 * q * kDim, pv_flip = (q & 1) ? kDim : 0u;
+    pv_t_load(v, pv_base + pv_flip, pv_base - pv_flip, 0);
     fence_proxy_async();
     nb_sync<128>(kBarT0 + wg);  // P^T complete
-    pv_t_product<T>(o, st, my_pt, w, g, q, &empty[s], lane);
+    pv_t_product(o, v, pv_base + pv_flip, pv_base - pv_flip, my_pt, &empty[s], lane);
   }
 
   // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
