@@ -837,10 +837,19 @@ __device__ __forceinline__ void produce_codes_t(const DecodeParams& p, int64_t m
   }
 }
 
-// S^T of a step (keys 16 w + g, + 8 of the stage `st` x the 16 heads of Q^T at `sqt`) into sc: per 64-column block
-// two LDS.128 (the thread's 16 codes of each of its two keys, the next block's loaded before this one's wgmma), 8
-// conversions, 4 wgmma; one group per block; waited for.
-template <typename T>
+// bf16 q on f16 tensor cores, per head: Q^T holds f16(q * 2^s), s = 142 - E clamped to [-113, 126], E the exponent
+// field of the head's largest |q| (`bits`: its bf16 bits without the sign): the largest lands in [2^15, 2^16), below
+// f16's 65504; every element within 29 binades of it is exact (f16 normal), smaller ones round to f16's 2^-24 steps
+// (<= 2^-40 of the largest; 2^-25 if it is below 2^-111); NaN and inf stay. The products with codes are exact and
+// scale-free, so S^T * 2^-s (exact unless it underflows float) is the bf16 S^T. Returns 2^s (`inverse`: 2^-s).
+__device__ __forceinline__ float q_scale_t(uint32_t bits, bool inverse) {
+  const int s = min(max(142 - static_cast<int>(bits >> 7), -113), 126);
+  return __uint_as_float(static_cast<uint32_t>(127 + (inverse ? -s : s)) << 23);
+}
+
+// S^T of a step (keys 16 w + g, + 8 of the stage `st` x the 16 heads of Q^T at `sqt`, f16: q_scale_t) into sc: per
+// 64-column block two LDS.128 (the thread's 16 codes of each of its two keys, the next block's loaded before this
+// one's wgmma), 8 conversions, 4 wgmma; one group per block; waited for.
 __device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const uint8_t* sqt, int w, int g, int q) {
   const uint32_t lo = st + (16 * w + g) * kDim + 16 * q, hi = lo + 8 * kDim;
   uint4 nlo = ld_shared16(lo), nhi = ld_shared16(hi);
@@ -848,21 +857,21 @@ __device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const u
   for (int blk = 0; blk < kDim / 64; ++blk) {
     const uint4 clo = nlo, chi = nhi;
     uint32_t a[4][4];
-    e4m3x4_to<T>(clo.x, a[0][0], a[0][2]);
-    e4m3x4_to<T>(chi.x, a[0][1], a[0][3]);
-    e4m3x4_to<T>(clo.y, a[1][0], a[1][2]);
-    e4m3x4_to<T>(chi.y, a[1][1], a[1][3]);
-    e4m3x4_to<T>(clo.z, a[2][0], a[2][2]);
-    e4m3x4_to<T>(chi.z, a[2][1], a[2][3]);
-    e4m3x4_to<T>(clo.w, a[3][0], a[3][2]);
-    e4m3x4_to<T>(chi.w, a[3][1], a[3][3]);
+    e4m3x4_to<__half>(clo.x, a[0][0], a[0][2]);
+    e4m3x4_to<__half>(chi.x, a[0][1], a[0][3]);
+    e4m3x4_to<__half>(clo.y, a[1][0], a[1][2]);
+    e4m3x4_to<__half>(chi.y, a[1][1], a[1][3]);
+    e4m3x4_to<__half>(clo.z, a[2][0], a[2][2]);
+    e4m3x4_to<__half>(chi.z, a[2][1], a[2][3]);
+    e4m3x4_to<__half>(clo.w, a[3][0], a[3][2]);
+    e4m3x4_to<__half>(chi.w, a[3][1], a[3][3]);
     if (blk + 1 < kDim / 64) {
       nlo = ld_shared16(lo + 64 * (blk + 1));
       nhi = ld_shared16(hi + 64 * (blk + 1));
     }
     wg_fence();
 #pragma unroll
-    for (int u = 0; u < 4; ++u) wgmma_t<T>(sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 0 || u > 0);
+    for (int u = 0; u < 4; ++u) wgmma_t<__half>(sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 0 || u > 0);
     wg_commit();
     wg_wait<1>();  // the previous block's fragments free (two blocks in flight)
   }
@@ -984,10 +993,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
   const int wg = warp >> 2, w = warp & 3, t = tid & 127, g = lane >> 2, q = lane & 3;
   const int h0 = hg * kHeadsT;
 
+  float hs[4] = {1.f, 1.f, 1.f, 1.f};  // bf16 q: 2^-s of the thread's heads t_head(k, q) (Q^T on f16: q_scale_t)
   if (steps > 0) {  // Q^T: heads h0.. (zero past p.heads), logical column L from cache column t_qcol(L)
     // every load issued before the first store (one memory latency, not one a round)
     constexpr int kRounds = kHeadsT * kDim / 2 / kConsumerThreads;
     static_assert(kRounds * kConsumerThreads == kHeadsT * kDim / 2, "Q^T pairs split evenly over the consumers");
+    static_assert((kDim / 2) % 32 == 0, "a warp's 32 pairs of a round belong to one head");
     const uint16_t* qg = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h;
     // (a head past p.heads reads the last head's row, in bounds, and stores zeros: no branch between the loads)
     uint16_t lo[kRounds], hi[kRounds];
@@ -998,10 +1009,29 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
       lo[k] = src[0];
       hi[k] = src[1];
     }
+    uint32_t* qmax = reinterpret_cast<uint32_t*>(smx);  // [16] bf16 q: each head's largest |q| bits (until the loop)
+    if constexpr (!std::is_same_v<T, __half>) {
+      if (tid < kHeadsT) qmax[tid] = 0u;
+      nb_sync<kConsumerThreads>(kBarAll);
+#pragma unroll
+      for (int k = 0; k < kRounds; ++k) {
+        const int h = (tid + k * kConsumerThreads) / (kDim / 2);
+        const uint32_t mk = h0 + h < p.heads ? max(lo[k] & 0x7fffu, hi[k] & 0x7fffu) : 0u;
+        const uint32_t mw = __reduce_max_sync(0xffffffffu, mk);
+        if (lane == 0) atomicMax(qmax + h, mw);
+      }
+      nb_sync<kConsumerThreads>(kBarAll);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) hs[k] = q_scale_t(qmax[t_head(k, q)], true);
+    }
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
-      const uint32_t v = h0 + h < p.heads ? static_cast<uint32_t>(lo[k]) | (static_cast<uint32_t>(hi[k]) << 16) : 0u;
+      uint32_t v = h0 + h < p.heads ? static_cast<uint32_t>(lo[k]) | (static_cast<uint32_t>(hi[k]) << 16) : 0u;
+      if constexpr (!std::is_same_v<T, __half>) {
+        const float f = q_scale_t(qmax[h], false);
+        v = Wgmma<__half>::pack(__uint_as_float(v << 16) * f, __uint_as_float(v & 0xffff0000u) * f);
+      }
       *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v;
     }
     fence_proxy_async();
@@ -1027,7 +1057,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     for (int j = 0; j < 8; ++j) sc[j] = 0.f;
     reg_fence(sc);
     mbar_wait(&full[s], (it / kStagesT) & 1);
-    s_t_product<T>(sc, st, sqt, w, g, q);
+    s_t_product(sc, st, sqt, w, g, q);
 
     // keys 16 w + g (elements i % 4 < 2) and + 8; heads t_head((i / 4) * 2 + i % 2, q)
     const uint32_t vb = s_valid[4 * s + w];
@@ -1035,9 +1065,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     float mx[4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float x = ((i & 2) ? ok_hi : ok_lo) ? sc[i] * p.qk_scale_log2 : -INFINITY;
-      sc[i] = x;
       const int k = (i >> 2) * 2 + (i & 1);
+      float y = sc[i];
+      if constexpr (!std::is_same_v<T, __half>) y *= hs[k];  // exact: back to q's scale
+      const float x = ((i & 2) ? ok_hi : ok_lo) ? y * p.qk_scale_log2 : -INFINITY;
+      sc[i] = x;
       mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
     }
 #pragma unroll

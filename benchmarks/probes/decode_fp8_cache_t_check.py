@@ -19,8 +19,11 @@ pv_t_product, t_qcol, t_pkey, t_off, the m64n16 fragment and accumulator layouts
 5. Shared-memory wavefronts of each LDS.128 (per quarter warp, the most lanes on one 16-byte bank group): S^T's 4
    (conflict-free), pv_t_load's 8 (2-way: the least with 576-byte rows; every q on one row parity gave 16).
 6. p_f16_bits: every bf16 value in [2^-14, 1] is exact in f16; below, f16 rounding is <= 2^-25 off.
+7. q_scale_t (bf16 q on f16 tensor cores): per head f16(q * 2^s) stays below 65504, and (f16 Q^T . codes) * 2^-s
+   equals q . codes exactly for heads of ordinary ranges (1e-30 .. 1e30, zero heads) and within 2^-38 of the
+   head's |q|max . |codes| for heads with elements 2^-35 below their largest; inf / NaN stay non-finite.
 Each part's own check catches a broken variant (wrong selector, t_qcol off by a pair, t_pkey's halves swapped,
-the merge without f1, P·V's rows not flipped).
+the merge without f1, P·V's rows not flipped, q_scale_t a binade high).
 """
 from __future__ import annotations
 
@@ -190,6 +193,48 @@ def check_p_f16() -> bool:
     return bool((h[big] == v[big]).all() and (np.abs(h - v) <= 2.0**-25).all())
 
 
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float64 -> the nearest-even bf16 value, as float64."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def q_scale_t(bits: int, inverse: bool, top: int = 142) -> float:
+    s = min(max(top - (bits >> 7), top - 255), 126)
+    return 2.0 ** (-s if inverse else s)
+
+
+def check_q_scale(rng, top: int = 142) -> bool:
+    codes = VALUES[rng.choice(FINITE, size=DIM)]
+    ok = True
+    for case in ("normal", "huge", "tiny", "subnormal", "zero", "spread", "inf", "nan"):
+        q = rng.normal(size=DIM)
+        q = {"huge": q * 1e30, "tiny": q * 1e-30, "subnormal": q * 1e-39, "zero": q * 0}.get(case, q)
+        if case == "spread":
+            q[::3] *= 2.0**-35
+        if case in ("inf", "nan"):
+            q[5] = np.inf if case == "inf" else np.nan
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = bf16(q)
+            bits = np.abs(q).astype(np.float32).view(np.uint32) >> 16  # bf16 bits without the sign
+            big = int(np.nanmax(bits)) if not np.isnan(q).any() else 0x7FC0
+            f = q_scale_t(big, False, top)
+            assert 2.0**-126 <= f <= 2.0**127 and 2.0**-126 <= q_scale_t(big, True, top) <= 2.0**127
+            qh = (q.astype(np.float32) * np.float32(f)).astype(np.float16).astype(np.float64)
+            got = (qh @ codes) * q_scale_t(big, True, top)
+            want = q @ codes
+        if case in ("inf", "nan"):
+            ok &= not np.isfinite(got) and not np.isfinite(want)
+            continue
+        ok &= bool(np.abs(qh).max() <= 65504)
+        if case == "spread":
+            ok &= abs(got - want) <= 2.0**-38 * np.abs(q).max() * np.abs(codes).sum()
+        else:
+            ok &= got == want
+    return bool(ok)
+
+
 def check_t_off() -> bool:
     offs = [t_off(r, b) for r in range(16) for b in range(0, 2 * DIM, 16)]
     ok = sorted(offs) == list(range(0, 9 * SLAB_T, 16))
@@ -260,6 +305,7 @@ def main() -> int:
         "t_off 16-row slabs": check_t_off(),
         "LDS.128 wavefronts: S^T 4, P·V 8": check_banks() == (4, 8),
         "P^T as f16 (p_f16_bits)": check_p_f16(),
+        "bf16 Q^T as f16 * 2^s (q_scale_t)": check_q_scale(np.random.default_rng(5)),
         "two-warpgroup online softmax + merge": check_softmax(rng),
     }
     # each check must catch a broken variant
@@ -269,6 +315,7 @@ def main() -> int:
         "selectors swapped": not check_pv(stage, p, sels=(0x7362, 0x5140)),
         "P·V rows not flipped for odd q (t_pkey flipped)": not check_pv(stage, p, flip=False),
         "P·V rows not flipped: 16 wavefronts": check_banks(flip=False)[1] == 16,
+        "q_scale_t one binade high": not check_q_scale(np.random.default_rng(5), top=143),
         "merge without f1": not check_softmax(np.random.default_rng(7), merge_f1=False),
     }
     for name, ok in results.items():
