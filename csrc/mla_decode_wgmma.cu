@@ -717,10 +717,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
 // its N: S^T = K Q^T with K's codes converted in the consumers' registers into A fragments, O^T = V^T P^T with V's
 // codes alike; the ring holds only codes (4 stages of [64 rows x 576 B], the producer warpgroup copies them, one
 // bulk copy a row completing on full[s], so several stages are in flight: produce_codes_t), Q^T and P^T are the B
-// operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). The two consumer
-// warpgroups take alternate steps (WG c: steps c, c + 2, ...), each an online softmax of its own (running max per
-// 64-key step), merged at the end. Contraction orders inside a k16 step are permuted so each thread's codes are
-// contiguous bytes (t_qcol, t_pkey); the output columns follow the thread's 16 contiguous latent columns (t_vcol).
+// operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). Both products run on f16 whatever q's dtype (a
+// code is exact in f16: no widening to bf16): bf16 q as f16(q * 2^s) per head (q_scale_t), P^T as f16 of P rounded
+// to q's dtype (p_f16_bits). The two consumer warpgroups take alternate steps (WG c: steps c, c + 2, ...), each an
+// online softmax of its own (running max per 64-key step), merged at the end. Contraction orders inside a k16 step
+// are permuted so each thread's codes are contiguous bytes (t_qcol, t_pkey); the output columns follow the thread's
+// 16 contiguous latent columns (t_vcol).
 // Checked on the CPU by benchmarks/probes/decode_fp8_cache_t_check.py (the same index formulas).
 constexpr int kHeadsT = 16;                       // heads per CTA: the wgmma N
 constexpr int kStagesT = 4;                       // code stages (two in flight per consumer warpgroup)
