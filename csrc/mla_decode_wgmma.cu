@@ -851,8 +851,13 @@ __device__ __forceinline__ float q_scale_t(uint32_t bits, bool inverse) {
 
 // S^T of a step (keys 16 w + g, + 8 of the stage `st` x the 16 heads of Q^T at `sqt`, f16: q_scale_t) into sc: per
 // 64-column block two LDS.128 (the thread's 16 codes of each of its two keys, the next block's loaded before this
-// one's wgmma), 8 conversions, 4 wgmma; one group per block; waited for.
+// one's wgmma), 8 conversions, 4 wgmma; one group per block; even blocks accumulate in sc, odd ones in a second
+// accumulator (two dependent wgmma chains in flight instead of one), summed at the end; waited for.
 __device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const uint8_t* sqt, int w, int g, int q) {
+  float s1[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s1[j] = 0.f;
+  reg_fence(s1);
   const uint32_t lo = st + (16 * w + g) * kDim + 16 * q, hi = lo + 8 * kDim;
   uint4 nlo = ld_shared16(lo), nhi = ld_shared16(hi);
 #pragma unroll
@@ -873,12 +878,16 @@ __device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const u
     }
     wg_fence();
 #pragma unroll
-    for (int u = 0; u < 4; ++u) wgmma_t<__half>(sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 0 || u > 0);
+    for (int u = 0; u < 4; ++u)
+      wgmma_t<__half>((blk & 1) ? s1 : sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 1 || u > 0);
     wg_commit();
     wg_wait<1>();  // the previous block's fragments free (two blocks in flight)
   }
   wg_wait<0>();
   reg_fence(sc);
+  reg_fence(s1);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sc[j] += s1[j];
 }
 
 // P's element as P·V's f16 operand: rounded to T first (numerics: P enters P·V in q's dtype), then to f16, which
@@ -944,6 +953,13 @@ __device__ __forceinline__ void pv_t_product(float (&o)[64], uint4 (&v)[4], uint
 // This thread's head k (0-3) of the m64n16 accumulator layout: column 8 (k / 2) + 2 q + k % 2; element i of an M
 // tile belongs to head (i / 4) * 2 + i % 2, row half (i / 2) % 2.
 __device__ __forceinline__ int t_head(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }
+
+// %ctaid.x read anew: asm volatile is not merged with an earlier read, so what derives from it is recomputed.
+__device__ __forceinline__ int cta_x() {
+  int x;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+  return x;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
@@ -1158,6 +1174,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     const int k = ((j & 7) >> 2) * 2 + (j & 1);
     o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
   }
+  // the split again, from a fresh read of %ctaid.x (kept live from the prologue, ptxas spilled it)
+  const int split_e = (cta_x() / head_groups) % p.num_splits;
   const int col0 = 16 * (8 * w + g);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -1165,12 +1183,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     if (h0 + hk >= p.heads) continue;
     const int64_t gi = static_cast<int64_t>(b) * p.heads + h0 + hk;
     if (w == 0 && g == 0) {
-      if (p.num_splits > 1) p.part_lse[gi * p.num_splits + split] = lse[k];
+      if (p.num_splits > 1) p.part_lse[gi * p.num_splits + split_e] = lse[k];
       else if (p.lse != nullptr) p.lse[gi] = lse[k];
     }
     const int e = (k >> 1) * 4 + (k & 1);  // element of M tile mt: row half 0 at e, 1 at e + 2
     if (p.num_splits > 1) {
-      float* dst = p.part_o + (gi * p.num_splits + split) * kNope + col0;
+      float* dst = p.part_o + (gi * p.num_splits + split_e) * kNope + col0;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) store_pair(dst + 2 * mt, o[8 * mt + e] * inv[k], o[8 * mt + e + 2] * inv[k]);
     } else if (p.out_dtype == kFP32) {
