@@ -273,6 +273,12 @@ MUTANTS = [
          new="        if (lane == 0) qmax[h] = mw;",
          tests=[FP8_CACHE_SELECTION], gpu=True,
          why="FP8 cache, keys-as-M kernel, bf16 q on f16: a head's scale from one warp's 32 pairs, not all 288"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="  for (int j = 0; j < 8; ++j) sc[j] += s1[j];",
+         new="  for (int j = 0; j < 8; ++j) sc[j] += 0.f * s1[j];",
+         tests=[FP8_CACHE_SELECTION], gpu=True,
+         why="FP8 cache, keys-as-M kernel, S^T: the odd 64-column blocks' accumulator not added (scores miss 256 of "
+             "576 columns)"),
 ]
 
 
