@@ -15,7 +15,7 @@
 # Logs and JSON in $OUT. AB_QUICK=1 (<= ~190 s): H16 x B32,128 x L8192,32768, the fp16 row at H16 only, CALL_LIMIT
 # 185; else H16,128 x B1,32,128 x L8192,32768 within 290 s. RUN_MUTANTS=1 (a separate call, <= 300 s): memcheck
 # of sanitize.py's decode workload (the new kernel's cases included), then the FP8-cache mutants of
-# tests/mutation/mutants_cuda.py for the new kernel (33-43) instead of the A/B.
+# tests/mutation/mutants_cuda.py for the new kernel (33-49) instead of the A/B.
 set -u
 t0=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ echo "commit ${MLA_COMMIT:-unknown}"
 if [ "${RUN_MUTANTS:-0}" = 1 ]; then
   timeout "${MEMCHECK_TIMEOUT:-90}" /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 3 \
     python3 -m mla_core_cuda.sanitize decode 2>&1 | tee "$LOGS/fp8_cache_t_memcheck.log" | tail -6
-  MUTANT_SELECTION=fp8cache MUTANT_INDICES=${MUTANT_INDICES:-33,34,35,36,37,38,39,40,41,42,43} \
+  MUTANT_SELECTION=fp8cache MUTANT_INDICES=${MUTANT_INDICES:-33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49} \
     timeout "${MUTANT_TIMEOUT_ALL:-190}" python3 tests/mutation/mutants_cuda.py 2>&1 \
     | tee "$LOGS/fp8_cache_t_mutants.log" | tail -20
   exit 0

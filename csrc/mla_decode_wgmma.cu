@@ -717,10 +717,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
 // its N: S^T = K Q^T with K's codes converted in the consumers' registers into A fragments, O^T = V^T P^T with V's
 // codes alike; the ring holds only codes (4 stages of [64 rows x 576 B], the producer warpgroup copies them, one
 // bulk copy a row completing on full[s], so several stages are in flight: produce_codes_t), Q^T and P^T are the B
-// operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). The two consumer
-// warpgroups take alternate steps (WG c: steps c, c + 2, ...), each an online softmax of its own (running max per
-// 64-key step), merged at the end. Contraction orders inside a k16 step are permuted so each thread's codes are
-// contiguous bytes (t_qcol, t_pkey); the output columns follow the thread's 16 contiguous latent columns (t_vcol).
+// operands (one 16-row 128-byte-swizzled slab per 64 columns / keys). Both products run on f16 whatever q's dtype (a
+// code is exact in f16: no widening to bf16): bf16 q as f16(q * 2^s) per head (q_scale_t), P^T as f16 of P rounded
+// to q's dtype (p_f16_bits). The two consumer warpgroups take alternate steps (WG c: steps c, c + 2, ...), each an
+// online softmax of its own (running max per 64-key step), merged at the end. Contraction orders inside a k16 step
+// are permuted so each thread's codes are contiguous bytes (t_qcol, t_pkey); the output columns follow the thread's
+// 16 contiguous latent columns (t_vcol).
 // Checked on the CPU by benchmarks/probes/decode_fp8_cache_t_check.py (the same index formulas).
 constexpr int kHeadsT = 16;                       // heads per CTA: the wgmma N
 constexpr int kStagesT = 4;                       // code stages (two in flight per consumer warpgroup)
@@ -751,10 +753,11 @@ __device__ __forceinline__ int t_qcol(int L) {
   return (L & ~63) + 16 * ((x & 7) >> 1) + 4 * ((L >> 4) & 3) + (x & 1) + 2 * (x >> 3);
 }
 // The logical key (P^T's column) of the stage's physical key row pk: in k16 step pk / 16, thread q's A fragment
-// holds logical keys (2q, 2q + 1, 2q + 8, 2q + 9) = rows 16 (pk / 16) + 4 q + 0..3.
+// holds logical keys (2q, 2q + 1, 2q + 8, 2q + 9) = its load slots j = 0..3 = rows 16 (pk / 16) + 4 q + (j ^ (q & 1))
+// (pv_t_load: an odd q takes its rows pairwise swapped).
 __device__ __forceinline__ int t_pkey(int pk) {
-  const int r = pk & 3;
-  return (pk & ~15) + 2 * ((pk & 15) >> 2) + (r & 1) + 8 * (r >> 1);
+  const int q = (pk & 15) >> 2, j = (pk & 3) ^ (q & 1);
+  return (pk & ~15) + 2 * q + (j & 1) + 8 * (j >> 1);
 }
 // (The latent column of O^T's row R of M tile mt, for the thread whose rows are R = 16 w + g and R + 8: 16 (8 w +
 // g) + 2 mt + (R's half): each thread's 16 columns are contiguous, t_vcol in the check.)
@@ -836,72 +839,112 @@ __device__ __forceinline__ void produce_codes_t(const DecodeParams& p, int64_t m
   }
 }
 
-// S^T of a step (keys 16 w + g, + 8 of the stage `st` x the 16 heads of Q^T at `sqt`) into sc: per 64-column block
-// two LDS.128 (the thread's 16 codes of each of its two keys, the next block's loaded before this one's wgmma), 8
-// conversions, 4 wgmma; one group per block; waited for.
-template <typename T>
+// bf16 q on f16 tensor cores, per head: Q^T holds f16(q * 2^s), s = 142 - E clamped to [-113, 126], E the exponent
+// field of the head's largest |q| (`bits`: its bf16 bits without the sign): the largest lands in [2^15, 2^16), below
+// f16's 65504; every element within 29 binades of it is exact (f16 normal), smaller ones round to f16's 2^-24 steps
+// (<= 2^-40 of the largest; 2^-25 if it is below 2^-111); NaN and inf stay. The products with codes are exact and
+// scale-free, so S^T * 2^-s (exact unless it underflows float) is the bf16 S^T. Returns 2^s (`inverse`: 2^-s).
+__device__ __forceinline__ float q_scale_t(uint32_t bits, bool inverse) {
+  const int s = min(max(142 - static_cast<int>(bits >> 7), -113), 126);
+  return __uint_as_float(static_cast<uint32_t>(127 + (inverse ? -s : s)) << 23);
+}
+
+// S^T of a step (keys 16 w + g, + 8 of the stage `st` x the 16 heads of Q^T at `sqt`, f16: q_scale_t) into sc: per
+// 64-column block two LDS.128 (the thread's 16 codes of each of its two keys, the next block's loaded before this
+// one's wgmma), 8 conversions, 4 wgmma; one group per block; even blocks accumulate in sc, odd ones in a second
+// accumulator (two dependent wgmma chains in flight instead of one), summed at the end; waited for.
 __device__ __forceinline__ void s_t_product(float (&sc)[8], uint32_t st, const uint8_t* sqt, int w, int g, int q) {
+  float s1[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s1[j] = 0.f;
+  reg_fence(s1);
   const uint32_t lo = st + (16 * w + g) * kDim + 16 * q, hi = lo + 8 * kDim;
   uint4 nlo = ld_shared16(lo), nhi = ld_shared16(hi);
 #pragma unroll
   for (int blk = 0; blk < kDim / 64; ++blk) {
     const uint4 clo = nlo, chi = nhi;
     uint32_t a[4][4];
-    e4m3x4_to<T>(clo.x, a[0][0], a[0][2]);
-    e4m3x4_to<T>(chi.x, a[0][1], a[0][3]);
-    e4m3x4_to<T>(clo.y, a[1][0], a[1][2]);
-    e4m3x4_to<T>(chi.y, a[1][1], a[1][3]);
-    e4m3x4_to<T>(clo.z, a[2][0], a[2][2]);
-    e4m3x4_to<T>(chi.z, a[2][1], a[2][3]);
-    e4m3x4_to<T>(clo.w, a[3][0], a[3][2]);
-    e4m3x4_to<T>(chi.w, a[3][1], a[3][3]);
+    e4m3x4_to<__half>(clo.x, a[0][0], a[0][2]);
+    e4m3x4_to<__half>(chi.x, a[0][1], a[0][3]);
+    e4m3x4_to<__half>(clo.y, a[1][0], a[1][2]);
+    e4m3x4_to<__half>(chi.y, a[1][1], a[1][3]);
+    e4m3x4_to<__half>(clo.z, a[2][0], a[2][2]);
+    e4m3x4_to<__half>(chi.z, a[2][1], a[2][3]);
+    e4m3x4_to<__half>(clo.w, a[3][0], a[3][2]);
+    e4m3x4_to<__half>(chi.w, a[3][1], a[3][3]);
     if (blk + 1 < kDim / 64) {
       nlo = ld_shared16(lo + 64 * (blk + 1));
       nhi = ld_shared16(hi + 64 * (blk + 1));
     }
     wg_fence();
 #pragma unroll
-    for (int u = 0; u < 4; ++u) wgmma_t<T>(sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 0 || u > 0);
+    for (int u = 0; u < 4; ++u)
+      wgmma_t<__half>((blk & 1) ? s1 : sc, a[u], t_desc(sqt, 2 * (64 * blk + 16 * u)), blk > 1 || u > 0);
     wg_commit();
     wg_wait<1>();  // the previous block's fragments free (two blocks in flight)
   }
   wg_wait<0>();
   reg_fence(sc);
+  reg_fence(s1);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sc[j] += s1[j];
 }
 
-// O^T += V^T P^T of a step: k16 step u takes the thread's 4 keys 16 u + 4 q .. + 3 (4 LDS.128 of its 16 latent
-// columns 16 (8 w + g) ..), bytes transposed by PRMT into code pairs of one column, 8 M tiles of 64 columns; P^T
-// at `spt`. After the last loads lane 0 releases the stage (`empty`). Waited for.
+// P's element as P·V's f16 operand: rounded to T first (numerics: P enters P·V in q's dtype), then to f16, which
+// holds every bf16 value of P (<= 1) from 2^-14 up exactly (8 significant bits of 11); below 2^-14 f16's subnormals
+// round it to 2^-24 steps (<= 2^-25 off, against P's row maximum 1). So P·V runs on f16 whatever q's dtype: V's
+// codes enter as the f16 pairs the hardware converts them to, without the widening to bf16 (e4m3x4_to).
 template <typename T>
-__device__ __forceinline__ void pv_t_product(float (&o)[64], uint32_t st, const uint8_t* spt, int w, int g, int q,
-                                             uint64_t* empty, int lane) {
-  const uint32_t base = st + 16 * (8 * w + g) + 4 * q * kDim;
+__device__ __forceinline__ uint16_t p_f16_bits(float x) {
+  const float r = std::is_same_v<T, __half> ? x : __bfloat162float(__float2bfloat16_rn(x));
+  return __half_as_ushort(__float2half_rn(r));
+}
+
+// The 4 LDS.128 of P·V's k16 step u: slot j = the thread's key row 16 u + 4 q + (j ^ (q & 1)), its 16 latent
+// columns 16 (8 w + g) ..; `be` / `bo` = the thread's base (st + 16 (8 w + g) + 4 q kDim) + / - kDim (q & 1) for the
+// even / odd slots. A quarter warp (g = 2k, 2k + 1; q = 0..3) then reads rows of both parities (a row is 576 B, 64
+// banks' bytes mod 128 apart): 4 distinct 16-byte bank groups, 2-way conflicts (8 wavefronts an LDS.128, the least
+// with 576-B rows) instead of 4-way (16) when every q read the same parity.
+__device__ __forceinline__ void pv_t_load(uint4 (&v)[4], uint32_t be, uint32_t bo, int u) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = ld_shared16(((j & 1) ? bo : be) + (16 * u + j) * kDim);
+}
+
+// O^T += V^T P^T of a step, on f16 (P^T's f16 at `spt`: p_f16_bits): k16 step u converts the thread's 4 code
+// rows `v` (pv_t_load; step 0's loaded by the caller), bytes transposed by PRMT into code pairs of one column, 8 M
+// tiles of 64 columns. Half of step u + 1's rows are loaded right after step u's wgmma, before the wait for step
+// u - 1's, the other half after it; after the last loads lane 0 releases the stage (`empty`). Waited for.
+__device__ __forceinline__ void pv_t_product(float (&o)[64], uint4 (&v)[4], uint32_t be, uint32_t bo,
+                                             const uint8_t* spt, uint64_t* empty, int lane) {
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = ld_shared16(base + (16 * u + j) * kDim);
-    if (u == 3) {  // the step's codes are all in registers
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty);
-    }
     uint32_t a[8][4];
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int k = mt >> 1;
       const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;  // bytes (2 mt, 2 mt + 1) of two keys' words, interleaved
       const uint32_t w0 = (&v[0].x)[k], w1 = (&v[1].x)[k], w2 = (&v[2].x)[k], w3 = (&v[3].x)[k];
-      e4m3x4_to<T>(__byte_perm(w0, w1, sel), a[mt][0], a[mt][1]);
-      e4m3x4_to<T>(__byte_perm(w2, w3, sel), a[mt][2], a[mt][3]);
+      e4m3x4_to<__half>(__byte_perm(w0, w1, sel), a[mt][0], a[mt][1]);
+      e4m3x4_to<__half>(__byte_perm(w2, w3, sel), a[mt][2], a[mt][3]);
     }
     wg_fence();
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       float(&d)[8] = *reinterpret_cast<float(*)[8]>(o + 8 * mt);
-      wgmma_t<T>(d, a[mt], t_desc(spt, 32 * u), 1);
+      wgmma_t<__half>(d, a[mt], t_desc(spt, 32 * u), 1);
     }
     wg_commit();
+    if (u + 1 < 4) v[0] = ld_shared16(be + (16 * (u + 1)) * kDim);  // half of step u + 1's rows before the wait
+    if (u + 1 < 4) v[1] = ld_shared16(bo + (16 * (u + 1) + 1) * kDim);
     wg_wait<1>();
+    if (u + 1 < 4) {
+      v[2] = ld_shared16(be + (16 * (u + 1) + 2) * kDim);
+      v[3] = ld_shared16(bo + (16 * (u + 1) + 3) * kDim);
+      if (u + 1 == 3) {  // the step's codes are all loaded
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty);
+      }
+    }
   }
   wg_wait<0>();
   reg_fence(o);
@@ -910,6 +953,13 @@ __device__ __forceinline__ void pv_t_product(float (&o)[64], uint32_t st, const 
 // This thread's head k (0-3) of the m64n16 accumulator layout: column 8 (k / 2) + 2 q + k % 2; element i of an M
 // tile belongs to head (i / 4) * 2 + i % 2, row half (i / 2) % 2.
 __device__ __forceinline__ int t_head(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }
+
+// %ctaid.x read anew: asm volatile is not merged with an earlier read, so what derives from it is recomputed.
+__device__ __forceinline__ int cta_x() {
+  int x;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+  return x;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
@@ -961,10 +1011,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
   const int wg = warp >> 2, w = warp & 3, t = tid & 127, g = lane >> 2, q = lane & 3;
   const int h0 = hg * kHeadsT;
 
+  float hs[4] = {1.f, 1.f, 1.f, 1.f};  // bf16 q: 2^-s of the thread's heads t_head(k, q) (Q^T on f16: q_scale_t)
   if (steps > 0) {  // Q^T: heads h0.. (zero past p.heads), logical column L from cache column t_qcol(L)
     // every load issued before the first store (one memory latency, not one a round)
     constexpr int kRounds = kHeadsT * kDim / 2 / kConsumerThreads;
     static_assert(kRounds * kConsumerThreads == kHeadsT * kDim / 2, "Q^T pairs split evenly over the consumers");
+    static_assert((kDim / 2) % 32 == 0, "a warp's 32 pairs of a round belong to one head");
     const uint16_t* qg = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h0 * p.q_stride_h;
     // (a head past p.heads reads the last head's row, in bounds, and stores zeros: no branch between the loads)
     uint16_t lo[kRounds], hi[kRounds];
@@ -975,10 +1027,29 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
       lo[k] = src[0];
       hi[k] = src[1];
     }
+    uint32_t* qmax = reinterpret_cast<uint32_t*>(smx);  // [16] bf16 q: each head's largest |q| bits (until the loop)
+    if constexpr (!std::is_same_v<T, __half>) {
+      if (tid < kHeadsT) qmax[tid] = 0u;
+      nb_sync<kConsumerThreads>(kBarAll);
+#pragma unroll
+      for (int k = 0; k < kRounds; ++k) {
+        const int h = (tid + k * kConsumerThreads) / (kDim / 2);
+        const uint32_t mk = h0 + h < p.heads ? max(lo[k] & 0x7fffu, hi[k] & 0x7fffu) : 0u;
+        const uint32_t mw = __reduce_max_sync(0xffffffffu, mk);
+        if (lane == 0) atomicMax(qmax + h, mw);
+      }
+      nb_sync<kConsumerThreads>(kBarAll);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) hs[k] = q_scale_t(qmax[t_head(k, q)], true);
+    }
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       const int i = tid + k * kConsumerThreads, h = i / (kDim / 2), L = 2 * (i - h * (kDim / 2));
-      const uint32_t v = h0 + h < p.heads ? static_cast<uint32_t>(lo[k]) | (static_cast<uint32_t>(hi[k]) << 16) : 0u;
+      uint32_t v = h0 + h < p.heads ? static_cast<uint32_t>(lo[k]) | (static_cast<uint32_t>(hi[k]) << 16) : 0u;
+      if constexpr (!std::is_same_v<T, __half>) {
+        const float f = q_scale_t(qmax[h], false);
+        v = Wgmma<__half>::pack(__uint_as_float(v << 16) * f, __uint_as_float(v & 0xffff0000u) * f);
+      }
       *reinterpret_cast<uint32_t*>(sqt + t_off(h, 2 * L)) = v;
     }
     fence_proxy_async();
@@ -1004,7 +1075,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     for (int j = 0; j < 8; ++j) sc[j] = 0.f;
     reg_fence(sc);
     mbar_wait(&full[s], (it / kStagesT) & 1);
-    s_t_product<T>(sc, st, sqt, w, g, q);
+    s_t_product(sc, st, sqt, w, g, q);
 
     // keys 16 w + g (elements i % 4 < 2) and + 8; heads t_head((i / 4) * 2 + i % 2, q)
     const uint32_t vb = s_valid[4 * s + w];
@@ -1012,9 +1083,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     float mx[4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float x = ((i & 2) ? ok_hi : ok_lo) ? sc[i] * p.qk_scale_log2 : -INFINITY;
-      sc[i] = x;
       const int k = (i >> 2) * 2 + (i & 1);
+      float y = sc[i];
+      if constexpr (!std::is_same_v<T, __half>) y *= hs[k];  // exact: back to q's scale
+      const float x = ((i & 2) ? ok_hi : ok_lo) ? y * p.qk_scale_log2 : -INFINITY;
+      sc[i] = x;
       mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
     }
 #pragma unroll
@@ -1044,20 +1117,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
       sc[ilo + 2] = phi;
       l[k] = l[k] * a[k] + (plo + phi);
     }
-    // P^T: head row, logical key t_pkey(physical key)
+    // P^T (f16, p_f16_bits): head row, logical key t_pkey(physical key)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int pk = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
-      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * t_pkey(pk))) =
-          static_cast<uint16_t>(Wgmma<T>::pack(sc[i], 0.f) & 0xffffu);
+      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * t_pkey(pk))) = p_f16_bits<T>(sc[i]);
     }
     if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
 #pragma unroll
       for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];
     }
+    uint4 v[4];  // P·V's first code rows, loaded before the barrier
+    const uint32_t pv_base = st + 16 * (8 * w + g) + 4 * q * kDim, pv_flip = (q & 1) ? kDim : 0u;
+    pv_t_load(v, pv_base + pv_flip, pv_base - pv_flip, 0);
     fence_proxy_async();
     nb_sync<128>(kBarT0 + wg);  // P^T complete
-    pv_t_product<T>(o, st, my_pt, w, g, q, &empty[s], lane);
+    pv_t_product(o, v, pv_base + pv_flip, pv_base - pv_flip, my_pt, &empty[s], lane);
   }
 
   // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
@@ -1099,6 +1174,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     const int k = ((j & 7) >> 2) * 2 + (j & 1);
     o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
   }
+  // the split again, from a fresh read of %ctaid.x (kept live from the prologue, ptxas spilled it)
+  const int split_e = (cta_x() / head_groups) % p.num_splits;
   const int col0 = 16 * (8 * w + g);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -1106,12 +1183,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     if (h0 + hk >= p.heads) continue;
     const int64_t gi = static_cast<int64_t>(b) * p.heads + h0 + hk;
     if (w == 0 && g == 0) {
-      if (p.num_splits > 1) p.part_lse[gi * p.num_splits + split] = lse[k];
+      if (p.num_splits > 1) p.part_lse[gi * p.num_splits + split_e] = lse[k];
       else if (p.lse != nullptr) p.lse[gi] = lse[k];
     }
     const int e = (k >> 1) * 4 + (k & 1);  // element of M tile mt: row half 0 at e, 1 at e + 2
     if (p.num_splits > 1) {
-      float* dst = p.part_o + (gi * p.num_splits + split) * kNope + col0;
+      float* dst = p.part_o + (gi * p.num_splits + split_e) * kNope + col0;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) store_pair(dst + 2 * mt, o[8 * mt + e] * inv[k], o[8 * mt + e + 2] * inv[k]);
     } else if (p.out_dtype == kFP32) {

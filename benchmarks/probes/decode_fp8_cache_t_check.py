@@ -8,16 +8,22 @@ pv_t_product, t_qcol, t_pkey, t_off, the m64n16 fragment and accumulator layouts
    logical (row, k) positions of m64k16 (a[0] = (r, 2q..), a[1] = (r + 8, 2q..), a[2] = (r, 2q + 8..), a[3] =
    (r + 8, 2q + 8..), pair = (low half, high half) = (byte 0, byte 1) of e4m3x4_to's pair); every position filled
    once; K_logical @ Q^T_logical (Q^T staged from column t_qcol(L)) equals the stage's K @ Q^T exactly.
-2. O^T: pv_t_product's 4 LDS.128 per k16 step (keys 16 u + 4 q + j, latent columns 16 (8 w + g) ..), its
-   __byte_perm selectors and e4m3x4_to pairs give A fragments; P^T is written from the S^T accumulator layout
-   (element i: key 16 w + g + 8 ((i / 2) % 2), head 8 (i / 4) + 2 q + i % 2) at logical key t_pkey(key); the
-   products V^T_logical @ P^T_logical, read back through the accumulator layout and the epilogue's column map
-   (o[8 mt + e] -> column 16 (8 w + g) + 2 mt, o[8 mt + e + 2] -> + 1), equal P^T-weighted V exactly.
+2. O^T: pv_t_load's 4 LDS.128 per k16 step (slot j: key 16 u + 4 q + (j ^ (q & 1)), latent columns 16 (8 w + g) ..),
+   pv_t_product's __byte_perm selectors and e4m3x4_to pairs give A fragments; P^T is written from the S^T
+   accumulator layout (element i: key 16 w + g + 8 ((i / 2) % 2), head 8 (i / 4) + 2 q + i % 2) at logical key
+   t_pkey(key); the products V^T_logical @ P^T_logical, read back through the accumulator layout and the epilogue's
+   column map (o[8 mt + e] -> column 16 (8 w + g) + 2 mt, o[8 mt + e + 2] -> + 1), equal P^T-weighted V exactly.
 3. t_off: 16-row slabs, a bijection onto [0, 9 x 2048) with the 128-byte swizzle of slab_off.
 4. The online softmax of decode_t_kernel (two warpgroups over alternate 64-key steps, running max per step,
    merged at the end) emulated in float64 over random lengths / masks equals the plain softmax (1e-12).
+5. Shared-memory wavefronts of each LDS.128 (per quarter warp, the most lanes on one 16-byte bank group): S^T's 4
+   (conflict-free), pv_t_load's 8 (2-way: the least with 576-byte rows; every q on one row parity gave 16).
+6. p_f16_bits: every bf16 value in [2^-14, 1] is exact in f16; below, f16 rounding is <= 2^-25 off.
+7. q_scale_t (bf16 q on f16 tensor cores): per head f16(q * 2^s) stays below 65504, and (f16 Q^T . codes) * 2^-s
+   equals q . codes exactly for heads of ordinary ranges (1e-30 .. 1e30, zero heads) and within 2^-38 of the
+   head's |q|max . |codes| for heads with elements 2^-35 below their largest; inf / NaN stay non-finite.
 Each part's own check catches a broken variant (wrong selector, t_qcol off by a pair, t_pkey's halves swapped,
-the merge without f1).
+the merge without f1, P·V's rows not flipped, q_scale_t a binade high).
 """
 from __future__ import annotations
 
@@ -38,8 +44,14 @@ def t_qcol(L: int) -> int:
 
 
 def t_pkey(pk: int) -> int:
-    r = pk & 3
-    return (pk & ~15) + 2 * ((pk & 15) >> 2) + (r & 1) + 8 * (r >> 1)
+    q = (pk & 15) >> 2
+    j = (pk & 3) ^ (q & 1)
+    return (pk & ~15) + 2 * q + (j & 1) + 8 * (j >> 1)
+
+
+def pv_row(u: int, q: int, j: int, flip: bool = True) -> int:
+    """pv_t_load's slot j of thread q in k16 step u: the stage row it loads."""
+    return 16 * u + 4 * q + (j ^ (q & 1) if flip else j)
 
 
 def t_off(row: int, byte: int) -> int:
@@ -99,7 +111,7 @@ def check_s(stage: np.ndarray, q: np.ndarray, qcol=t_qcol) -> bool:
     return np.array_equal(got, want)
 
 
-def check_pv(stage: np.ndarray, p: np.ndarray, pkey=t_pkey, sels=(0x5140, 0x7362)) -> bool:
+def check_pv(stage: np.ndarray, p: np.ndarray, pkey=t_pkey, sels=(0x5140, 0x7362), flip: bool = True) -> bool:
     """p: [64 keys (stage rows), 16 heads] float (P, already in T)."""
     flat = stage.reshape(-1)
     # P^T written from the S^T accumulator layout
@@ -125,7 +137,8 @@ def check_pv(stage: np.ndarray, p: np.ndarray, pkey=t_pkey, sels=(0x5140, 0x7362
                 base = 16 * (8 * w + g) + 4 * qq * DIM
                 r = 16 * w + g
                 for u in range(4):
-                    ws = [word(flat, base + (16 * u + j) * DIM + 4 * (mt >> 1)) for j in range(4)]
+                    ws = [word(flat, base - 4 * qq * DIM + pv_row(u, qq, j, flip) * DIM + 4 * (mt >> 1))
+                          for j in range(4)]
                     sel = sels[mt & 1]
                     a0, a1 = pair_values(byte_perm(ws[0], ws[1], sel))
                     a2, a3 = pair_values(byte_perm(ws[2], ws[3], sel))
@@ -148,6 +161,78 @@ def check_pv(stage: np.ndarray, p: np.ndarray, pkey=t_pkey, sels=(0x5140, 0x7362
                     out[hk, col] = D[row, hk]
     want = p.T @ VALUES[stage][:, :512]
     return not np.isnan(out).any() and np.array_equal(out, want)
+
+
+def wavefronts(addrs: list[int]) -> int:
+    """Wavefronts of one LDS.128 over 32 lanes' byte addresses: per quarter warp (8 lanes), the most distinct
+    16-byte chunks on one bank group (chunk address / 16 mod 8), summed over the 4 quarters."""
+    total = 0
+    for qw in range(4):
+        groups: dict[int, set[int]] = {}
+        for a in addrs[8 * qw:8 * qw + 8]:
+            groups.setdefault((a // 16) % 8, set()).add(a // 16)
+        total += max(len(c) for c in groups.values())
+    return total
+
+
+def check_banks(flip: bool = True) -> tuple[int, int]:
+    """(max wavefronts of S^T's LDS.128, of pv_t_load's) over warps, blocks, steps and slots."""
+    s_t = max(wavefronts([(16 * w + g + 8 * h) * DIM + 16 * q + 64 * blk for g in range(8) for q in range(4)])
+              for w in range(4) for h in range(2) for blk in range(DIM // 64))
+    pv = max(wavefronts([16 * (8 * w + g) + pv_row(u, q, j, flip) * DIM for g in range(8) for q in range(4)])
+             for w in range(4) for u in range(4) for j in range(4))
+    return s_t, pv
+
+
+def check_p_f16() -> bool:
+    """Every bf16 value in [2^-14, 1] converts to f16 exactly; below 2^-14 the f16 rounding is <= 2^-25 off."""
+    bits = np.arange(0, 0x3F81, dtype=np.uint32) << 16  # bf16 0 .. 1.0 as float32
+    v = bits.view(np.float32).astype(np.float64)
+    h = v.astype(np.float16).astype(np.float64)
+    big = v >= 2.0**-14
+    return bool((h[big] == v[big]).all() and (np.abs(h - v) <= 2.0**-25).all())
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float64 -> the nearest-even bf16 value, as float64."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def q_scale_t(bits: int, inverse: bool, top: int = 142) -> float:
+    s = min(max(top - (bits >> 7), top - 255), 126)
+    return 2.0 ** (-s if inverse else s)
+
+
+def check_q_scale(rng, top: int = 142) -> bool:
+    codes = VALUES[rng.choice(FINITE, size=DIM)]
+    ok = True
+    for case in ("normal", "huge", "tiny", "subnormal", "zero", "spread", "inf", "nan"):
+        q = rng.normal(size=DIM)
+        q = {"huge": q * 1e30, "tiny": q * 1e-30, "subnormal": q * 1e-39, "zero": q * 0}.get(case, q)
+        if case == "spread":
+            q[::3] *= 2.0**-35
+        if case in ("inf", "nan"):
+            q[5] = np.inf if case == "inf" else np.nan
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = bf16(q)
+            bits = np.abs(q).astype(np.float32).view(np.uint32) >> 16  # bf16 bits without the sign
+            big = int(np.nanmax(bits)) if not np.isnan(q).any() else 0x7FC0
+            f = q_scale_t(big, False, top)
+            assert 2.0**-126 <= f <= 2.0**127 and 2.0**-126 <= q_scale_t(big, True, top) <= 2.0**127
+            qh = (q.astype(np.float32) * np.float32(f)).astype(np.float16).astype(np.float64)
+            got = (qh @ codes) * q_scale_t(big, True, top)
+            want = q @ codes
+        if case in ("inf", "nan"):
+            ok &= not np.isfinite(got) and not np.isfinite(want)
+            continue
+        ok &= bool(np.abs(qh).max() <= 65504)
+        if case == "spread":
+            ok &= abs(got - want) <= 2.0**-38 * np.abs(q).max() * np.abs(codes).sum()
+        else:
+            ok &= got == want
+    return bool(ok)
 
 
 def check_t_off() -> bool:
@@ -218,6 +303,9 @@ def main() -> int:
         "S^T fragments + Q^T permutation": check_s(stage, q),
         "O^T fragments + P^T permutation + epilogue columns": check_pv(stage, p),
         "t_off 16-row slabs": check_t_off(),
+        "LDS.128 wavefronts: S^T 4, P·V 8": check_banks() == (4, 8),
+        "P^T as f16 (p_f16_bits)": check_p_f16(),
+        "bf16 Q^T as f16 * 2^s (q_scale_t)": check_q_scale(np.random.default_rng(5)),
         "two-warpgroup online softmax + merge": check_softmax(rng),
     }
     # each check must catch a broken variant
@@ -225,6 +313,9 @@ def main() -> int:
         "t_qcol off by a pair": not check_s(stage, q, qcol=lambda L: t_qcol(L) ^ 2),
         "t_pkey halves swapped": not check_pv(stage, p, pkey=lambda pk: t_pkey(pk) ^ 8),
         "selectors swapped": not check_pv(stage, p, sels=(0x7362, 0x5140)),
+        "P·V rows not flipped for odd q (t_pkey flipped)": not check_pv(stage, p, flip=False),
+        "P·V rows not flipped: 16 wavefronts": check_banks(flip=False)[1] == 16,
+        "q_scale_t one binade high": not check_q_scale(np.random.default_rng(5), top=143),
         "merge without f1": not check_softmax(np.random.default_rng(7), merge_f1=False),
     }
     for name, ok in results.items():
