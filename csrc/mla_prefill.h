@@ -42,9 +42,19 @@ bool prefill_wgmma_supported(const PrefillParams& params);
 // driver's encoder is looked up through the runtime); the first CUDA error or cudaSuccess.
 cudaError_t launch_prefill_wgmma(const PrefillParams& params, cudaStream_t stream);
 
+// The FP8 pre-pass's operands (up to three; unused ones n8 = 0): x[j] and out[j] bf16 (raw bits), n8[j] chunks of 8
+// values each, contiguous and 16-byte aligned; scale[j] the per-tensor factor, rscale[j] = RN(1 / scale[j]).
+struct FP8CodesJobs {
+  const uint16_t* x[3];
+  uint16_t* out[3];
+  int64_t n8[3];
+  float scale[3], rscale[3];
+};
+
 // FP8 E4M3 codes of x / scale (the correctly rounded quotient, saturating at +-448, nearest even), written as bf16
-// values (exact: an E4M3 value has 4 significant bits): out[i] = e4m3(x[i] / scale). x and out bf16 (raw bits),
-// n elements, both contiguous and 16-byte aligned, n a multiple of 8.
-cudaError_t launch_fp8_codes_bf16(const uint16_t* x, uint16_t* out, int64_t n, float scale, cudaStream_t stream);
+// values (exact: an E4M3 value has 4 significant bits): out[j][i] = e4m3(x[j][i] / scale[j]), every operand in one
+// launch. exact_div: the IEEE division (some factor outside the division-free range), else the division-free
+// quotient (same codes).
+cudaError_t launch_fp8_codes_bf16(const FP8CodesJobs& jobs, bool exact_div, cudaStream_t stream);
 
 }  // namespace mla_core_cuda

@@ -5,7 +5,7 @@
 // once per tile, P = 2^(s·scale·log2 e - m) rounded to bf16 (or to FP8 E4M3 codes of P / p_scale, p_fmt 1-2) for
 // P·V, the row sum of the float32 P, O = Σ_t 2^(m_t - m_last) P_t·V_t / l, LSE = (m + log2 l)·ln 2; up to float32
 // arithmetic (ex2.approx, wgmma summation order). Fake-quantized Q / K / V arrive as FP8 codes in bf16 (exact;
-// launch_fp8_codes_bf16 below), their per-tensor factors folded into scale_log2 and out_scale.
+// launch_fp8_codes_bf16 below, one launch for all three), their per-tensor factors folded into scale_log2 and out_scale.
 //
 // Schedule (FlashAttention-3's structure; measured as variant TMA / TMX8 of benchmarks/probes/prefill_wgmma_probe.cu):
 // one CTA of 384 threads per (128 query rows, head, sequence), longest (causal) blocks first:
@@ -437,18 +437,63 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Eight elements per thread: out = bf16(e4m3(x / scale)), the IEEE quotient.
-__global__ void fp8_codes_kernel(const uint4* x, uint4* out, int64_t n8, float scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-    const uint4 w = x[i];
-    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
-    uint32_t res[4];
+// The pre-pass's quotient x / scale, correctly rounded (__fdiv_rn's bits, as far as E4M3 sees them). kExact: the
+// IEEE division (per-tensor factors outside the division-free range). Else Markstein: q0 = x·rscale (rscale =
+// RN(1 / scale)) within an ulp, corrected by the exact residual fma(-q0, scale, x); where the correction's proof
+// stops, q0 itself gives the same code: |q0| > 464 (the quotient > 448 or ±Inf / overflow: E4M3 saturates to
+// ±448 either way; the corrected form would make Inf NaN) and |q0| < 2^-20 (the quotient below E4M3's 2^-10
+// rounding edge: ±0 with x's sign, -0 kept, which the corrected form would make +0). NaN stays NaN.
+template <bool kExact>
+__device__ __forceinline__ float codes_quotient(float x, float scale, float rscale) {
+  if constexpr (kExact) {
+    return __fdiv_rn(x, scale);
+  } else {
+    const float q0 = __fmul_rn(x, rscale), a = fabsf(q0);
+    const float q = __fmaf_rn(__fmaf_rn(-q0, scale, x), rscale, q0);
+    return (a > 464.f || a < 0x1p-20f) ? q0 : q;
+  }
+}
+
+// Eight bf16 values (one 16-byte chunk) -> their codes bf16(e4m3(x / scale)), the same positions.
+template <bool kExact>
+__device__ __forceinline__ uint4 codes8(uint4 w, float scale, float rscale) {
+  uint32_t v[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&in[c]);
-      res[c] = e4m3_as_bf16x2(__fdiv_rn(__low2float(v), scale), __fdiv_rn(__high2float(v), scale));
+  for (int c = 0; c < 4; ++c) {
+    const float lo = __uint_as_float(v[c] << 16), hi = __uint_as_float(v[c] & 0xffff0000u);  // bf16 -> f32 exact
+    v[c] = e4m3_as_bf16x2(codes_quotient<kExact>(lo, scale, rscale), codes_quotient<kExact>(hi, scale, rscale));
+  }
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Up to three operands' codes in one launch: chunk i of the concatenation [x0 | x1 | x2] (16-byte chunks) belongs
+// to the operand whose range holds it. Grid-stride, two chunks per thread per step (both loads before the math).
+template <bool kExact>
+__global__ void __launch_bounds__(256) fp8_codes_kernel(const FP8CodesJobs jobs, int64_t total8) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  auto locate = [&](int64_t i, const uint4*& x, uint4*& out, float& scale, float& rscale) {
+    const int j = i < jobs.n8[0] ? 0 : (i < jobs.n8[0] + jobs.n8[1] ? 1 : 2);
+    const int64_t first = j == 0 ? 0 : (j == 1 ? jobs.n8[0] : jobs.n8[0] + jobs.n8[1]);
+    x = reinterpret_cast<const uint4*>(j == 0 ? jobs.x[0] : (j == 1 ? jobs.x[1] : jobs.x[2])) + (i - first);
+    out = reinterpret_cast<uint4*>(j == 0 ? jobs.out[0] : (j == 1 ? jobs.out[1] : jobs.out[2])) + (i - first);
+    scale = j == 0 ? jobs.scale[0] : (j == 1 ? jobs.scale[1] : jobs.scale[2]);
+    rscale = j == 0 ? jobs.rscale[0] : (j == 1 ? jobs.rscale[1] : jobs.rscale[2]);
+  };
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total8; i += 2 * step) {
+    const uint4* xa;
+    const uint4* xb;
+    uint4 *oa, *ob;
+    float sa, ra, sb, rb;
+    locate(i, xa, oa, sa, ra);
+    const bool second = i + step < total8;
+    const uint4 wa = __ldg(xa);
+    uint4 wb = make_uint4(0u, 0u, 0u, 0u);
+    if (second) {
+      locate(i + step, xb, ob, sb, rb);
+      wb = __ldg(xb);
     }
-    out[i] = make_uint4(res[0], res[1], res[2], res[3]);
+    *oa = codes8<kExact>(wa, sa, ra);
+    if (second) *ob = codes8<kExact>(wb, sb, rb);
   }
 }
 
@@ -534,13 +579,30 @@ cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
   }
 }
 
-cudaError_t launch_fp8_codes_bf16(const uint16_t* x, uint16_t* out, int64_t n, float scale, cudaStream_t stream) {
-  if (n % 8 != 0 || !aligned16(x) || !aligned16(out)) return cudaErrorInvalidValue;
-  const int64_t n8 = n / 8;
-  if (n8 == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n8 + 255) / 256, 132 * 16));
-  fp8_codes_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(out), n8,
-                                               scale);
+cudaError_t launch_fp8_codes_bf16(const FP8CodesJobs& jobs, bool exact_div, cudaStream_t stream) {
+  int64_t total8 = 0;
+  for (int j = 0; j < 3; ++j) {
+    if (jobs.n8[j] < 0 || (jobs.n8[j] > 0 && (!aligned16(jobs.x[j]) || !aligned16(jobs.out[j]))))
+      return cudaErrorInvalidValue;
+    total8 += jobs.n8[j];
+  }
+  if (total8 == 0) return cudaSuccess;
+  static int sms[kMaxDevices] = {};  // SM count per device, asked once (not a stream operation: capture-safe)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int count = device < kMaxDevices ? sms[device] : 0;
+  if (count == 0) {
+    err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) sms[device] = count;
+  }
+  // one resident wave (8 CTAs of 256 threads per SM), or fewer where the chunks run out (two per thread)
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total8 + 511) / 512, int64_t{8} * count));
+  if (exact_div)
+    fp8_codes_kernel<true><<<blocks, 256, 0, stream>>>(jobs, total8);
+  else
+    fp8_codes_kernel<false><<<blocks, 256, 0, stream>>>(jobs, total8);
   return cudaGetLastError();
 }
 

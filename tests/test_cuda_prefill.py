@@ -133,9 +133,11 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def fp8_codes_bf16(self, x, out, scale):
-        out.copy_(numerics.round_e4m3(numerics.divide(x.float(), scale)))
-        self.calls.append(("codes", scale))
+    def fp8_codes_bf16(self, xs, outs, scales, rscales, exact_div):
+        for x, out, scale, rscale in zip(xs, outs, scales, rscales):
+            out.copy_(numerics.round_e4m3(numerics.divide(x.float(), scale)))
+            assert rscale == float(torch.tensor(1.0) / torch.tensor(scale))  # RN(1 / scale) in float32
+        self.calls.append(("codes", list(scales), exact_div))
 
     def prefill_wgmma(self, *args):
         self.calls.append(("prefill", args))
@@ -170,8 +172,9 @@ def test_launch_arguments_fp8_recipe():
     inputs = make_inputs([(5, 9)], 2, 2, device="cpu")
     rec = _Recorder()
     cuda_prefill.run(rec, _call(inputs, **FP8, **AMAX), {})
-    scales = [s for kind, s in rec.calls if kind == "codes"]
-    assert scales == [_f32(3.5 / 448), _f32(4.0 / 448), _f32(3.0 / 448)]
+    assert [c[0] for c in rec.calls] == ["codes", "prefill"]  # Q, K and V's codes in one launch
+    _, scales, exact_div = rec.calls[0]
+    assert scales == [_f32(3.5 / 448), _f32(4.0 / 448), _f32(3.0 / 448)] and exact_div is False
     args = rec.calls[-1][1]
     q, k, v = args[:3]
     assert q.dtype == torch.bfloat16 and torch.equal(q.float() * scales[0], numerics.qdq_fp8(inputs[0], 3.5))
@@ -181,6 +184,24 @@ def test_launch_arguments_fp8_recipe():
     assert p_fmt == 1 and p_scale == _f32(1 / 448)
     assert p_rscale == float(torch.tensor(1.0) / torch.tensor(p_scale))  # the float32 quotient: 447.99997
     assert out_scale == pytest.approx(scales[2] * p_scale, rel=1e-7)
+
+
+def test_prepass_operands_and_its_division():
+    """Only the quantized operands go through the pre-pass (their factors folded, the others' 1); one factor
+    outside the division-free range makes the launch take the IEEE division."""
+    inputs = make_inputs([(5, 9)], 2, 2, device="cpu")
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, k_quant="fp8", k_amax=4.0), {})
+    (_, scales, exact_div), (_, args) = rec.calls
+    assert scales == [_f32(4.0 / 448)] and exact_div is False
+    assert args[0] is inputs[0] and args[2] is inputs[2] and torch.equal(args[1].float() * scales[0],
+                                                                          numerics.qdq_fp8(inputs[1], 4.0))
+    assert args[9] == pytest.approx(192 ** -0.5 * scales[0] * math.log2(math.e), rel=1e-6) and args[10] == 1.0
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, q_quant="fp8", v_quant="fp8", q_amax=3.0, v_amax=1e-14), {})
+    (_, scales, exact_div), (_, args) = rec.calls
+    assert scales == [_f32(3.0 / 448), _f32(1e-14 / 448)] and exact_div is True
+    assert args[1] is inputs[1] and args[10] == scales[1]
 
 
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
@@ -327,7 +348,8 @@ def test_gpu_without_lse_and_int64_cu_seqlens():
 @gpu
 def test_gpu_qdq_prepass_codes_equal_the_numerics_definition():
     """fp8_codes_bf16's codes times the float32 scale are mla_core.numerics.qdq_fp8 bit for bit: ties, the
-    saturation at 448, subnormal codes, Inf (clamped) and NaN included."""
+    saturation at 448, subnormal codes, Inf (clamped), -0 and NaN included; the division-free quotient (factors
+    inside the range, three operands in one launch) and the IEEE one (a factor outside it)."""
     module, reason = build.load_or_reason()
     assert module is not None, reason
     g = torch.Generator().manual_seed(10)
@@ -335,12 +357,14 @@ def test_gpu_qdq_prepass_codes_equal_the_numerics_definition():
                    torch.tensor([448.0, 464.0, 480.0, -1e4, 2.0 ** -10, 3 * 2.0 ** -10, float("inf"),
                                  float("-inf"), float("nan"), 0.0, -0.0, 17.0, 18.0, 19.0, 20.0, 0.6875])])
     x = torch.nn.functional.pad(x, (0, -x.numel() % 8)).to(torch.bfloat16).cuda()
-    for amax in (None, 448.0, 3.0, 26.88):
-        codes, scale = cuda_prefill.fp8_codes(module, x, amax)
-        got = codes.float() * torch.tensor(scale, dtype=torch.float32, device="cuda")
-        want = numerics.qdq_fp8(x, amax)
-        assert torch.equal(got.isnan(), want.isnan())
-        assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+    for amaxes in ((None, 448.0, 3.0), (26.88, 1e-14), (1e22,)):
+        made = cuda_prefill.fp8_codes(module, [(x, amax) for amax in amaxes])
+        for amax, (codes, scale) in zip(amaxes, made):
+            got = codes.float() * torch.tensor(scale, dtype=torch.float32, device="cuda")
+            want = numerics.qdq_fp8(x, amax)
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+            assert torch.equal(codes.float().signbit()[~got.isnan()], (want / scale).signbit()[~want.isnan()])
 
 
 @gpu
