@@ -225,10 +225,12 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
 // The varlen prefill on WGMMA (mla_prefill_wgmma.cu): q [total_q, heads, 192], k [total_k, kv_heads, 192],
 // v [total_k, kv_heads, 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_q / cu_k
 // [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
-// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient).
+// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient); q_fmt
+// likewise for Q's FP8 codes made in the kernel (q_scale's factor folded into scale_log2 by the caller).
 void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_q,
                    const torch::Tensor& cu_k, int64_t max_seqlen_q, torch::Tensor out, std::optional<torch::Tensor> lse,
-                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale) {
+                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale,
+                   int64_t q_fmt, double q_scale, double q_rscale) {
   const auto bf16 = torch::kBFloat16;
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
               "mla_core cuda prefill: tensors must be on CUDA");
@@ -267,6 +269,9 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
   p.p_fmt = static_cast<int>(p_fmt);
   p.p_scale = static_cast<float>(p_scale);
   p.p_rscale = static_cast<float>(p_rscale);
+  p.q_fmt = static_cast<int>(q_fmt);
+  p.q_scale = static_cast<float>(q_scale);
+  p.q_rscale = static_cast<float>(q_rscale);
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
@@ -336,7 +341,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cu_q"), pybind11::arg("cu_k"),
         pybind11::arg("max_seqlen_q"), pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("causal"),
         pybind11::arg("scale_log2"), pybind11::arg("out_scale"), pybind11::arg("p_fmt"), pybind11::arg("p_scale"),
-        pybind11::arg("p_rscale"));
+        pybind11::arg("p_rscale"), pybind11::arg("q_fmt"), pybind11::arg("q_scale"), pybind11::arg("q_rscale"));
   m.def("fp8_codes_bf16", &fp8_codes_bf16,
         "FP8 E4M3 codes of each x / scale as bf16 values, one launch (the prefill's QDQ pre-pass)",
         pybind11::arg("xs"), pybind11::arg("outs"), pybind11::arg("scales"), pybind11::arg("rscales"),

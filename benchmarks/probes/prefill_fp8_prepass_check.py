@@ -10,6 +10,10 @@
    emulated exactly and E4M3 rounding is written from the format (decode_qdq_conversion_check.py's helpers).
 2. Work split: for operand sizes (chunks of 16 B) and grids, every chunk of every operand is visited exactly once
    by the kernel's grid-stride loop (two chunks per thread per step) and its `locate` (operand, offset).
+3. Q's codes in the prefill kernel (q_codes): warpgroup w's 128 threads convert every 16-byte chunk of its own Q
+   rows (3 slabs of [64 rows x 128 B], the bytes its S reads) exactly once, and nothing outside them (not the other
+   warpgroup's rows, which it may be reading in its first S: WG0 may start S(0) while WG1 still converts).
+   The values are the pre-pass's (the same codes8), so part 1 covers them.
 """
 from __future__ import annotations
 
@@ -86,6 +90,22 @@ def check_split() -> None:
     print(f"work split: {len(cases)} operand sets x grids: every chunk visited once, in its operand ... OK")
 
 
+def check_q_codes() -> None:
+    q_wg_bytes, slab = 64 * 192 * 2, 64 * 128  # kQWgBytes, kSlab
+    for wg in range(2):
+        base = wg * q_wg_bytes  # sqw = sq + wg * kQWgBytes
+        s_reads = {base + c * slab + r * 128 + b for c in range(3) for r in range(64) for b in range(0, 128, 16)}
+        seen: dict[int, int] = {}
+        for t in range(128):
+            for half in range(2):
+                for u in range(6):
+                    a = base + 16 * (t + 128 * (6 * half + u))
+                    seen[a] = seen.get(a, 0) + 1
+        assert set(seen) == s_reads and set(seen.values()) == {1}, f"warpgroup {wg}: chunks not its rows once"
+    print("Q codes: each warpgroup converts its own 3 slabs' 1,536 chunks exactly once, nothing else ... OK")
+
+
 if __name__ == "__main__":
     check_numerics()
     check_split()
+    check_q_codes()

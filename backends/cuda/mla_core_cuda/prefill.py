@@ -3,9 +3,10 @@
 The kernel serves :func:`mla_core.mla_prefill` at MLA's prefill shapes: bf16 q / k [tokens, heads, 192] and v
 [tokens, kv_heads, 128], any batch of ``cu_seqlens`` (len_q and len_k per sequence free: causal is bottom-right,
 queries the suffix of their key span), GQA, LSE, the P tile ``block_n = 64`` (docs/numerics.md), P unquantized
-(rounded to bf16) or ``p_quant="fp8"``. Q / K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``, one
-launch for the three: E4M3 codes of ``x / scale``, the correctly rounded quotient, stored as bf16 values, which
-hold every code exactly) followed by the kernel on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
+(rounded to bf16) or ``p_quant="fp8"``. K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``, one
+launch for both: E4M3 codes of ``x / scale``, the correctly rounded quotient, stored as bf16 values, which hold
+every code exactly) and Q's in the kernel (the same codes, made in shared memory once per CTA: ``q_fmt``), the
+kernel working on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
 definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
 :func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands, N:M sparsity, other dtypes and head dims are
 refused by :func:`why_not` (triton and the reference run them).
@@ -88,16 +89,20 @@ def run(module, call: PrefillCall, config: dict):
         if lse is not None:
             lse.fill_(float("-inf"))
         return out, lse
-    ops = dict(q=q, k=k, v=v)
-    factor = dict(q=1.0, k=1.0, v=1.0)
-    quantized = [(name, amax) for name, fmt, amax in (("q", call.q_quant, call.q_amax), ("k", call.k_quant, call.k_amax),
+    q_fmt, q_scale = 0, 1.0
+    if call.q_quant == "fp8":  # Q's codes are made in the kernel, once per CTA after its Q tile lands
+        q_scale = f32(numerics.fp8_scale(call.q_amax))
+        q_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= q_scale <= EXACT_DIV_FREE_RANGE[1] else 2
+    kv = dict(k=k, v=v)
+    factor = dict(k=1.0, v=1.0)
+    quantized = [(name, amax) for name, fmt, amax in (("k", call.k_quant, call.k_amax),
                                                       ("v", call.v_quant, call.v_amax)) if fmt == "fp8"]
-    if quantized:  # the pre-pass: the quantized operands' codes in one launch
-        made = fp8_codes(module, [(ops[name], amax) for name, amax in quantized])
+    if quantized:  # the pre-pass: K and V's codes in one launch
+        made = fp8_codes(module, [(kv[name], amax) for name, amax in quantized])
         for (name, _), (codes, scale) in zip(quantized, made):
-            ops[name], factor[name] = codes, scale
-    q, k, v = ops["q"], ops["k"], ops["v"]
-    scale_qk, out_scale = factor["q"] * factor["k"], factor["v"]
+            kv[name], factor[name] = codes, scale
+    k, v = kv["k"], kv["v"]
+    scale_qk, out_scale = q_scale * factor["k"], factor["v"]
     p_fmt, p_scale = 0, 1.0
     if call.p_quant == "fp8":
         p_scale = f32(numerics.fp8_scale(call.p_amax))
@@ -107,5 +112,6 @@ def run(module, call: PrefillCall, config: dict):
     cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
                          call.causal, f32(call.softmax_scale) * f32(scale_qk) * math.log2(math.e),
-                         f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale))
+                         f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale), q_fmt, q_scale,
+                         _f32_reciprocal(q_scale))
     return out, lse
