@@ -378,9 +378,10 @@ def test_gpu_qdq_prepass_codes_equal_the_numerics_definition():
 
 
 @gpu
-@pytest.mark.parametrize("q_amax", [3.5, 1e-14])
+@pytest.mark.parametrize("q_amax", [3.5, 1e-14, 1e-40])
 def test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes(q_amax):
-    """The kernel's Q codes (q_fmt 1: division-free, q_amax 1e-14: q_fmt 2, IEEE) give the outputs and LSE of the
+    """The kernel's Q codes (q_fmt 1: division-free; q_amax 1e-14 / 1e-40: q_fmt 2, IEEE, the second a subnormal
+    factor whose reciprocal is Inf) give the outputs and LSE of the
     kernel run on the pre-pass's Q codes bit for bit; Q holds ties, values past 448 · scale, Inf, -0 and tiny values,
     rows of a sequence without keys NaN; q a strided view (TMA reads it in place)."""
     module, reason = build.load_or_reason()
@@ -396,7 +397,7 @@ def test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes(q_amax):
     codes, = cuda_prefill.fp8_codes(module, [(q, q_amax)])
     scale_log2 = _f32(192 ** -0.5) * scale * math.log2(math.e)
     q_fmt = 1 if cuda_prefill.EXACT_DIV_FREE_RANGE[0] <= scale <= cuda_prefill.EXACT_DIV_FREE_RANGE[1] else 2
-    assert q_fmt == (1 if q_amax == 3.5 else 2)
+    assert q_fmt == (1 if q_amax == 3.5 else 2) and scale > 0
     got, want = [], []
     for qx, fmt, out in ((q, q_fmt, got), (codes, 0, want)):
         o = torch.full((q.shape[0], 4, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
