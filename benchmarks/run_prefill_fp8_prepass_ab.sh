@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~170 s; the step limits add to <= 195 s) for branch wip/prefill-fp8-prepass (the fp8 recipe's
+# One device call (~150 s expected; the step limits add to 190 s) for branch wip/prefill-fp8-prepass (the fp8 recipe's
 # pre-pass: K and V in one launch at full width, Q's codes in the prefill kernel), run from the root of B's tree:
 #   1. build A's and B's extensions in parallel (A = A_DIR's csrc, B = this tree's; ~60 s, 16 cores);
 #   2. bench_prefill_fp8_prepass_ab.py: the whole cuda launcher of A and B (pre-pass + kernel) alternately in graph
@@ -25,7 +25,7 @@ A_DIR=$(cd "$A_DIR" && pwd)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 . benchmarks/checkout_first.sh  # this tree's packages first (a warm machine may hold another install)
 build() {  # $1: a csrc folder, $2: its log (the build cache is the default one, keyed by the sources' contents)
-  (cd benchmarks && timeout "${BUILD_S:-100}" python3 -c "import sys; from common import load_cuda_extension; \
+  (cd benchmarks && timeout "${BUILD_S:-75}" python3 -c "import sys; from common import load_cuda_extension; \
 print('built', load_cuda_extension(sys.argv[1]).__name__)" "$1") >"$2" 2>&1
 }
 build "$A_DIR/csrc" "$LOGS/build_a.log" &
@@ -37,14 +37,14 @@ ra=$?
 tail -n 1 "$LOGS/build_a.log" "$LOGS/build_b.log"
 stamp "builds (A rc $ra, B rc $rb)"
 [ $ra = 0 ] && [ $rb = 0 ] || { tail -n 30 "$LOGS/build_a.log" "$LOGS/build_b.log"; exit 3; }
-OUT=$LOGS timeout "${AB_S:-45}" python3 benchmarks/bench_prefill_fp8_prepass_ab.py --base "$A_DIR" \
+OUT=$LOGS timeout "${AB_S:-40}" python3 benchmarks/bench_prefill_fp8_prepass_ab.py --base "$A_DIR" \
   --rounds "${ROUNDS:-3}" 2>&1 | tee "$LOGS/ab.log" | tail -12
 rab=${PIPESTATUS[0]}
 stamp "A/B (rc $rab)"
-timeout "${TESTS_S:-45}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=3 tests/test_cuda_prefill.py \
+timeout "${TESTS_S:-40}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=3 tests/test_cuda_prefill.py \
   2>&1 | tee "$LOGS/gpu_tests.log" | tail -8
 stamp tests
-timeout "${MEMCHECK_S:-40}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m mla_core_cuda.sanitize \
+timeout "${MEMCHECK_S:-35}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m mla_core_cuda.sanitize \
   prefill 2>&1 | tee "$LOGS/memcheck.log" | tail -6
 stamp memcheck
 exit "$rab"
