@@ -394,7 +394,7 @@ def test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes(q_amax):
                             17.0, 18.0, 19.0, -1e-30])
     q[:20, 0, :12] = (special * scale).to(torch.bfloat16)
     q[194:197] = float("nan")
-    codes, = cuda_prefill.fp8_codes(module, [(q, q_amax)])
+    (codes, _), = cuda_prefill.fp8_codes(module, [(q, q_amax)])
     scale_log2 = _f32(192 ** -0.5) * scale * math.log2(math.e)
     q_fmt = 1 if cuda_prefill.EXACT_DIV_FREE_RANGE[0] <= scale <= cuda_prefill.EXACT_DIV_FREE_RANGE[1] else 2
     assert q_fmt == (1 if q_amax == 3.5 else 2) and scale > 0
