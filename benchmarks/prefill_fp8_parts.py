@@ -3,8 +3,9 @@
     python benchmarks/prefill_fp8_parts.py [--cases 4x4096 1x16384]
 
 Causal, 128 heads, q/k 192, v 128 (bench_prefill.py's inputs). Rows, each a CUDA graph replayed with the L2 flushed
-before it (median µs of 10): the kernel with bf16 P; the kernel with FP8 P on Q/K/V codes made beforehand (the
-recipe's kernel part); the pre-pass over K and V and over Q, each with its bytes moved (read + write) per second.
+before it (median µs of 10): the kernel with bf16 P; the kernel with FP8 P on Q/K/V codes made beforehand; the same
+with Q's codes made in the kernel (q_fmt 1, the recipe's kernel part); the pre-pass over K and V (one launch, the
+recipe's) and over Q alone, each with its bytes moved (read + write) per second.
 """
 from __future__ import annotations
 
@@ -32,20 +33,20 @@ def main() -> None:
     for case in args.cases:
         q, k, v, cu_q, cu_k, max_q = make_inputs(CASES[case])
         out = torch.empty(q.shape[0], HEADS, 128, dtype=torch.bfloat16, device="cuda")
-        qc, sq = fp8_codes(module, q, None)
-        kc, sk = fp8_codes(module, k, None)
-        vc, sv = fp8_codes(module, v, None)
+        (qc, sq), (kc, sk), (vc, sv) = fp8_codes(module, [(q, None), (k, None), (v, None)])
         ps = 1 / 448
         log2e = math.log2(math.e) * 192 ** -0.5
 
-        def kernel(qx, kx, vx, p_fmt, scale_log2):
+        def kernel(qx, kx, vx, p_fmt, scale_log2, q_fmt=0):
             return lambda: module.prefill_wgmma(qx, kx, vx, cu_q, cu_k, max_q, out, None, True, scale_log2, 1.0,
-                                                p_fmt, ps if p_fmt else 1.0, _f32_reciprocal(ps) if p_fmt else 1.0)
+                                                p_fmt, ps if p_fmt else 1.0, _f32_reciprocal(ps) if p_fmt else 1.0,
+                                                q_fmt, sq, _f32_reciprocal(sq))
         rows = {
             "kernel, bf16 P": kernel(q, k, v, 0, log2e),
             "kernel, fp8 P, Q/K/V codes given": kernel(qc, kc, vc, 1, log2e * sq * sk),
-            "pre-pass K + V": lambda: (fp8_codes(module, k, None), fp8_codes(module, v, None)),
-            "pre-pass Q": lambda: fp8_codes(module, q, None),
+            "kernel, fp8 P, Q's codes in it": kernel(q, kc, vc, 1, log2e * sq * sk, q_fmt=1),
+            "pre-pass K + V": lambda: fp8_codes(module, [(k, None), (v, None)]),
+            "pre-pass Q": lambda: fp8_codes(module, [(q, None)]),
         }
         moved = {"pre-pass K + V": 2 * (k.numel() + v.numel()) * 2, "pre-pass Q": 2 * q.numel() * 2}
         for name, fn in rows.items():

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
+#include <vector>
 
 #include "mla_decode.h"
 #include "mla_prefill.h"
@@ -224,10 +225,12 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
 // The varlen prefill on WGMMA (mla_prefill_wgmma.cu): q [total_q, heads, 192], k [total_k, kv_heads, 192],
 // v [total_k, kv_heads, 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_q / cu_k
 // [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
-// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient).
+// contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient); q_fmt
+// likewise for Q's FP8 codes made in the kernel (q_scale's factor folded into scale_log2 by the caller).
 void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_q,
                    const torch::Tensor& cu_k, int64_t max_seqlen_q, torch::Tensor out, std::optional<torch::Tensor> lse,
-                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale) {
+                   bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale,
+                   int64_t q_fmt, double q_scale, double q_rscale) {
   const auto bf16 = torch::kBFloat16;
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
               "mla_core cuda prefill: tensors must be on CUDA");
@@ -266,6 +269,9 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
   p.p_fmt = static_cast<int>(p_fmt);
   p.p_scale = static_cast<float>(p_scale);
   p.p_rscale = static_cast<float>(p_rscale);
+  p.q_fmt = static_cast<int>(q_fmt);
+  p.q_scale = static_cast<float>(q_scale);
+  p.q_rscale = static_cast<float>(q_rscale);
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
@@ -281,18 +287,31 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda prefill launch failed: ", cudaGetErrorString(err));
 }
 
-// The prefill's FP8 QDQ pre-pass: out = bf16(e4m3(x / scale)) elementwise, x and out contiguous bf16 of one size
-// (a multiple of 8), 16-byte aligned.
-void fp8_codes_bf16(const torch::Tensor& x, torch::Tensor out, double scale) {
-  TORCH_CHECK(x.is_cuda() && out.is_cuda() && x.scalar_type() == torch::kBFloat16 &&
-                  out.scalar_type() == torch::kBFloat16 && x.is_contiguous() && out.is_contiguous() &&
-                  x.numel() == out.numel(), "x and out must be contiguous bf16 CUDA tensors of one size");
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t err = mla_core_cuda::launch_fp8_codes_bf16(
-      static_cast<const uint16_t*>(x.data_ptr()), reinterpret_cast<uint16_t*>(out.data_ptr()), x.numel(),
-      static_cast<float>(scale), c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "mla_core cuda fp8 codes launch failed (16-byte aligned, a multiple of 8 elements "
-              "needed): ", cudaGetErrorString(err));
+// The prefill's FP8 QDQ pre-pass, one launch: outs[j] = bf16(e4m3(xs[j] / scales[j])) elementwise (1 to 3
+// operands), each x and out contiguous bf16 of one size (a multiple of 8), 16-byte aligned; rscales[j] = RN(1 /
+// scales[j]); exact_div: the IEEE division (a factor outside the division-free range).
+void fp8_codes_bf16(const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& outs,
+                    const std::vector<double>& scales, const std::vector<double>& rscales, bool exact_div) {
+  TORCH_CHECK(!xs.empty() && xs.size() <= 3 && outs.size() == xs.size() && scales.size() == xs.size() &&
+                  rscales.size() == xs.size(), "1 to 3 operands, one out, scale and rscale each");
+  mla_core_cuda::FP8CodesJobs jobs{};
+  for (size_t j = 0; j < xs.size(); ++j) {
+    const torch::Tensor& x = xs[j];
+    const torch::Tensor& out = outs[j];
+    TORCH_CHECK(x.is_cuda() && out.is_cuda() && x.device() == xs[0].device() && out.device() == x.device() &&
+                    x.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16 &&
+                    x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel() && x.numel() % 8 == 0,
+                "x and out must be contiguous bf16 CUDA tensors of one size, a multiple of 8, on one device");
+    jobs.x[j] = static_cast<const uint16_t*>(x.data_ptr());
+    jobs.out[j] = reinterpret_cast<uint16_t*>(out.data_ptr());
+    jobs.n8[j] = x.numel() / 8;
+    jobs.scale[j] = static_cast<float>(scales[j]);
+    jobs.rscale[j] = static_cast<float>(rscales[j]);
+  }
+  const c10::cuda::CUDAGuard guard(xs[0].device());
+  const cudaError_t err = mla_core_cuda::launch_fp8_codes_bf16(jobs, exact_div, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda fp8 codes launch failed (16-byte aligned operands needed): ",
+              cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -322,7 +341,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cu_q"), pybind11::arg("cu_k"),
         pybind11::arg("max_seqlen_q"), pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("causal"),
         pybind11::arg("scale_log2"), pybind11::arg("out_scale"), pybind11::arg("p_fmt"), pybind11::arg("p_scale"),
-        pybind11::arg("p_rscale"));
-  m.def("fp8_codes_bf16", &fp8_codes_bf16, "FP8 E4M3 codes of x / scale as bf16 values (the prefill's QDQ pre-pass)",
-        pybind11::arg("x"), pybind11::arg("out"), pybind11::arg("scale"));
+        pybind11::arg("p_rscale"), pybind11::arg("q_fmt"), pybind11::arg("q_scale"), pybind11::arg("q_rscale"));
+  m.def("fp8_codes_bf16", &fp8_codes_bf16,
+        "FP8 E4M3 codes of each x / scale as bf16 values, one launch (the prefill's QDQ pre-pass)",
+        pybind11::arg("xs"), pybind11::arg("outs"), pybind11::arg("scales"), pybind11::arg("rscales"),
+        pybind11::arg("exact_div"));
 }

@@ -28,6 +28,11 @@ struct PrefillParams {
   // codes through the IEEE division (any p_scale).
   int p_fmt;
   float p_scale, p_rscale;
+  // Q's FP8 codes made in the kernel (the fp8 recipe's Q; its factor is in scale_log2): 0 = q read as it is; 1 =
+  // each consumer warpgroup turns its loaded Q rows into e4m3(q / q_scale) in place before its first S (the
+  // pre-pass's codes: division-free quotient, q_rscale = RN(1 / q_scale)); 2 = the same through the IEEE division.
+  int q_fmt;
+  float q_scale, q_rscale;
   // out [total_q, heads, 128] bf16 (raw bits), contiguous; lse [heads, total_q] float32 natural log (-inf: no visible
   // key), contiguous, or null.
   uint16_t* out;
@@ -35,16 +40,26 @@ struct PrefillParams {
 };
 
 // Whether the kernel covers `params`: heads >= 1 and a multiple of kv_heads, total_q and total_k >= 1 and below 2^31,
-// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt 0..2.
+// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt and q_fmt 0..2.
 bool prefill_wgmma_supported(const PrefillParams& params);
 
 // The prefill kernel on `stream` (tensor maps encoded on the host from the pointers and strides; no -lcuda: the
 // driver's encoder is looked up through the runtime); the first CUDA error or cudaSuccess.
 cudaError_t launch_prefill_wgmma(const PrefillParams& params, cudaStream_t stream);
 
+// The FP8 pre-pass's operands (up to three; unused ones n8 = 0): x[j] and out[j] bf16 (raw bits), n8[j] chunks of 8
+// values each, contiguous and 16-byte aligned; scale[j] the per-tensor factor, rscale[j] = RN(1 / scale[j]).
+struct FP8CodesJobs {
+  const uint16_t* x[3];
+  uint16_t* out[3];
+  int64_t n8[3];
+  float scale[3], rscale[3];
+};
+
 // FP8 E4M3 codes of x / scale (the correctly rounded quotient, saturating at +-448, nearest even), written as bf16
-// values (exact: an E4M3 value has 4 significant bits): out[i] = e4m3(x[i] / scale). x and out bf16 (raw bits),
-// n elements, both contiguous and 16-byte aligned, n a multiple of 8.
-cudaError_t launch_fp8_codes_bf16(const uint16_t* x, uint16_t* out, int64_t n, float scale, cudaStream_t stream);
+// values (exact: an E4M3 value has 4 significant bits): out[j][i] = e4m3(x[j][i] / scale[j]), every operand in one
+// launch. exact_div: the IEEE division (some factor outside the division-free range), else the division-free
+// quotient (same codes).
+cudaError_t launch_fp8_codes_bf16(const FP8CodesJobs& jobs, bool exact_div, cudaStream_t stream);
 
 }  // namespace mla_core_cuda

@@ -4,8 +4,10 @@
 // reference backend's prefill: 64-key P tiles at absolute key positions (block_n 64), the running maximum updated
 // once per tile, P = 2^(s·scale·log2 e - m) rounded to bf16 (or to FP8 E4M3 codes of P / p_scale, p_fmt 1-2) for
 // P·V, the row sum of the float32 P, O = Σ_t 2^(m_t - m_last) P_t·V_t / l, LSE = (m + log2 l)·ln 2; up to float32
-// arithmetic (ex2.approx, wgmma summation order). Fake-quantized Q / K / V arrive as FP8 codes in bf16 (exact;
-// launch_fp8_codes_bf16 below), their per-tensor factors folded into scale_log2 and out_scale.
+// arithmetic (ex2.approx, wgmma summation order). Fake-quantized K / V arrive as FP8 codes in bf16 (exact;
+// launch_fp8_codes_bf16 below, one launch for both), Q's codes are made in shared memory by each consumer
+// warpgroup from its loaded rows (q_fmt; the same function), the per-tensor factors folded into scale_log2 and
+// out_scale.
 //
 // Schedule (FlashAttention-3's structure; measured as variant TMA / TMX8 of benchmarks/probes/prefill_wgmma_probe.cu):
 // one CTA of 384 threads per (128 query rows, head, sequence), longest (causal) blocks first:
@@ -32,6 +34,9 @@
 //   named barriers 1 (TURN0: WG1 -> WG0) and 2 (TURN1: WG0 -> WG1) over the 256 consumer threads order the turns:
 //   WG1 arrives at TURN0 once before its first turn and after each turn but its last; WG0 syncs TURN0 before each
 //   of its turns and arrives at TURN1 after each; WG1 syncs TURN1 before each of its turns.
+//   named barriers 3 / 4 (Q0 / Q1, 128 threads, q_fmt != 0 only): warpgroup w's threads after writing their Q codes
+//   (after fullQ, each its own 16-byte chunks of the warpgroup's rows) and fence.proxy.async, before its first S;
+//   WG1 arrives at TURN0 before converting, so its conversion runs while WG0 converts and then takes its turn.
 // Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
 
 #include "hopper.cuh"
@@ -57,6 +62,7 @@ constexpr int kBM = 128, kBN = 64, kDqk = 192, kDv = 128, kStages = 4;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
 constexpr int kProducerRegs = 80, kConsumerRegs = 208;  // setmaxnreg: 80 + 2 x 208 <= 3 x 168
 constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kPairThreads = 256;
+constexpr int kBarQCodes0 = 3, kWgThreads = 128;         // named barriers 3 / 4: a warpgroup's Q codes written
 constexpr int kSlab = 64 * 128;                         // one [64 rows x 128 B] slab
 constexpr int kQWgBytes = 64 * kDqk * 2;                // one consumer's Q rows: 3 slabs
 constexpr int kKBytes = kBN * kDqk * 2;                 // K tile: 3 slabs
@@ -136,6 +142,57 @@ __device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, flo
     return e4m3_as_bf16x2(fmaf(fmaf(-q_lo0, scale, lo), rscale, q_lo0), fmaf(fmaf(-q_hi0, scale, hi), rscale, q_hi0));
   } else {
     return e4m3_as_bf16x2(__fdiv_rn(lo, scale), __fdiv_rn(hi, scale));
+  }
+}
+
+// The FP8 codes' quotient x / scale (the pre-pass's and Q's in the kernel), correctly rounded (__fdiv_rn's bits, as far as E4M3 sees them). kExact: the
+// IEEE division (per-tensor factors outside the division-free range). Else Markstein: q0 = x·rscale (rscale =
+// RN(1 / scale)) within an ulp, corrected by the exact residual fma(-q0, scale, x); where the correction's proof
+// stops, q0 itself gives the same code: |q0| > 464 (the quotient > 448 or ±Inf / overflow: E4M3 saturates to
+// ±448 either way; the corrected form would make Inf NaN) and |q0| < 2^-20 (the quotient below E4M3's 2^-10
+// rounding edge: ±0 with x's sign, -0 kept, which the corrected form would make +0). NaN stays NaN.
+template <bool kExact>
+__device__ __forceinline__ float codes_quotient(float x, float scale, float rscale) {
+  if constexpr (kExact) {
+    return __fdiv_rn(x, scale);
+  } else {
+    const float q0 = __fmul_rn(x, rscale), a = fabsf(q0);
+    const float q = __fmaf_rn(__fmaf_rn(-q0, scale, x), rscale, q0);
+    return (a > 464.f || a < 0x1p-20f) ? q0 : q;
+  }
+}
+
+// Eight bf16 values (one 16-byte chunk) -> their codes bf16(e4m3(x / scale)), the same positions.
+template <bool kExact>
+__device__ __forceinline__ uint4 codes8(uint4 w, float scale, float rscale) {
+  uint32_t v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float lo = __uint_as_float(v[c] << 16), hi = __uint_as_float(v[c] & 0xffff0000u);  // bf16 -> f32 exact
+    v[c] = e4m3_as_bf16x2(codes_quotient<kExact>(lo, scale, rscale), codes_quotient<kExact>(hi, scale, rscale));
+  }
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Q's FP8 codes in the kernel (q_fmt 1 / 2): a consumer warpgroup's 64 loaded Q rows (3 slabs, 24 KB at shared
+// address `sq`) turned into their codes in place, elementwise (the swizzle does not matter): thread t takes the
+// 16-byte chunks t, t + 128, ... (12 of them, 6 loads in flight), the pre-pass's function on each.
+template <bool kExact>
+__device__ __forceinline__ void q_codes(uint32_t sq, int t, float scale, float rscale) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    uint4 w[6];
+#pragma unroll
+    for (int u = 0; u < 6; ++u)
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(w[u].x), "=r"(w[u].y), "=r"(w[u].z), "=r"(w[u].w)
+                   : "r"(sq + 16 * (t + 128 * (6 * half + u))));
+#pragma unroll
+    for (int u = 0; u < 6; ++u) {
+      const uint4 c = codes8<kExact>(w[u], scale, rscale);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sq + 16 * (t + 128 * (6 * half + u))),
+                   "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w) : "memory");
+    }
   }
 }
 
@@ -367,6 +424,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tile 0: S alone in the first turn.
   mbar_wait(full_q, 0);
   if (wg == 1) nb_arrive<kPairThreads>(kBarTurn0);
+  if (p.q_fmt != 0) {  // Q's codes in place (the fp8 recipe), the warpgroup's own rows; WG1's under WG0's turn
+    if (p.q_fmt == 1)
+      q_codes<false>(smem_u32(sqw), t, p.q_scale, p.q_rscale);
+    else
+      q_codes<true>(smem_u32(sqw), t, p.q_scale, p.q_rscale);
+    fence_proxy_async();                      // the codes (generic proxy) before the wgmma's reads (async proxy)
+    nb_sync<kWgThreads>(kBarQCodes0 + wg);    // every thread's chunks written before the warpgroup's first S
+  }
   mbar_wait(&full_k[0], 0);
   nb_sync<kPairThreads>(my_turn);
   wg_fence();
@@ -437,18 +502,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Eight elements per thread: out = bf16(e4m3(x / scale)), the IEEE quotient.
-__global__ void fp8_codes_kernel(const uint4* x, uint4* out, int64_t n8, float scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-    const uint4 w = x[i];
-    const uint32_t in[4] = {w.x, w.y, w.z, w.w};
-    uint32_t res[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&in[c]);
-      res[c] = e4m3_as_bf16x2(__fdiv_rn(__low2float(v), scale), __fdiv_rn(__high2float(v), scale));
+// Up to three operands' codes in one launch: chunk i of the concatenation [x0 | x1 | x2] (16-byte chunks) belongs
+// to the operand whose range holds it. Grid-stride, two chunks per thread per step (both loads before the math).
+template <bool kExact>
+__global__ void __launch_bounds__(256) fp8_codes_kernel(const FP8CodesJobs jobs, int64_t total8) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  auto locate = [&](int64_t i, const uint4*& x, uint4*& out, float& scale, float& rscale) {
+    const int j = i < jobs.n8[0] ? 0 : (i < jobs.n8[0] + jobs.n8[1] ? 1 : 2);
+    const int64_t first = j == 0 ? 0 : (j == 1 ? jobs.n8[0] : jobs.n8[0] + jobs.n8[1]);
+    x = reinterpret_cast<const uint4*>(j == 0 ? jobs.x[0] : (j == 1 ? jobs.x[1] : jobs.x[2])) + (i - first);
+    out = reinterpret_cast<uint4*>(j == 0 ? jobs.out[0] : (j == 1 ? jobs.out[1] : jobs.out[2])) + (i - first);
+    scale = j == 0 ? jobs.scale[0] : (j == 1 ? jobs.scale[1] : jobs.scale[2]);
+    rscale = j == 0 ? jobs.rscale[0] : (j == 1 ? jobs.rscale[1] : jobs.rscale[2]);
+  };
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total8; i += 2 * step) {
+    const uint4* xa;
+    const uint4* xb;
+    uint4 *oa, *ob;
+    float sa, ra, sb, rb;
+    locate(i, xa, oa, sa, ra);
+    const bool second = i + step < total8;
+    const uint4 wa = __ldg(xa);
+    uint4 wb = make_uint4(0u, 0u, 0u, 0u);
+    if (second) {
+      locate(i + step, xb, ob, sb, rb);
+      wb = __ldg(xb);
     }
-    out[i] = make_uint4(res[0], res[1], res[2], res[3]);
+    *oa = codes8<kExact>(wa, sa, ra);
+    if (second) *ob = codes8<kExact>(wb, sb, rb);
   }
 }
 
@@ -515,7 +596,7 @@ bool prefill_wgmma_supported(const PrefillParams& p) {
   return p.heads >= 1 && p.kv_heads >= 1 && p.heads % p.kv_heads == 0 && p.heads <= 65535 && p.batch >= 1 &&
          p.max_seqlen_q >= 1 && p.total_q >= 1 && p.total_k >= 1 && p.total_q < (int64_t{1} << 31) &&
          p.total_k < (int64_t{1} << 31) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && p.out &&
-         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 2;
+         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 2 && p.q_fmt >= 0 && p.q_fmt <= 2;
 }
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
@@ -534,13 +615,30 @@ cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
   }
 }
 
-cudaError_t launch_fp8_codes_bf16(const uint16_t* x, uint16_t* out, int64_t n, float scale, cudaStream_t stream) {
-  if (n % 8 != 0 || !aligned16(x) || !aligned16(out)) return cudaErrorInvalidValue;
-  const int64_t n8 = n / 8;
-  if (n8 == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n8 + 255) / 256, 132 * 16));
-  fp8_codes_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(out), n8,
-                                               scale);
+cudaError_t launch_fp8_codes_bf16(const FP8CodesJobs& jobs, bool exact_div, cudaStream_t stream) {
+  int64_t total8 = 0;
+  for (int j = 0; j < 3; ++j) {
+    if (jobs.n8[j] < 0 || (jobs.n8[j] > 0 && (!aligned16(jobs.x[j]) || !aligned16(jobs.out[j]))))
+      return cudaErrorInvalidValue;
+    total8 += jobs.n8[j];
+  }
+  if (total8 == 0) return cudaSuccess;
+  static int sms[kMaxDevices] = {};  // SM count per device, asked once (not a stream operation: capture-safe)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int count = device < kMaxDevices ? sms[device] : 0;
+  if (count == 0) {
+    err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) sms[device] = count;
+  }
+  // one resident wave (8 CTAs of 256 threads per SM), or fewer where the chunks run out (two per thread)
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total8 + 511) / 512, int64_t{8} * count));
+  if (exact_div)
+    fp8_codes_kernel<true><<<blocks, 256, 0, stream>>>(jobs, total8);
+  else
+    fp8_codes_kernel<false><<<blocks, 256, 0, stream>>>(jobs, total8);
   return cudaGetLastError();
 }
 

@@ -133,9 +133,11 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def fp8_codes_bf16(self, x, out, scale):
-        out.copy_(numerics.round_e4m3(numerics.divide(x.float(), scale)))
-        self.calls.append(("codes", scale))
+    def fp8_codes_bf16(self, xs, outs, scales, rscales, exact_div):
+        for x, out, scale, rscale in zip(xs, outs, scales, rscales):
+            out.copy_(numerics.round_e4m3(numerics.divide(x.float(), scale)))
+            assert rscale == float(torch.tensor(1.0) / torch.tensor(scale))  # RN(1 / scale) in float32
+        self.calls.append(("codes", list(scales), exact_div))
 
     def prefill_wgmma(self, *args):
         self.calls.append(("prefill", args))
@@ -159,28 +161,57 @@ def test_launch_arguments_bf16():
     out, lse = cuda_prefill.run(rec, _call(inputs), {})
     assert out.shape == (5, 2, 128) and out.dtype == torch.bfloat16 and lse.shape == (2, 5)
     (kind, args), = rec.calls
-    q, k, v, cu_q, cu_k, max_q, o, l, causal, scale_log2, out_scale, p_fmt, p_scale, p_rscale = args
+    q, k, v, cu_q, cu_k, max_q, o, l, causal, scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_fmt, q_scale, _ = args
     assert q is inputs[0] and k is inputs[1] and v is inputs[2]  # dense, aligned: no copies
     assert cu_q.dtype == torch.int32 and max_q == 5 and o is out and l is lse and causal is True
     assert scale_log2 == pytest.approx(192 ** -0.5 * math.log2(math.e), rel=1e-6)
-    assert (out_scale, p_fmt, p_scale) == (1.0, 0, 1.0)
+    assert (out_scale, p_fmt, p_scale, q_fmt, q_scale) == (1.0, 0, 1.0, 0, 1.0)
 
 
 def test_launch_arguments_fp8_recipe():
     inputs = make_inputs([(5, 9)], 2, 2, device="cpu")
     rec = _Recorder()
     cuda_prefill.run(rec, _call(inputs, **FP8, **AMAX), {})
-    scales = [s for kind, s in rec.calls if kind == "codes"]
-    assert scales == [_f32(3.5 / 448), _f32(4.0 / 448), _f32(3.0 / 448)]
+    assert [c[0] for c in rec.calls] == ["codes", "prefill"]  # K and V's codes in one launch, Q's in the kernel
+    _, scales, exact_div = rec.calls[0]
+    assert scales == [_f32(4.0 / 448), _f32(3.0 / 448)] and exact_div is False
     args = rec.calls[-1][1]
     q, k, v = args[:3]
-    assert q.dtype == torch.bfloat16 and torch.equal(q.float() * scales[0], numerics.qdq_fp8(inputs[0], 3.5))
-    assert torch.equal(v.float() * scales[2], numerics.qdq_fp8(inputs[2], 3.0))
-    scale_log2, out_scale, p_fmt, p_scale, p_rscale = args[9:]
-    assert scale_log2 == pytest.approx(192 ** -0.5 * scales[0] * scales[1] * math.log2(math.e), rel=1e-6)
+    assert q is inputs[0] and k.dtype == torch.bfloat16
+    assert torch.equal(k.float() * scales[0], numerics.qdq_fp8(inputs[1], 4.0))
+    assert torch.equal(v.float() * scales[1], numerics.qdq_fp8(inputs[2], 3.0))
+    scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_fmt, q_scale, q_rscale = args[9:]
+    assert (q_fmt, q_scale) == (1, _f32(3.5 / 448)) and q_rscale == float(torch.tensor(1.0) / torch.tensor(q_scale))
+    assert scale_log2 == pytest.approx(192 ** -0.5 * q_scale * scales[0] * math.log2(math.e), rel=1e-6)
     assert p_fmt == 1 and p_scale == _f32(1 / 448)
     assert p_rscale == float(torch.tensor(1.0) / torch.tensor(p_scale))  # the float32 quotient: 447.99997
-    assert out_scale == pytest.approx(scales[2] * p_scale, rel=1e-7)
+    assert out_scale == pytest.approx(scales[1] * p_scale, rel=1e-7)
+
+
+def test_prepass_operands_and_its_division():
+    """Only quantized K / V go through the pre-pass (their factors folded, the others' 1); one factor outside the
+    division-free range makes the launch take the IEEE division; Q's codes are the kernel's (q_fmt), its factor
+    outside the range -> q_fmt 2."""
+    inputs = make_inputs([(5, 9)], 2, 2, device="cpu")
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, k_quant="fp8", k_amax=4.0), {})
+    (_, scales, exact_div), (_, args) = rec.calls
+    assert scales == [_f32(4.0 / 448)] and exact_div is False
+    assert args[0] is inputs[0] and args[2] is inputs[2] and torch.equal(args[1].float() * scales[0],
+                                                                          numerics.qdq_fp8(inputs[1], 4.0))
+    assert args[9] == pytest.approx(192 ** -0.5 * scales[0] * math.log2(math.e), rel=1e-6) and args[10] == 1.0
+    assert args[14:16] == (0, 1.0)
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, q_quant="fp8", v_quant="fp8", q_amax=1e-14, v_amax=1e-14), {})
+    (_, scales, exact_div), (_, args) = rec.calls
+    assert scales == [_f32(1e-14 / 448)] and exact_div is True
+    assert args[0] is inputs[0] and args[1] is inputs[1] and args[10] == scales[0]
+    assert args[14:16] == (2, _f32(1e-14 / 448))
+    assert args[9] == pytest.approx(192 ** -0.5 * args[15] * math.log2(math.e), rel=1e-6)
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, q_quant="fp8", q_amax=2.0), {})
+    (kind, args), = rec.calls  # nothing for the pre-pass
+    assert kind == "prefill" and args[14:16] == (1, _f32(2.0 / 448))
 
 
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
@@ -327,7 +358,8 @@ def test_gpu_without_lse_and_int64_cu_seqlens():
 @gpu
 def test_gpu_qdq_prepass_codes_equal_the_numerics_definition():
     """fp8_codes_bf16's codes times the float32 scale are mla_core.numerics.qdq_fp8 bit for bit: ties, the
-    saturation at 448, subnormal codes, Inf (clamped) and NaN included."""
+    saturation at 448, subnormal codes, Inf (clamped), -0 and NaN included; the division-free quotient (factors
+    inside the range, three operands in one launch) and the IEEE one (a factor outside it)."""
     module, reason = build.load_or_reason()
     assert module is not None, reason
     g = torch.Generator().manual_seed(10)
@@ -335,12 +367,46 @@ def test_gpu_qdq_prepass_codes_equal_the_numerics_definition():
                    torch.tensor([448.0, 464.0, 480.0, -1e4, 2.0 ** -10, 3 * 2.0 ** -10, float("inf"),
                                  float("-inf"), float("nan"), 0.0, -0.0, 17.0, 18.0, 19.0, 20.0, 0.6875])])
     x = torch.nn.functional.pad(x, (0, -x.numel() % 8)).to(torch.bfloat16).cuda()
-    for amax in (None, 448.0, 3.0, 26.88):
-        codes, scale = cuda_prefill.fp8_codes(module, x, amax)
-        got = codes.float() * torch.tensor(scale, dtype=torch.float32, device="cuda")
-        want = numerics.qdq_fp8(x, amax)
-        assert torch.equal(got.isnan(), want.isnan())
-        assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+    for amaxes in ((None, 448.0, 3.0), (26.88, 1e-14), (1e22,)):
+        made = cuda_prefill.fp8_codes(module, [(x, amax) for amax in amaxes])
+        for amax, (codes, scale) in zip(amaxes, made):
+            got = codes.float() * torch.tensor(scale, dtype=torch.float32, device="cuda")
+            want = numerics.qdq_fp8(x, amax)
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+            assert torch.equal(codes.float().signbit()[~got.isnan()], (want / scale).signbit()[~want.isnan()])
+
+
+@gpu
+@pytest.mark.parametrize("q_amax", [3.5, 1e-14, 1e-40])
+def test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes(q_amax):
+    """The kernel's Q codes (q_fmt 1: division-free; q_amax 1e-14 / 1e-40: q_fmt 2, IEEE, the second a subnormal
+    factor whose reciprocal is Inf) give the outputs and LSE of the
+    kernel run on the pre-pass's Q codes bit for bit; Q holds ties, values past 448 · scale, Inf, -0 and tiny values,
+    rows of a sequence without keys NaN; q a strided view (TMA reads it in place)."""
+    module, reason = build.load_or_reason()
+    assert module is not None, reason
+    seqs = [(130, 130), (64, 200), (3, 0), (1, 1)]
+    inputs = make_inputs(seqs, 4, 2, seed=12, strided=True)
+    q, k, v, cu_q, cu_k, max_q = inputs
+    scale = _f32(q_amax / 448)
+    special = torch.tensor([448.0, 464.0, 1e4, float("inf"), float("-inf"), -0.0, 2.0 ** -10, 3 * 2.0 ** -10,
+                            17.0, 18.0, 19.0, -1e-30])
+    q[:20, 0, :12] = (special * scale).to(torch.bfloat16)
+    q[194:197] = float("nan")
+    (codes, _), = cuda_prefill.fp8_codes(module, [(q, q_amax)])
+    scale_log2 = _f32(192 ** -0.5) * scale * math.log2(math.e)
+    q_fmt = 1 if cuda_prefill.EXACT_DIV_FREE_RANGE[0] <= scale <= cuda_prefill.EXACT_DIV_FREE_RANGE[1] else 2
+    assert q_fmt == (1 if q_amax == 3.5 else 2) and scale > 0
+    got, want = [], []
+    for qx, fmt, out in ((q, q_fmt, got), (codes, 0, want)):
+        o = torch.full((q.shape[0], 4, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((4, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
+        module.prefill_wgmma(qx, k, v, cu_q, cu_k, max_q, o, lse, True, scale_log2, 1.0, 0, 1.0, 1.0, fmt, scale,
+                             cuda_prefill._f32_reciprocal(scale))
+        out += [o, lse]
+    assert torch.equal(got[0].view(torch.int16), want[0].view(torch.int16))
+    assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32))
 
 
 @gpu

@@ -4,7 +4,8 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DPREFILL_SRC='"<dir>/mla_prefill_wgmma.cu"' \
 //        -o ab_x benchmarks/probes/prefill_ab.cu
 //   ./ab_x <label>
-// (The round-2 persistent variant it was written for, 89103da, needed a counter and Q's scale in PrefillParams:
+// Written against the tree's API (one pre-pass launch for K and V, Q's codes in the kernel: q_fmt); sources before
+// that change need main's copy of this file before 0ce85af. (The round-2 persistent variant it was written for, 89103da, needed a counter and Q's scale in PrefillParams:
 // that version of this file is in git at 3c974bf; benchmarks/NOTES.md "cuda prefill, round 2".)
 // Causal, 128 heads, q/k 192, v 128, inputs uniform in [-2, 2); 4 x 4096, 1 x 16384 and ragged16 (bench_prefill.py's
 // cases), bf16 and the fp8 recipe
@@ -106,12 +107,15 @@ int main(int argc, char** argv) {
       auto run = [&]() -> cudaError_t {
         cudaError_t e = cudaSuccess;
         p.q = q, p.k = k, p.v = v;
-        if (fp8) {
-          if ((e = launch_fp8_codes_bf16(q, qc, tokens * H * 192, s_in, 0)) != cudaSuccess) return e;
-          p.q = qc;
-          if ((e = launch_fp8_codes_bf16(k, kc, tokens * H * 192, s_in, 0)) != cudaSuccess) return e;
-          if ((e = launch_fp8_codes_bf16(v, vc, tokens * H * 128, s_in, 0)) != cudaSuccess) return e;
+        if (fp8) {  // K and V's codes in one pre-pass launch, Q's in the kernel (the library's recipe)
+          FP8CodesJobs jobs{};
+          jobs.x[0] = k, jobs.x[1] = v, jobs.out[0] = kc, jobs.out[1] = vc;
+          jobs.n8[0] = tokens * H * 192 / 8, jobs.n8[1] = tokens * H * 128 / 8;
+          jobs.scale[0] = jobs.scale[1] = s_in;
+          jobs.rscale[0] = jobs.rscale[1] = 1.f / s_in;
+          if ((e = launch_fp8_codes_bf16(jobs, false, 0)) != cudaSuccess) return e;
           p.k = kc, p.v = vc;
+          p.q_fmt = 1, p.q_scale = s_in, p.q_rscale = 1.f / s_in;
         }
         return launch_prefill_wgmma(p, 0);
       };

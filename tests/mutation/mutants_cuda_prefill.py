@@ -12,6 +12,10 @@ SELECTION = ("tests/test_cuda_prefill.py::test_gpu_boundary_lengths "
              "tests/test_cuda_prefill.py::test_gpu_fp8 "
              "tests/test_cuda_prefill.py::test_gpu_nan_and_inf_rows_between_sequences")
 """Fast cases: tile-edge lengths both ways, cached prefixes and GQA, the FP8 recipes, poisoned rows between sequences."""
+PREPASS_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_fp8 "
+                     "tests/test_cuda_prefill.py::test_gpu_qdq_prepass_codes_equal_the_numerics_definition "
+                     "tests/test_cuda_prefill.py::test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes")
+"""The FP8 pre-pass's and the in-kernel Q codes' mutants (indices 8-13): codes bit for bit, the recipe end to end."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -50,10 +54,42 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="P's FP8 scale not applied to O: the codes' sum left 448x too large"),
     dict(file="backends/cuda/mla_core_cuda/prefill.py",
-         old="        scale_qk *= s\n    if call.v_quant",
-         new="    if call.v_quant",
+         old='    scale_qk, out_scale = q_scale * factor["k"], factor["v"]',
+         new='    scale_qk, out_scale = q_scale, factor["v"]',
          tests=[SELECTION], gpu=True,
          why="K's FP8 scale left out of the score scale (Q / K codes multiplied as if scale 1)"),
+    # 8-13: the fp8 recipe's pre-pass in one launch and Q's codes in the kernel (branch wip/prefill-fp8-prepass)
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="    return (a > 464.f || a < 0x1p-20f) ? q0 : q;",
+         new="    return a > 464.f ? q0 : q;",
+         tests=[PREPASS_SELECTION], gpu=True,
+         why="division-free quotient without its low guard: x = -0 (and tiny negatives) get the code +0"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="    const int j = i < jobs.n8[0] ? 0 : (i < jobs.n8[0] + jobs.n8[1] ? 1 : 2);",
+         new="    const int j = i < jobs.n8[0] ? 0 : 1;",
+         tests=[PREPASS_SELECTION], gpu=True,
+         why="one-launch pre-pass: a third operand's chunks written into the second's (V codes past K's end)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="    if (second) *ob = codes8<kExact>(wb, sb, rb);",
+         new="",
+         tests=[PREPASS_SELECTION], gpu=True,
+         why="one-launch pre-pass: each thread's second chunk of a step loaded but never written"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="  for (int half = 0; half < 2; ++half) {",
+         new="  for (int half = 0; half < 1; ++half) {",
+         tests=[PREPASS_SELECTION], gpu=True,
+         why="Q's codes in the kernel: half of each warpgroup's chunks left raw (the rows' later features)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="    if (p.q_fmt == 1)\n      q_codes<false>",
+         new="    if (p.q_fmt == 2)\n      q_codes<false>",
+         tests=[PREPASS_SELECTION], gpu=True,
+         why="Q's codes in the kernel: the IEEE / division-free choice swapped (q_amax 1e-40: a subnormal factor, "
+             "its reciprocal Inf, zeros become NaN without the division)"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old="        q_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= q_scale",
+         new="        q_fmt = 0 if EXACT_DIV_FREE_RANGE[0] <= q_scale",
+         tests=[PREPASS_SELECTION], gpu=True,
+         why="Q's codes not made: the kernel multiplies raw Q while its factor is folded into the score scale"),
 ]
 
 

@@ -3,9 +3,10 @@
 The kernel serves :func:`mla_core.mla_prefill` at MLA's prefill shapes: bf16 q / k [tokens, heads, 192] and v
 [tokens, kv_heads, 128], any batch of ``cu_seqlens`` (len_q and len_k per sequence free: causal is bottom-right,
 queries the suffix of their key span), GQA, LSE, the P tile ``block_n = 64`` (docs/numerics.md), P unquantized
-(rounded to bf16) or ``p_quant="fp8"``. Q / K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``:
-E4M3 codes of ``x / scale``, the IEEE quotient, stored as bf16 values, which hold every code exactly) followed by
-the kernel on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
+(rounded to bf16) or ``p_quant="fp8"``. K / V FP8 fake quantization runs as a pre-pass (``fp8_codes_bf16``, one
+launch for both: E4M3 codes of ``x / scale``, the correctly rounded quotient, stored as bf16 values, which hold
+every code exactly) and Q's in the kernel (the same codes, made in shared memory once per CTA: ``q_fmt``), the
+kernel working on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
 definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
 :func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands, N:M sparsity, other dtypes and head dims are
 refused by :func:`why_not` (triton and the reference run them).
@@ -48,13 +49,15 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def fp8_codes(module, x: torch.Tensor, amax: float | None) -> tuple[torch.Tensor, float]:
-    """(codes, scale): ``x``'s FP8 E4M3 codes of ``x / scale`` as bf16 values (``scale = amax / 448``, float32)."""
-    scale = f32(numerics.fp8_scale(amax))
-    src = aligned(x.contiguous(), 16)
-    codes = torch.empty(src.shape, dtype=torch.bfloat16, device=x.device)
-    module.fp8_codes_bf16(src, codes, scale)
-    return codes, scale
+def fp8_codes(module, operands: list[tuple[torch.Tensor, float | None]]) -> list[tuple[torch.Tensor, float]]:
+    """[(codes, scale)] for each (x, amax): x's FP8 E4M3 codes of ``x / scale`` as bf16 values (``scale = amax /
+    448``, float32), every operand in one launch (division-free quotients unless a factor is outside the range)."""
+    scales = [f32(numerics.fp8_scale(amax)) for _, amax in operands]
+    srcs = [aligned(x.contiguous(), 16) for x, _ in operands]
+    codes = [torch.empty(src.shape, dtype=torch.bfloat16, device=src.device) for src in srcs]
+    exact = any(not EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in scales)
+    module.fp8_codes_bf16(srcs, codes, scales, [_f32_reciprocal(s) for s in scales], exact)
+    return list(zip(codes, scales))
 
 
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -86,16 +89,20 @@ def run(module, call: PrefillCall, config: dict):
         if lse is not None:
             lse.fill_(float("-inf"))
         return out, lse
-    scale_qk = out_scale = 1.0
-    if call.q_quant == "fp8":
-        q, s = fp8_codes(module, q, call.q_amax)
-        scale_qk *= s
-    if call.k_quant == "fp8":
-        k, s = fp8_codes(module, k, call.k_amax)
-        scale_qk *= s
-    if call.v_quant == "fp8":
-        v, s = fp8_codes(module, v, call.v_amax)
-        out_scale *= s
+    q_fmt, q_scale = 0, 1.0
+    if call.q_quant == "fp8":  # Q's codes are made in the kernel, once per CTA after its Q tile lands
+        q_scale = f32(numerics.fp8_scale(call.q_amax))
+        q_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= q_scale <= EXACT_DIV_FREE_RANGE[1] else 2
+    kv = dict(k=k, v=v)
+    factor = dict(k=1.0, v=1.0)
+    quantized = [(name, amax) for name, fmt, amax in (("k", call.k_quant, call.k_amax),
+                                                      ("v", call.v_quant, call.v_amax)) if fmt == "fp8"]
+    if quantized:  # the pre-pass: K and V's codes in one launch
+        made = fp8_codes(module, [(kv[name], amax) for name, amax in quantized])
+        for (name, _), (codes, scale) in zip(quantized, made):
+            kv[name], factor[name] = codes, scale
+    k, v = kv["k"], kv["v"]
+    scale_qk, out_scale = q_scale * factor["k"], factor["v"]
     p_fmt, p_scale = 0, 1.0
     if call.p_quant == "fp8":
         p_scale = f32(numerics.fp8_scale(call.p_amax))
@@ -105,5 +112,6 @@ def run(module, call: PrefillCall, config: dict):
     cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
                          call.causal, f32(call.softmax_scale) * f32(scale_qk) * math.log2(math.e),
-                         f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale))
+                         f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale), q_fmt, q_scale,
+                         _f32_reciprocal(q_scale))
     return out, lse
