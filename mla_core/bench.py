@@ -40,19 +40,30 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def flush_l2() -> None:
-    """Overwrite a buffer larger than the L2 so the next kernel reads from HBM."""
+    """Overwrite a buffer larger than the L2 so the next kernel reads from HBM (the L2 is left holding dirty lines,
+    written back as the next kernel's reads evict them, as after any kernel that wrote)."""
     global _flush_buf
     if _flush_buf is None:
         _flush_buf = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     _flush_buf.zero_()
 
 
-def _median_us(run: Callable[[], object], iters: int, flush: bool) -> float:
+def flush_l2_clean() -> None:
+    """Read (not write) a buffer larger than the L2: the next kernel reads from HBM and evicts only clean lines."""
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.zeros(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    _flush_buf.amax()
+
+
+def _median_us(run: Callable[[], object], iters: int, flush: bool | Callable[[], None]) -> float:
+    """``flush``: True for :func:`flush_l2`, False for none, or the function to call before each timed run."""
+    flush_fn = flush_l2 if flush is True else (flush or None)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
-        if flush:
-            flush_l2()
+        if flush_fn is not None:
+            flush_fn()
         starts[i].record()
         run()
         ends[i].record()
@@ -60,7 +71,8 @@ def _median_us(run: Callable[[], object], iters: int, flush: bool) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
-def time_eager(fn: Callable[[], object], iters: int = 20, warmup: int = 3, flush: bool = True) -> float:
+def time_eager(fn: Callable[[], object], iters: int = 20, warmup: int = 3,
+               flush: bool | Callable[[], None] = True) -> float:
     """Median µs of Python calls of ``fn`` on the GPU (Python overhead included), L2 flushed before each."""
     for _ in range(warmup):
         fn()
@@ -68,7 +80,8 @@ def time_eager(fn: Callable[[], object], iters: int = 20, warmup: int = 3, flush
     return _median_us(fn, iters, flush)
 
 
-def time_graph(fn: Callable[[], object], iters: int = 30, warmup: int = 2, flush: bool = True) -> float:
+def time_graph(fn: Callable[[], object], iters: int = 30, warmup: int = 2,
+               flush: bool | Callable[[], None] = True) -> float:
     """Median µs of CUDA-graph replays of ``fn`` (captured once after warm-up), L2 flushed before each."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
