@@ -1276,10 +1276,6 @@ __device__ __forceinline__ void km_wgmma_vt(float (&d)[8], uint64_t da, uint64_t
   }
 }
 
-// P's element in T's bits (rounded to nearest even: P enters P V in q's dtype).
-__device__ __forceinline__ uint16_t p_bits(float x, __nv_bfloat16*) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
-__device__ __forceinline__ uint16_t p_bits(float x, __half*) { return __half_as_ushort(__float2half_rn(x)); }
-
 // One output value (float32, or rounded to bf16 / fp16, nearest even).
 __device__ __forceinline__ void store_one(float* dst, float x) { *dst = x; }
 __device__ __forceinline__ void store_one(__nv_bfloat16* dst, float x) { *dst = __float2bfloat16_rn(x); }
@@ -1432,11 +1428,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
       sc[ilo + 2] = phi;
       l[k] = l[k] * a[k] + (plo + phi);
     }
-    // P^T in T: head row, key column 16 w + g (+ 8)
+    // P^T rounded to T (P enters P V in q's dtype): head row, key column 16 w + g (+ 8)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int key = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
-      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * key)) = p_bits(sc[i], static_cast<T*>(nullptr));
+      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * key)) = static_cast<uint16_t>(Wgmma<T>::pack(sc[i], 0.f));
     }
     if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
 #pragma unroll
