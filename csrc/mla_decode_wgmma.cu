@@ -961,6 +961,56 @@ __device__ __forceinline__ int cta_x() {
   return x;
 }
 
+// The end of a keys-as-M kernel (decode_t_kernel, decode_km_kernel), both consumer warpgroups: each one's row sums
+// (over the thread's 8 lanes of one q, then its 4 warps: sred [2][4][16]) and running maxima (smx [2][16]) and
+// warpgroup 1's O^T (64 x 128 floats at `ot`: stage 1, free after warpgroup 1's last step) to shared memory; then
+// warpgroup 0 merges the two online softmaxes into its o and returns true with the output factor (out_scale / l; 0
+// for a row without keys) and the LSE (natural log; -inf) of its heads t_head(k, q); warpgroup 1 returns false.
+__device__ __forceinline__ bool km_merge(const DecodeParams& p, float (&o)[64], const float (&m)[4], float (&l)[4],
+                                         float* sred, float* smx, float* ot, int wg, int w, int g, int q, int t,
+                                         float (&inv)[4], float (&lse)[4]) {
+  float* red = sred + wg * 4 * kHeadsT;
+  // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
+#pragma unroll
+  for (int d = 4; d <= 16; d <<= 1)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) l[k] += __shfl_xor_sync(0xffffffffu, l[k], d);
+  if (g == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      red[w * kHeadsT + t_head(k, q)] = l[k];
+      if (w == 0) smx[wg * kHeadsT + t_head(k, q)] = m[k];
+    }
+  }
+  if (wg == 1) {
+    nb_sync<128>(kBarT0 + 1);  // every warp's last reads of stage 1 (`ot`) done
+#pragma unroll
+    for (int j = 0; j < 64; ++j) ot[j * 128 + t] = o[j];
+  }
+  nb_sync<kConsumerThreads>(kBarAll);
+  if (wg == 1) return false;
+  float f0[4], f1[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    const float l0 = (sred[hk] + sred[kHeadsT + hk]) + (sred[2 * kHeadsT + hk] + sred[3 * kHeadsT + hk]);
+    const float* r1 = sred + 4 * kHeadsT;
+    const float l1 = (r1[hk] + r1[kHeadsT + hk]) + (r1[2 * kHeadsT + hk] + r1[3 * kHeadsT + hk]);
+    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);
+    f0[k] = ex2(m[k] - zt);
+    f1[k] = ex2(m1 - zt);
+    const float lt = l0 * f0[k] + l1 * f1[k];
+    inv[k] = lt == 0.f ? 0.f : p.out_scale / lt;
+    lse[k] = lt == 0.f ? -INFINITY : (mt + log2f(lt)) * kLn2;
+  }
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const int k = ((j & 7) >> 2) * 2 + (j & 1);
+    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
+  }
+  return true;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -1135,45 +1185,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     pv_t_product(o, v, pv_base + pv_flip, pv_base - pv_flip, my_pt, &empty[s], lane);
   }
 
-  // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
-#pragma unroll
-  for (int d = 4; d <= 16; d <<= 1)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) l[k] += __shfl_xor_sync(0xffffffffu, l[k], d);
-  if (g == 0) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      red[w * kHeadsT + t_head(k, q)] = l[k];
-      if (w == 0) smx[wg * kHeadsT + t_head(k, q)] = m[k];
-    }
-  }
-  float* ot = reinterpret_cast<float*>(sst + kStageBytesT);  // stage 1: warpgroup 1's, free after its last step
-  if (wg == 1) {
-    nb_sync<128>(kBarT0 + 1);  // every warp's last loads from stage 1 done
-#pragma unroll
-    for (int j = 0; j < 64; ++j) ot[j * 128 + t] = o[j];
-  }
-  nb_sync<kConsumerThreads>(kBarAll);
-  if (wg == 1) return;
-  float inv[4], lse[4], f0[4], f1[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int hk = t_head(k, q);
-    const float l0 = (sred[hk] + sred[kHeadsT + hk]) + (sred[2 * kHeadsT + hk] + sred[3 * kHeadsT + hk]);
-    const float* r1 = sred + 4 * kHeadsT;
-    const float l1 = (r1[hk] + r1[kHeadsT + hk]) + (r1[2 * kHeadsT + hk] + r1[3 * kHeadsT + hk]);
-    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);
-    f0[k] = ex2(m[k] - zt);
-    f1[k] = ex2(m1 - zt);
-    const float lt = l0 * f0[k] + l1 * f1[k];
-    inv[k] = lt == 0.f ? 0.f : p.out_scale / lt;
-    lse[k] = lt == 0.f ? -INFINITY : (mt + log2f(lt)) * kLn2;
-  }
-#pragma unroll
-  for (int j = 0; j < 64; ++j) {
-    const int k = ((j & 7) >> 2) * 2 + (j & 1);
-    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
-  }
+  float inv[4], lse[4];
+  float* ot = reinterpret_cast<float*>(sst + kStageBytesT);  // stage 1
+  if (!km_merge(p, o, m, l, sred, smx, ot, wg, w, g, q, t, inv, lse)) return;
   // the split again, from a fresh read of %ctaid.x (kept live from the prologue, ptxas spilled it)
   const int split_e = (cta_x() / head_groups) % p.num_splits;
   const int col0 = 16 * (8 * w + g);
@@ -1391,8 +1405,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     reg_fence(s1);
 
     // keys 16 w + g (elements i % 4 < 2) and + 8; heads t_head((i / 4) * 2 + i % 2, q)
-    const uint32_t vb = s_valid[4 * wg + w];
-    const bool ok_lo = (vb >> g) & 1u, ok_hi = (vb >> (g + 8)) & 1u;
+    const uint32_t vb = s_valid[4 * wg + w] >> g;  // this warp's 16 keys' validity bits from key g
+    const bool ok_lo = vb & 1u, ok_hi = (vb >> 8) & 1u;
     float mx[4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1436,7 +1450,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     }
     if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];
+      for (int j = 0; j < 64; ++j) o[j] *= a[((j >> 1) & 2) | (j & 1)];  // element j % 8's head (t_head)
     }
     fence_proxy_async();
     nb_sync<128>(kBarT0 + wg);  // P^T complete
@@ -1454,45 +1468,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     release_stage(empty, wg, lane);
   }
 
-  // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
-#pragma unroll
-  for (int d = 4; d <= 16; d <<= 1)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) l[k] += __shfl_xor_sync(0xffffffffu, l[k], d);
-  if (g == 0) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      red[w * kHeadsT + t_head(k, q)] = l[k];
-      if (w == 0) smx[wg * kHeadsT + t_head(k, q)] = m[k];
-    }
-  }
-  float* ot = reinterpret_cast<float*>(sk0 + kTileBytes);  // stage 1: warpgroup 1's, free after its last step
-  if (wg == 1) {
-    nb_sync<128>(kBarT0 + 1);  // every warp's last wgmma reading stage 1 done
-#pragma unroll
-    for (int j = 0; j < 64; ++j) ot[j * 128 + t] = o[j];
-  }
-  nb_sync<kConsumerThreads>(kBarAll);
-  if (wg == 1) return;
-  float inv[4], lse[4], f0[4], f1[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int hk = t_head(k, q);
-    const float l0 = (sred[hk] + sred[kHeadsT + hk]) + (sred[2 * kHeadsT + hk] + sred[3 * kHeadsT + hk]);
-    const float* r1 = sred + 4 * kHeadsT;
-    const float l1 = (r1[hk] + r1[kHeadsT + hk]) + (r1[2 * kHeadsT + hk] + r1[3 * kHeadsT + hk]);
-    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);
-    f0[k] = ex2(m[k] - zt);
-    f1[k] = ex2(m1 - zt);
-    const float lt = l0 * f0[k] + l1 * f1[k];
-    inv[k] = lt == 0.f ? 0.f : p.out_scale / lt;
-    lse[k] = lt == 0.f ? -INFINITY : (mt + log2f(lt)) * kLn2;
-  }
-#pragma unroll
-  for (int j = 0; j < 64; ++j) {
-    const int k = ((j & 7) >> 2) * 2 + (j & 1);
-    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
-  }
+  float inv[4], lse[4];
+  float* ot = reinterpret_cast<float*>(sk0 + kTileBytes);  // stage 1
+  if (!km_merge(p, o, m, l, sred, smx, ot, wg, w, g, q, t, inv, lse)) return;
   const int split_e = cta_x() % p.num_splits;
   const int col0 = 16 * w + g;
 #pragma unroll
@@ -1570,7 +1548,8 @@ cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
 bool decode_wgmma_supported(const DecodeParams& p) {
   // K and V share the stage: quantized, their values on the 512 shared columns must be the same codes (FP8 with
   // one scale); the producer's K conversion divides without a division instruction only (no exact_div). An FP8
-  // cache: K and V are its codes (no fake quantization of them)
+  // cache: K and V are its codes (no fake quantization of them). keys_m (decode_km_kernel): a bf16 / fp16 cache, no
+  // fake quantization, at most 16 heads (one head group)
   const bool kv = (p.k_fmt == kNoQuant && p.v_fmt == kNoQuant) ||
                   (!p.cache_fp8 && p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
   const bool keys_m = !p.keys_m || (p.heads <= kHeadsT && !p.cache_fp8 && p.k_fmt == kNoQuant &&
