@@ -25,10 +25,9 @@ FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or f
 """The FP8 KV cache's mutants: every code exact and the byte path (16 heads: the keys-as-M kernel, 128: the 64-head
 one), fp16 q and P qdq, 1-16 heads over odd / even step counts, the edges at 16 heads, pages 16 and 33 (33: a
 producer warp's rows across pages, copied row by row)."""
-KEYS_M_SELECTION = ("tests/test_cuda_decode.py -k '(test_keys_m and 16-33) or keys_m_fp16 or "
-                    "keys_m_metadata'")
-"""The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): every edge length at 16 heads over pages of
-33, fp16 and odd step counts at 1 and 16 heads, absent keys, unaligned rows, a CUDA graph."""
+KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
+"""The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
+step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
