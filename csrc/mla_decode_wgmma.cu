@@ -1333,22 +1333,43 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
   }
   __syncthreads();
 
-  if (warp >= 8) {  // the producer warpgroup: decode_wgmma_kernel's (unquantized)
+  if (warp >= 8) {  // the producer warpgroup: decode_wgmma_kernel's copies (unquantized), two steps in flight
     setmaxnreg_dec<kProducerRegs>();
     const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
                          (p.cache_stride_tok % 8 == 0);
     const int64_t row = 16 * (warp - 8) + (lane & 15);
     int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
+    // Step i's copies are one cp.async group, published on full[i % 2] (wait for the group, fence.proxy.async,
+    // arrive) once step i + 1's copies are issued, or before the producer would wait for a stage while a step is
+    // unpublished (its consumer may be the one that frees it): both stages load at once when both are free.
+    bool pending = false;  // the previous step's copies issued, not yet published
     for (int i = 0; i < steps; ++i) {
       const int s = i & 1;
-      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+      if (i >= 2) {
+        const uint32_t parity = ((i - 2) >> 1) & 1;
+        if (pending && !__all_sync(0xffffffffu, mbar_test(&empty[s], parity))) {
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(&full[s ^ 1]);
+          pending = false;
+        }
+        mbar_wait(&empty[s], parity);
+      }
       produce_rows<false>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
       cp_async_commit();
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
       next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
+      if (pending) {
+        cp_async_wait_upto(1);  // step i - 1's group landed
+        fence_proxy_async();
+        mbar_arrive(&full[s ^ 1]);
+      }
+      pending = true;
+    }
+    if (pending) {
       cp_async_wait_all();
       fence_proxy_async();
-      mbar_arrive(&full[s]);
+      mbar_arrive(&full[(steps - 1) & 1]);
     }
     return;
   }
