@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of the cuda decode over a bf16 cache at 16 heads (issue 9, round (l): the keys-as-M kernel decode_km_kernel,
 # config {"kernel": "keys_m"}, branch wip/decode-ktb), one device call: build A (main's csrc/) and B (this
-# checkout's) side by side, bench_decode_keys_m_bf16_ab.py (A = Q1 under the default WGMMA config, B = keys_m; A B B A
+# checkout's) side by side, the CPU check of its layouts (benchmarks/probes/decode_keys_m_check.py, into
+# ab_build_b.log), bench_decode_keys_m_bf16_ab.py (A = Q1 under the default WGMMA config, B = keys_m; A B B A
 # A B graph replays; B's Q1 and FP8-cache outputs bit-equal to A's, keys_m within 1e-2 rel L2 / 1e-3 LSE of Q1), one
 # fp16 row, then the GPU tests on B with the time left of CALL_LIMIT: the keys-as-M tests first, then the tests of the
 # code they share (the FP8-cache keys-as-M kernel's end, km_merge; Q1 at 16 heads). Before the call, in main's root:
@@ -39,6 +40,7 @@ build "$PWD/csrc" ab_build_b.log & pb=$!
 wait $pa; wait $pb
 tail -n 4 "$LOGS/ab_build_a.log" "$LOGS/ab_build_b.log"
 limit=${CALL_LIMIT:-290}
+python3 benchmarks/probes/decode_keys_m_check.py 2>&1 | tee -a "$LOGS/ab_build_b.log" | tail -1
 timeout "${BENCH_TIMEOUT:-80}" python3 benchmarks/bench_decode_keys_m_bf16_ab.py --src-a "$A_SRC" --src-b "$PWD/csrc" \
   --heads 16 --batch "${AB_BATCH:-1,32,128}" --lengths 8192,32768 2>&1 | tee "$LOGS/ab_bench.log" | tail -12
 OUT= timeout "${FP16_TIMEOUT:-15}" python3 benchmarks/bench_decode_keys_m_bf16_ab.py --src-a "$A_SRC" \
