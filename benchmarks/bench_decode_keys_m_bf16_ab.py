@@ -6,7 +6,8 @@ default WGMMA config (schedule Q1 of decode_wgmma_kernel), B = a branch's csrc/ 
         [--lengths 8192,32768] [--q-dtype bf16]
 
 Rows: heads x batch x length, page 64, full lengths, ``num_kv_splits="auto"`` (both configs: one CTA per SM, the
-same split count). µs are CUDA-graph replays with L2 flushed, in the order A B B A A B, the median per build.
+same split count). µs are CUDA-graph replays with L2 flushed, in the order A B B A A B, the median per build; the
+FP8 cache of the same values (decode_t_kernel, whose end moved into km_merge) on A and B alike, FA FB FB FA.
 Checks: B's default config (Q1) bit-equal to A's (the shared code moved, Q1 untouched) for the bf16 cache and the FP8
 cache (decode_t_kernel's end now km_merge); B's keys-as-M output against A's Q1 output: rel L2, max |diff| and LSE
 max |diff| (not bit-equal: P against a per-step max, other sum orders; must stay below 1e-2 / 1e-3). FlashMLA's H200
@@ -88,12 +89,14 @@ def main():
                       and r["rel_l2"] < 1e-2 and r["lse_diff"] < 1e-3)
                 if not ok:
                     bad.append(r)
-                times = {"A": [], "B": []}
-                for name in ("A", "B", "B", "A", "A", "B"):
-                    mod, cf = (mods["A"], config) if name == "A" else (mods["B"], decode.KEYS_M)
-                    times[name].append(time_graph(lambda mod=mod, cf=cf: decode.run(mod, call, cf), iters=20))
-                r["A"], r["B"] = (statistics.median(times[k]) for k in ("A", "B"))
+                times = {"A": [], "B": [], "FA": [], "FB": []}
+                for name in ("A", "B", "B", "A", "A", "B", "FA", "FB", "FB", "FA"):
+                    mod = mods[name[-1]]
+                    c, cf = (f_call, config) if name[0] == "F" else (call, config if name == "A" else decode.KEYS_M)
+                    times[name].append(time_graph(lambda mod=mod, c=c, cf=cf: decode.run(mod, c, cf), iters=20))
+                r["A"], r["B"], r["fp8_A"], r["fp8_B"] = (statistics.median(times[k]) for k in ("A", "B", "FA", "FB"))
                 r["B_over_A"] = r["B"] / r["A"]
+                r["fp8_B_over_A"] = r["fp8_B"] / r["fp8_A"]
                 r["splits"] = decode.num_splits(call, config)
                 r["splits_B"] = decode.num_splits(call, decode.KEYS_M)
                 fm = FLASHMLA_US.get((heads, batch, length)) if args.q_dtype == "bf16" else None
@@ -107,7 +110,8 @@ def main():
                       + (f", vs FlashMLA A {r['A_over_flashmla']:.3f} B {r['B_over_flashmla']:.3f}" if fm else "")
                       + f"; B {r['B_TBps']:.2f} TB/s; keys_m vs Q1: bit-equal {r['bitequal']}, rel L2 "
                       f"{r['rel_l2']:.1e}, max diff {r['max_diff']:.1e}, LSE {r['lse_diff']:.1e}; Q1 B == A "
-                      f"{r['q1_bitequal']}, FP8 cache B == A {r['fp8_bitequal']}" + ("" if ok else "  <-- CHECK FAILED"),
+                      f"{r['q1_bitequal']}, FP8 cache B == A {r['fp8_bitequal']} (B/A {r['fp8_B_over_A']:.3f})"
+                      + ("" if ok else "  <-- CHECK FAILED"),
                       flush=True)
                 del q, cache, codes, table, lens, q1, fp8, out, lse, want, want_lse, call, f_call
                 torch.cuda.empty_cache()
@@ -115,7 +119,8 @@ def main():
     print_table(rows, [("heads", "H", "d"), ("batch", "B", "d"), ("length", "L", "d"), ("splits", "splits", "d"),
                        ("A", "A us", ".1f"), ("B", "B us", ".1f"), ("B_over_A", "B/A", ".3f"),
                        ("A_over_flashmla", "A/FlashMLA", ".3f"), ("B_over_flashmla", "B/FlashMLA", ".3f"),
-                       ("B_TBps", "B TB/s", ".2f"), ("rel_l2", "rel L2", ".1e"), ("max_diff", "max diff", ".1e")])
+                       ("B_TBps", "B TB/s", ".2f"), ("rel_l2", "rel L2", ".1e"), ("max_diff", "max diff", ".1e"),
+                       ("fp8_B_over_A", "fp8 B/A", ".3f")])
     print(f"rows passing the checks: {len(rows) - len(bad)} of {len(rows)}")
     write_json("bench_decode_keys_m_bf16_ab.json", dict(device=device_info(), src_a=args.src_a, src_b=args.src_b,
                                                         q_dtype=args.q_dtype, rows=rows))
