@@ -150,7 +150,10 @@ def main() -> int:
 
 
 def _decode_main() -> bool:
-    ok = _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
+    ok = _case(16, 1, [0, 1, 33, 70], 3, "bf16", "keys_m")  # the keys-as-M kernel first (the newest)
+    ok &= _case(8, 33, [1, 700, 0, 129], 1, "bf16", "keys_m", unaligned=True)  # padded heads, odd steps, 2-byte path
+    ok &= _case(1, 64, [129, 64, 1, 300], 32, "bf16", "keys_m")
+    ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
     ok &= _case(128, 16, [31, 32, 100, 5], 32, "nvfp4", (4, 8))
     ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
     ok &= _case(128, 64, [129, 64, 1, 300], 3, "fp8", (2, 4), unaligned=True)
@@ -169,9 +172,6 @@ def _decode_main() -> bool:
     ok &= _case(16, 64, [129, 64, 1, 300], 32, "fp8cache", "wgmma", unaligned=True)
     ok &= _case(20, 1, [0, 1, 33, 70], 1, "fp8cache", "wgmma")
     ok &= _case(8, 33, [1, 700, 0, 129], 1, "fp8cache", "wgmma")  # keys-as-M kernel: padded heads, odd steps
-    ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", "keys_m")
-    ok &= _case(8, 33, [1, 700, 0, 129], 1, "bf16", "keys_m", unaligned=True)  # padded heads, odd steps, 2-byte path
-    ok &= _case(1, 64, [129, 64, 1, 300], 32, "bf16", "keys_m")
     return ok
 
 
