@@ -3,8 +3,8 @@
 Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
 covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format; an FP8 cache), listed
 first there, and its keys-as-M variant (config ``{"kernel": "keys_m"}``, :func:`keys_m_covers`: a bf16 / fp16
-cache at <= 16 heads, unquantized) listed after it for the autotuner; the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem over a
-bf16 / fp16 cache. Both share the quantizers (csrc/qdq.cuh).
+cache at <= 16 heads, unquantized) listed after it for the autotuner; the mma.sync kernel (csrc/mla_decode.cu,
+configs ``{"head_tiles", "warps"}``) for every problem over a bf16 / fp16 cache. Both share the quantizers (csrc/qdq.cuh).
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
@@ -144,8 +144,8 @@ _PLANS_MAX = 256
 def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     """(entry, partial sizes or None, the entry's arguments after the partial buffers) of ``call``, cached under
     ``key`` (everything read here, built in :func:`run`): the extension function, the split count, the scale
-    products, the formats, for keys-as-M its flag, and for mma.sync its CTA shape. Raises ValueError for a CTA shape not built (nothing
-    is cached then)."""
+    products, the formats, for keys-as-M its flag, and for mma.sync its CTA shape. Raises ValueError for a CTA
+    shape not built (nothing is cached then)."""
     batch, heads, _ = call.q.shape
     quant = _quant_args(call)
     config = _kernel_config(call, config, quant)
