@@ -4,7 +4,8 @@ Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wg
 covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format; an FP8 cache), listed
 first there, and its keys-as-M variant (config ``{"kernel": "keys_m"}``, :func:`keys_m_covers`: a bf16 / fp16
 cache at <= 16 heads, unquantized) listed after it for the autotuner; the mma.sync kernel (csrc/mla_decode.cu,
-configs ``{"head_tiles", "warps"}``) for every problem over a bf16 / fp16 cache. Both share the quantizers (csrc/qdq.cuh).
+configs ``{"head_tiles", "warps"}``) for every problem over a bf16 / fp16 cache. Both share the quantizers
+(csrc/qdq.cuh).
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
