@@ -136,18 +136,22 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
 }
 
 // The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16 q and cache, or an FP8 cache (E4M3 codes, kv_scale folded
-// into qk_scale_log2 and out_scale by the caller); K = V FP8 with one scale or unquantized, P any format.
+// into qk_scale_log2 and out_scale by the caller); K = V FP8 with one scale or unquantized, P any format; keys_m:
+// decode_km_kernel (bf16 / fp16, unquantized, <= 16 heads).
 void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
                   const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
                   std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
                   double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale,
-                  int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div) {
+                  int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, bool keys_m) {
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
   set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
+  p.keys_m = keys_m;
   TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache (or an FP8 "
               "cache), K and V unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype,
-              ", cache_fp8 ", p.cache_fp8, ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ")");
+              ", cache_fp8 ", p.cache_fp8, ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, "); keys_m needs a bf16 / "
+              "fp16 cache, K, V and P unquantized and at most 16 heads (got heads ", p.heads, ", keys_m ", p.keys_m,
+              ")");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
@@ -330,7 +334,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"),
         pybind11::arg("k_scale"), pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"),
-        pybind11::arg("v_fmt"), pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"));
+        pybind11::arg("v_fmt"), pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
+        pybind11::arg("keys_m") = false);
   m.def("sparse_decode_wgmma", &sparse_decode_wgmma,
         "FP8 top-k sparse MLA decode on WGMMA, 576- or 656-byte rows (see backends/cuda/mla_core_cuda/sparse.py)",
         pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("indices"), pybind11::arg("valid_lens"),

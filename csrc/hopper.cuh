@@ -99,7 +99,7 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 // mbarrier in shared memory: init (thread count per phase), arrive (release at CTA scope), wait for the phase of
-// the given parity to complete (acquire).
+// the given parity to complete (acquire), or test it.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
@@ -115,6 +115,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_u32(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+// Whether the phase of the given parity has completed, without waiting (acquire when it has).
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over kCount threads: sync waits for the generation, arrive

@@ -50,6 +50,7 @@ struct DecodeParams {
   bool v_from_k;            // V codes equal K's first 512 codes (FP8 K and V with one scale)
   bool exact_div;           // quantizer quotients by __fdiv_rn (per-tensor factors near float32's range ends)
   bool cache_fp8;           // the cache holds E4M3 codes (kv_scale is in qk_scale_log2 and out_scale)
+  bool keys_m;              // WGMMA: the keys-as-M kernel (bf16 / fp16 cache, no fake quantization, heads <= 16)
   int head_tiles;           // 16-head m-tiles per CTA (1, 2 or 4)
   int warps;                // warps per CTA: (head_tiles, warps) is (1, 4), (2, 4), (2, 8) or (4, 8)
 };
@@ -70,7 +71,8 @@ cudaError_t launch_decode_wgmma(const DecodeParams& params, cudaStream_t stream)
 
 // Whether the WGMMA decode covers `params`: bf16 or fp16; K and V unquantized, or FP8 with V's codes K's
 // (v_from_k) and no exact_div, or an FP8 cache (cache_fp8) with K and V unquantized; P unquantized, FP8 or NVFP4
-// (any head count: 64 heads per CTA, the last group zero-padded).
+// (any head count: 64 heads per CTA, the last group zero-padded); keys_m: a bf16 / fp16 cache, K, V and P
+// unquantized, heads <= 16.
 bool decode_wgmma_supported(const DecodeParams& params);
 
 }  // namespace mla_core_cuda

@@ -961,6 +961,56 @@ __device__ __forceinline__ int cta_x() {
   return x;
 }
 
+// The end of a keys-as-M kernel (decode_t_kernel, decode_km_kernel), both consumer warpgroups: each one's row sums
+// (over the thread's 8 lanes of one q, then its 4 warps: sred [2][4][16]) and running maxima (smx [2][16]) and
+// warpgroup 1's O^T (64 x 128 floats at `ot`: stage 1, free after warpgroup 1's last step) to shared memory; then
+// warpgroup 0 merges the two online softmaxes into its o and returns true with the output factor (out_scale / l; 0
+// for a row without keys) and the LSE (natural log; -inf) of its heads t_head(k, q); warpgroup 1 returns false.
+__device__ __forceinline__ bool km_merge(const DecodeParams& p, float (&o)[64], const float (&m)[4], float (&l)[4],
+                                         float* sred, float* smx, float* ot, int wg, int w, int g, int q, int t,
+                                         float (&inv)[4], float (&lse)[4]) {
+  float* red = sred + wg * 4 * kHeadsT;
+  // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
+#pragma unroll
+  for (int d = 4; d <= 16; d <<= 1)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) l[k] += __shfl_xor_sync(0xffffffffu, l[k], d);
+  if (g == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      red[w * kHeadsT + t_head(k, q)] = l[k];
+      if (w == 0) smx[wg * kHeadsT + t_head(k, q)] = m[k];
+    }
+  }
+  if (wg == 1) {
+    nb_sync<128>(kBarT0 + 1);  // every warp's last reads of stage 1 (`ot`) done
+#pragma unroll
+    for (int j = 0; j < 64; ++j) ot[j * 128 + t] = o[j];
+  }
+  nb_sync<kConsumerThreads>(kBarAll);
+  if (wg == 1) return false;
+  float f0[4], f1[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    const float l0 = (sred[hk] + sred[kHeadsT + hk]) + (sred[2 * kHeadsT + hk] + sred[3 * kHeadsT + hk]);
+    const float* r1 = sred + 4 * kHeadsT;
+    const float l1 = (r1[hk] + r1[kHeadsT + hk]) + (r1[2 * kHeadsT + hk] + r1[3 * kHeadsT + hk]);
+    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);
+    f0[k] = ex2(m[k] - zt);
+    f1[k] = ex2(m1 - zt);
+    const float lt = l0 * f0[k] + l1 * f1[k];
+    inv[k] = lt == 0.f ? 0.f : p.out_scale / lt;
+    lse[k] = lt == 0.f ? -INFINITY : (mt + log2f(lt)) * kLn2;
+  }
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const int k = ((j & 7) >> 2) * 2 + (j & 1);
+    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
+  }
+  return true;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -1135,45 +1185,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     pv_t_product(o, v, pv_base + pv_flip, pv_base - pv_flip, my_pt, &empty[s], lane);
   }
 
-  // Row sums over the thread's 8 lanes of one q, then the 4 warps; warpgroup 1's state to shared memory
-#pragma unroll
-  for (int d = 4; d <= 16; d <<= 1)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) l[k] += __shfl_xor_sync(0xffffffffu, l[k], d);
-  if (g == 0) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      red[w * kHeadsT + t_head(k, q)] = l[k];
-      if (w == 0) smx[wg * kHeadsT + t_head(k, q)] = m[k];
-    }
-  }
-  float* ot = reinterpret_cast<float*>(sst + kStageBytesT);  // stage 1: warpgroup 1's, free after its last step
-  if (wg == 1) {
-    nb_sync<128>(kBarT0 + 1);  // every warp's last loads from stage 1 done
-#pragma unroll
-    for (int j = 0; j < 64; ++j) ot[j * 128 + t] = o[j];
-  }
-  nb_sync<kConsumerThreads>(kBarAll);
-  if (wg == 1) return;
-  float inv[4], lse[4], f0[4], f1[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int hk = t_head(k, q);
-    const float l0 = (sred[hk] + sred[kHeadsT + hk]) + (sred[2 * kHeadsT + hk] + sred[3 * kHeadsT + hk]);
-    const float* r1 = sred + 4 * kHeadsT;
-    const float l1 = (r1[hk] + r1[kHeadsT + hk]) + (r1[2 * kHeadsT + hk] + r1[3 * kHeadsT + hk]);
-    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);
-    f0[k] = ex2(m[k] - zt);
-    f1[k] = ex2(m1 - zt);
-    const float lt = l0 * f0[k] + l1 * f1[k];
-    inv[k] = lt == 0.f ? 0.f : p.out_scale / lt;
-    lse[k] = lt == 0.f ? -INFINITY : (mt + log2f(lt)) * kLn2;
-  }
-#pragma unroll
-  for (int j = 0; j < 64; ++j) {
-    const int k = ((j & 7) >> 2) * 2 + (j & 1);
-    o[j] = o[j] * f0[k] + ot[j * 128 + t] * f1[k];
-  }
+  float inv[4], lse[4];
+  float* ot = reinterpret_cast<float*>(sst + kStageBytesT);  // stage 1
+  if (!km_merge(p, o, m, l, sred, smx, ot, wg, w, g, q, t, inv, lse)) return;
   // the split again, from a fresh read of %ctaid.x (kept live from the prologue, ptxas spilled it)
   const int split_e = (cta_x() / head_groups) % p.num_splits;
   const int col0 = 16 * (8 * w + g);
@@ -1223,6 +1237,301 @@ cudaError_t launch_t(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// ---- A bf16 / fp16 cache at <= 16 heads: keys as the wgmma M (decode_km_kernel, config {"kernel": "keys_m"}) ----
+// The seesaw's Q1 schedule pays 64 wgmma rows a step whatever the head count (48 of 64 padding at 16 heads). Here
+// the 64 keys of a step are the M of m64n16k16 and the 16 heads its N, both products from shared memory: S^T = K Q^T
+// (36 k16 steps, A = the stage's K rows K-major, B = Q^T) and O^T = V^T P^T (8 M tiles of 64 latent columns x 4 k16
+// steps, A = the same rows read MN-major: the wgmma transpose-A bit, mnmajor_desc of one slab; B = P^T). The ring and
+// its producer are the seesaw's (produce_rows: cp.async through the block table into two 128-byte-swizzled stages
+// of 9 [64 rows x 128 B] slabs, validity bits, full[s] after cp.async.wait_group 0 + fence.proxy.async); Q^T and
+// P^T are decode_t_kernel's 16-row slabs (t_off, t_desc). The two consumer warpgroups take alternate steps (WG c:
+// steps c, c + 2, ..., always stage c; empty[s] counts its 4 warps), each an online softmax of its own with one
+// running max per 64-key step (decode_t_kernel's rule), P rounded to T (q's dtype) as the Q1 kernel does, merged at
+// the end. Outputs, LSE, empty rows and splits as decode_wgmma_kernel.
+constexpr int kSmemBytesKm = 9 * kSlabT            // Q^T
+                             + 2 * kSlabT          // P^T, one slab per consumer warpgroup
+                             + 2 * kTileBytes      // two K stages (the seesaw's slabs)
+                             + 2 * 4 * kHeadsT * 4  // [2 warpgroups][4 warps] step maxima, then row sums
+                             + 2 * kHeadsT * 4      // [2 warpgroups] running maxima (the merge)
+                             + 2 * 4 * 4            // [2 stages][4 producer warps] validity bits
+                             + 2 * 2 * 8            // mbarriers full[2], empty[2]
+                             + 1024;                // alignment slack
+
+// m64n16k16 from shared memory (D f32 8 a thread, m64n16's accumulator layout: t_head): S^T with A and B K-major
+// (`accumulate` 0: D = A B), or O^T with A MN-major (transpose-A bit: V^T from V's rows), always accumulating.
+template <typename T>
+__device__ __forceinline__ void km_wgmma(float (&d)[8], uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, "
+                 "1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, "
+                 "1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(accumulate));
+  }
+}
+template <typename T>
+__device__ __forceinline__ void km_wgmma_vt(float (&d)[8], uint64_t da, uint64_t db) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, "
+                 "1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, "
+                 "1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db));
+  }
+}
+
+// One output value (float32, or rounded to bf16 / fp16, nearest even).
+__device__ __forceinline__ void store_one(float* dst, float x) { *dst = x; }
+__device__ __forceinline__ void store_one(__nv_bfloat16* dst, float x) { *dst = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void store_one(__half* dst, float x) { *dst = __float2half_rn(x); }
+// This thread's 16 output values of head k (km_wgmma's layout: element e of M tile mt is latent column 64 mt + r,
+// e + 2 column 64 mt + r + 8, r = 16 w + g) times inv from `dst` (the head's row).
+template <typename OutT>
+__device__ __forceinline__ void km_store(OutT* dst, const float (&o)[64], int e, float inv) {
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    store_one(dst + 64 * mt, o[8 * mt + e] * inv);
+    store_one(dst + 64 * mt + 8, o[8 * mt + e + 2] * inv);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodeParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sqt = align1024(smem_raw);                 // Q^T: 9 slabs [16 heads x 128 B]
+  uint8_t* spt = sqt + 9 * kSlabT;                    // P^T: [2 warpgroups] one slab [16 heads x 64 keys]
+  uint8_t* sk0 = spt + 2 * kSlabT;                    // K stages [2][9 slabs of 64 rows x 128 B]
+  float* sred = reinterpret_cast<float*>(sk0 + 2 * kTileBytes);           // [2][4 warps][16]
+  float* smx = sred + 2 * 4 * kHeadsT;                                     // [2][16]
+  uint32_t* s_valid = reinterpret_cast<uint32_t*>(smx + 2 * kHeadsT);     // [2 stages][4 producer warps]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_valid + 2 * 4);          // [2]
+  uint64_t* empty = full + 2;                                              // [2]
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+  const int split = blockIdx.x % p.num_splits;  // one head group (heads <= 16)
+  const int b = blockIdx.x / p.num_splits;
+
+  const SplitKeys keys = split_keys(p, b, split, kPTile);
+  const int64_t lo = keys.lo, hi = keys.hi;
+  const int steps = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
+
+  if (tid == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&full[s], kProducerThreads);
+      mbar_init(&empty[s], 4);  // the 4 warps of consumer warpgroup s (it takes the steps of stage s)
+    }
+  }
+  __syncthreads();
+
+  if (warp >= 8) {  // the producer warpgroup: decode_wgmma_kernel's copies (unquantized), two steps in flight
+    setmaxnreg_dec<kProducerRegs>();
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.cache) % 16 == 0) && (p.cache_stride_page % 8 == 0) &&
+                         (p.cache_stride_tok % 8 == 0);
+    const int64_t row = 16 * (warp - 8) + (lane & 15);
+    int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
+    // Step i's copies are one cp.async group, published on full[i % 2] (wait for the group, fence.proxy.async,
+    // arrive) once step i + 1's copies are issued, or before the producer would wait for a stage while a step is
+    // unpublished (its consumer may be the one that frees it): both stages load at once when both are free.
+    bool pending = false;  // the previous step's copies issued, not yet published
+    for (int i = 0; i < steps; ++i) {
+      const int s = i & 1;
+      if (i >= 2) {
+        const uint32_t parity = ((i - 2) >> 1) & 1;
+        if (pending && !__all_sync(0xffffffffu, mbar_test(&empty[s], parity))) {
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(&full[s ^ 1]);
+          pending = false;
+        }
+        mbar_wait(&empty[s], parity);
+      }
+      produce_rows<false>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
+      cp_async_commit();
+      const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
+      next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
+      if (pending) {
+        cp_async_wait_upto(1);  // step i - 1's group landed
+        fence_proxy_async();
+        mbar_arrive(&full[s ^ 1]);
+      }
+      pending = true;
+    }
+    if (pending) {
+      cp_async_wait_all();
+      fence_proxy_async();
+      mbar_arrive(&full[(steps - 1) & 1]);
+    }
+    return;
+  }
+  setmaxnreg_inc<kConsumerRegs>();
+  const int wg = warp >> 2, w = warp & 3, t = tid & 127, g = lane >> 2, q = lane & 3;
+
+  if (steps > 0) {  // Q^T: head h's row (zeros past p.heads) as row h of the 16-row slabs
+    const bool q_aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.q_stride_b % 8 == 0) &&
+                           (p.q_stride_h % 8 == 0);
+    const uint16_t* qg = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b;
+    for (int i = tid; i < kHeadsT * kChunks; i += kConsumerThreads) {
+      const int h = i / kChunks, c = i % kChunks;
+      const bool ok = h < p.heads;
+      const uint16_t* src = ok ? qg + h * p.q_stride_h + c * 8 : qg;
+      if (q_aligned) {
+        cp_async16(sqt + t_off(h, c * 16), src, ok ? 16u : 0u);
+      } else {
+        uint16_t* dst = reinterpret_cast<uint16_t*>(sqt + t_off(h, c * 16));
+        for (int e = 0; e < 8; ++e) dst[e] = ok ? src[e] : static_cast<uint16_t>(0);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async();
+    nb_sync<kConsumerThreads>(kBarAll);
+  }
+
+  float o[64];  // O^T: M tile mt's 8 (km_store's layout)
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] = 0.f;
+  float m[4], l[4];  // running max (log2 domain) of this thread's heads t_head(k, q); row sums of its keys
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.f;
+  }
+  uint8_t* my_pt = spt + wg * kSlabT;
+  float* red = sred + wg * 4 * kHeadsT;
+  const uint8_t* sk = sk0 + wg * kTileBytes;  // this warpgroup's stage
+  for (int it = wg; it < steps; it += 2) {
+    float sc[8], s1[8];  // S^T of the even / odd k16 steps (two accumulation chains), summed
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sc[j] = s1[j] = 0.f;
+    reg_fence(sc);
+    reg_fence(s1);
+    mbar_wait(&full[wg], (it >> 1) & 1);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks)
+      km_wgmma<T>((ks & 1) ? s1 : sc, kmajor_desc(sk, 32 * ks), t_desc(sqt, 32 * ks), ks > 1);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(sc);
+    reg_fence(s1);
+
+    // keys 16 w + g (elements i % 4 < 2) and + 8; heads t_head((i / 4) * 2 + i % 2, q)
+    const uint32_t vb = s_valid[4 * wg + w] >> g;  // this warp's 16 keys' validity bits from key g
+    const bool ok_lo = vb & 1u, ok_hi = (vb >> 8) & 1u;
+    float mx[4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = (i >> 2) * 2 + (i & 1);
+      const float x = ((i & 2) ? ok_hi : ok_lo) ? (sc[i] + s1[i]) * p.qk_scale_log2 : -INFINITY;
+      sc[i] = x;
+      mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
+    }
+#pragma unroll
+    for (int d = 4; d <= 16; d <<= 1)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], d));
+    if (g == 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) red[w * kHeadsT + t_head(k, q)] = mx[k];
+    }
+    nb_sync<128>(kBarT0 + wg);  // the 4 warps' maxima (and every warp's previous V^T P^T done)
+    float a[4], z[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int hk = t_head(k, q);
+      const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
+      const float mn = fmaxf(m[k], mk);
+      z[k] = finite_or_zero(mn);
+      a[k] = ex2(m[k] - z[k]);
+      m[k] = mn;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int ilo = (k >> 1) * 4 + (k & 1);
+      const float plo = ex2(sc[ilo] - z[k]), phi = ex2(sc[ilo + 2] - z[k]);
+      sc[ilo] = plo;
+      sc[ilo + 2] = phi;
+      l[k] = l[k] * a[k] + (plo + phi);
+    }
+    // P^T rounded to T (P enters P V in q's dtype): head row, key column 16 w + g (+ 8)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int key = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
+      *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * key)) = static_cast<uint16_t>(Wgmma<T>::pack(sc[i], 0.f));
+    }
+    if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 64; ++j) o[j] *= a[((j >> 1) & 2) | (j & 1)];  // element j % 8's head (t_head)
+    }
+    fence_proxy_async();
+    nb_sync<128>(kBarT0 + wg);  // P^T complete
+    wg_fence();
+#pragma unroll
+    for (int u = 0; u < kKeys / 16; ++u)
+#pragma unroll
+      for (int mt = 0; mt < kNope / 64; ++mt) {
+        float(&d)[8] = *reinterpret_cast<float(*)[8]>(o + 8 * mt);
+        km_wgmma_vt<T>(d, mnmajor_desc(sk + mt * kSlab, 16 * u), t_desc(my_pt, 32 * u));
+      }
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    release_stage(empty, wg, lane);
+  }
+
+  float inv[4], lse[4];
+  float* ot = reinterpret_cast<float*>(sk0 + kTileBytes);  // stage 1
+  if (!km_merge(p, o, m, l, sred, smx, ot, wg, w, g, q, t, inv, lse)) return;
+  const int split_e = cta_x() % p.num_splits;
+  const int col0 = 16 * w + g;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    if (hk >= p.heads) continue;
+    const int64_t gi = static_cast<int64_t>(b) * p.heads + hk;
+    if (w == 0 && g == 0) {
+      if (p.num_splits > 1) p.part_lse[gi * p.num_splits + split_e] = lse[k];
+      else if (p.lse != nullptr) p.lse[gi] = lse[k];
+    }
+    const int e = (k >> 1) * 4 + (k & 1);  // element of M tile mt: column half 0 at e, 1 at e + 2
+    if (p.num_splits > 1) {
+      km_store(p.part_o + (gi * p.num_splits + split_e) * kNope + col0, o, e, inv[k]);
+    } else if (p.out_dtype == kFP32) {
+      km_store(static_cast<float*>(p.out) + gi * kNope + col0, o, e, inv[k]);
+    } else if (p.out_dtype == kBF16) {
+      km_store(static_cast<__nv_bfloat16*>(p.out) + gi * kNope + col0, o, e, inv[k]);
+    } else {
+      km_store(static_cast<__half*>(p.out) + gi * kNope + col0, o, e, inv[k]);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t launch_km(const DecodeParams& p, cudaStream_t stream) {
+  static bool attribute_set[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !attribute_set[device]) {
+    err = cudaFuncSetAttribute(decode_km_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesKm);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) attribute_set[device] = true;
+  }
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits;
+  decode_km_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytesKm, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename T, int KF, int PF>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   // Once per device and instantiation (not a stream operation: capture-safe).
@@ -1249,6 +1558,7 @@ cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
 }
 template <typename T>
 cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
+  if (p.keys_m) return launch_km<T>(p, stream);
   if (p.cache_fp8 && p.heads <= kHeadsT && p.p_fmt == kNoQuant) return launch_t<T>(p, stream);
   if (p.cache_fp8) return launch_split_p<T, kCodes>(p, stream);
   return p.k_fmt == kFP8 ? launch_split_p<T, kFP8>(p, stream) : launch_split_p<T, kNoQuant>(p, stream);
@@ -1259,10 +1569,13 @@ cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
 bool decode_wgmma_supported(const DecodeParams& p) {
   // K and V share the stage: quantized, their values on the 512 shared columns must be the same codes (FP8 with
   // one scale); the producer's K conversion divides without a division instruction only (no exact_div). An FP8
-  // cache: K and V are its codes (no fake quantization of them)
+  // cache: K and V are its codes (no fake quantization of them). keys_m (decode_km_kernel): a bf16 / fp16 cache, no
+  // fake quantization, at most 16 heads (one head group)
   const bool kv = (p.k_fmt == kNoQuant && p.v_fmt == kNoQuant) ||
                   (!p.cache_fp8 && p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
-  return p.heads > 0 && kv && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
+  const bool keys_m = !p.keys_m || (p.heads <= kHeadsT && !p.cache_fp8 && p.k_fmt == kNoQuant &&
+                                     p.v_fmt == kNoQuant && p.p_fmt == kNoQuant);
+  return p.heads > 0 && kv && keys_m && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
          (p.dtype == kBF16 || p.dtype == kFP16);
 }
 

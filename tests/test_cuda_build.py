@@ -47,11 +47,12 @@ def test_why_not_on_cpu():
 
 
 def _shapes(configs):
-    return [(c["head_tiles"], c["warps"]) for c in configs if c.get("kernel") != "wgmma"]
+    return [(c["head_tiles"], c["warps"]) for c in configs if "kernel" not in c]
 
 
 def test_configs():
-    assert cuda_decode.configs(_problem(heads=16)) == [{"kernel": "wgmma"}, {"head_tiles": 1, "warps": 4}]
+    assert cuda_decode.configs(_problem(heads=16)) == [{"kernel": "wgmma"}, {"kernel": "keys_m"},
+                                                       {"head_tiles": 1, "warps": 4}]
     assert cuda_decode.configs(_problem(heads=16, p_qdq="fp8")) == [{"kernel": "wgmma"}, {"head_tiles": 1, "warps": 4}]
     assert cuda_decode.configs(_problem(heads=128, k_qdq="fp8"))[0] == {"head_tiles": 4, "warps": 8}
     assert cuda_decode.configs(_problem(heads=32, v_qdq="nvfp4"))[0] == {"head_tiles": 2, "warps": 8}
@@ -75,8 +76,37 @@ def test_wgmma_config_first_where_it_covers(heads, dtype):
     assert backend.validate_config(problem, {"kernel": "wgmma"}) == []
     auto = _problem(heads=heads, dtype=dtype, q_dtype=dtype, num_kv_splits="auto")
     assert [c for c in cuda_decode.configs(auto) if "num_kv_splits" in c] == [
-        {"kernel": "wgmma", "num_kv_splits": s} for s in (1, 2, 4, 8, 16, 32)]
+        {"kernel": k, "num_kv_splits": s} for k in (("wgmma", "keys_m") if heads <= 16 else ("wgmma",))
+        for s in (1, 2, 4, 8, 16, 32)]
     assert backend.validate_config(auto, {"kernel": "wgmma", "num_kv_splits": 7}) == []
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("heads", [1, 8, 16])
+def test_keys_m_config_listed_second(heads, dtype):
+    """The keys-as-M config follows the WGMMA one (the default stays first) for an unquantized bf16 / fp16 cache at
+    <= 16 heads, is valid there (with "auto" its split counts too) and runs one CTA per SM."""
+    problem = _problem(heads=heads, dtype=dtype, q_dtype=dtype)
+    configs = cuda_decode.configs(problem)
+    assert configs[:2] == [{"kernel": "wgmma"}, {"kernel": "keys_m"}] and cuda_decode.keys_m_covers(problem)
+    backend = mla_core.get_backend("cuda")
+    assert backend.validate_config(problem, {"kernel": "keys_m"}) == []
+    auto = _problem(heads=heads, dtype=dtype, q_dtype=dtype, num_kv_splits="auto")
+    assert backend.validate_config(auto, {"kernel": "keys_m", "num_kv_splits": 8}) == []
+
+
+@pytest.mark.parametrize("kw", [dict(heads=17), dict(heads=128), dict(heads=16, p_qdq="fp8"),
+                                dict(heads=16, p_qdq="nvfp4"), dict(heads=8, k_qdq="fp8", v_qdq="fp8"),
+                                dict(heads=16, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4"),
+                                dict(heads=16, dtype="float8_e4m3fn"), dict(heads=16, dtype="float32", q_dtype="float32"),
+                                dict(heads=16, dtype="float16", q_dtype="bfloat16")])
+def test_keys_m_config_only_where_it_covers(kw):
+    """More than 16 heads, any fake quantization, an FP8 cache (its own keys-as-M kernel runs under the WGMMA
+    config), a float32 cache or q of another dtype: the keys-as-M config is neither listed nor accepted."""
+    problem = _problem(**kw)
+    assert not cuda_decode.keys_m_covers(problem)
+    assert all(c.get("kernel") != "keys_m" for c in cuda_decode.configs(problem))
+    assert mla_core.get_backend("cuda").validate_config(problem, {"kernel": "keys_m"})
 
 
 @pytest.mark.parametrize("kw", [dict(heads=64, p_qdq="fp8"), dict(heads=16, p_qdq="nvfp4"),

@@ -487,3 +487,138 @@ def test_fp8_cache_few_heads(heads, kernels):
         out, _ = check(inputs, kv_scale=KV_SCALE, num_kv_splits=2)
         assert out.dtype == q_dtype
     assert kernels == ["wgmma"] * 8
+
+
+# ------------------------------------------------------------------ keys-as-M on a bf16 / fp16 cache (<= 16 heads)
+
+KEYS_M_F32_TOL = {torch.bfloat16: 3e-3, torch.float16: 1e-3}
+"""float32-output tolerance of the keys-as-M kernel: its two warpgroups keep their own running maxima, so P of the
+one that did not see a row's maximum is rounded to q's dtype at another scale than the reference's (independent
+roundings over about half the keys: 1.3-1.9e-3 rel L2 in a float64 emulation with bf16 P, 0 with one shared max)."""
+
+@pytest.fixture
+def keys_m(monkeypatch):
+    """Every cuda decode call from here on runs the keys-as-M config ({"kernel": "keys_m"}, decode_km_kernel) in
+    place of the default WGMMA one (same split choice, no autotune cache read); returns the kernels the extension
+    launched ("keys_m": decode_wgmma with the keys_m flag)."""
+    from mla_core_cuda import decode as launcher
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
+    seen = []
+    real = launcher.run
+
+    class Module:
+        def __init__(self, module):
+            self._module = module
+
+        def __getattr__(self, name):
+            fn = getattr(self._module, name)
+
+            def launch(*args, **kw):
+                seen.append("keys_m" if name == "decode_wgmma" and args[-1] is True else name)
+                return fn(*args, **kw)
+            return launch
+
+    def run(module, call, config):
+        if config.get("kernel") == "wgmma":
+            config = dict(config, kernel="keys_m")
+        return real(Module(module), call, config)
+
+    monkeypatch.setattr(launcher, "run", run)
+    return seen
+
+
+@pytest.mark.parametrize("page_size", [1, 33, 64])
+@pytest.mark.parametrize("heads", [1, 8, 16])
+def test_keys_m(heads, page_size, keys_m):
+    """The keys-as-M kernel against the reference: lengths on every 16-, 32- and 64-key edge (0, 1, +- 1: a
+    producer warp's 16 rows, the P tiles, the steps its two warpgroups alternate), 1000, 32768; pages of 1, 33
+    (steps across pages) and 64; 1, 3, 32 and auto splits; bf16 and float32 outputs; heads past the count padded."""
+    inputs = _inputs(tuple(LENGTHS), heads, page_size)
+    for splits in (1, 3, 32, "auto"):
+        check(inputs, num_kv_splits=splits)
+    check(inputs, tol=KEYS_M_F32_TOL[torch.bfloat16], num_kv_splits=5, out_dtype=torch.float32)
+    assert keys_m == ["keys_m"] * 5
+
+
+@pytest.mark.parametrize("heads", [1, 16])
+def test_keys_m_fp16_and_odd_steps(heads, keys_m):
+    """fp16 q and cache (P rounded to fp16); odd and even step counts, one step, an empty split, a page of 48."""
+    for dtype in (torch.float16, torch.bfloat16):
+        inputs = _inputs((4097, 129, 64, 63, 0, 192, 700), heads, 48, dtype)
+        for splits in (1, 5, 32):
+            check(inputs, tol=KEYS_M_F32_TOL[dtype], num_kv_splits=splits, out_dtype=torch.float32)
+        out, _ = check(inputs, num_kv_splits=2)
+        assert out.dtype == dtype
+    assert keys_m == ["keys_m"] * 8
+
+
+@pytest.mark.parametrize("heads", [8, 16])
+def test_keys_m_agrees_with_wgmma(heads):
+    """The keys-as-M config and the default WGMMA one (schedule Q1) compute the same function: float32 outputs
+    within the sums' reordering and P's rounding against each warpgroup's own max (KEYS_M_F32_TOL; not bit-equal),
+    LSE within 1e-4 (row sums from the float32 P)."""
+    from mla_core.specs import validate_decode
+    from mla_core_cuda import build, decode as launcher
+    inputs = _inputs((1000, 63, 64, 65, 129, 0, 2049), heads, 16)
+    problem, call = validate_decode(*inputs, softmax_scale=(RANK + ROPE) ** -0.5, kv_lora_rank=RANK,
+                                    qk_rope_head_dim=ROPE, page_size=None, num_kv_splits=4, k_qdq=None,
+                                    k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0,
+                                    return_lse=True, out_dtype=torch.float32)
+    assert launcher.configs(problem)[:2] == [launcher.WGMMA, launcher.KEYS_M]
+    module = build.build()
+    _poison_allocator()
+    out, lse = launcher.run(module, call, launcher.KEYS_M)
+    want, want_lse = launcher.run(module, call, launcher.WGMMA)
+    lens = inputs[3]
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert (out[lens == 0] == 0).all() and (lse[lens == 0] == float("-inf")).all()
+    assert rel_l2(out[lens > 0], want[lens > 0]) < KEYS_M_F32_TOL[torch.bfloat16]
+    assert (lse[lens > 0] - want_lse[lens > 0]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("heads", [16])
+def test_keys_m_metadata_unaligned_and_graph(monkeypatch, heads, keys_m):
+    """Table entries within a length that point outside the cache are absent keys (validity bits; request 1's
+    first 32 keys all absent), a length past the table's capacity is clamped; rows that are not 16-byte aligned (a
+    column slice of a 577-wide cache: the producer's 2-byte path) give the aligned cache's numbers bit for bit,
+    int64 metadata; captured in a CUDA graph and replayed."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    q, cache, table, lens = _inputs((100, 64, 40), heads, 16)
+    cache = cache.nan_to_num(0.0)
+    table = table.clone()
+    table[0, 1] = 10 ** 9
+    table[1, 0] = -5
+    table[1, 1] = 10 ** 9
+    capacity = table.shape[1] * 16
+    long_lens = torch.tensor([2 ** 31 - 1, 64, 40], dtype=torch.int32, device="cuda")
+    clamped = torch.tensor([capacity, 64, 40], dtype=torch.int32, device="cuda")
+    out, lse = decode("cuda", (q, cache, table, long_lens), num_kv_splits=3)
+    ref, ref_lse = decode("reference", (q, cache, table, clamped), num_kv_splits=3)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert rel_l2(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-3
+    q, cache, table, lens = _inputs((300, 17, 0, 64), heads, 16)
+    wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), float("nan"), dtype=cache.dtype,
+                      device="cuda")
+    wide[..., 1:] = cache
+    aligned, aligned_lse = check((q, cache, table, lens), num_kv_splits=2)
+    out, lse = check((q, wide[..., 1:], table.long(), lens.long()), num_kv_splits=2)
+    assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
+    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, backend="cuda")
+    eager, eager_lse = mla_core.mla_attention_decode(q, cache, table, lens, **kw)
+    static_q = q.clone()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        mla_core.mla_attention_decode(static_q, cache, table, lens, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static, static_lse = mla_core.mla_attention_decode(static_q, cache, table, lens, **kw)
+    static.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, eager) and torch.equal(static_lse, eager_lse)
+    static_q.copy_(q * 0.5)
+    graph.replay()
+    want, _ = mla_core.mla_attention_decode(q * 0.5, cache, table, lens, **kw)
+    assert torch.equal(static, want)
+    assert keys_m == ["keys_m"] * 7

@@ -3,8 +3,8 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``, ``q1``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``,
-``Q1_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
+(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
+``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or f
 """The FP8 KV cache's mutants: every code exact and the byte path (16 heads: the keys-as-M kernel, 128: the 64-head
 one), fp16 q and P qdq, 1-16 heads over odd / even step counts, the edges at 16 heads, pages 16 and 33 (33: a
 producer warp's rows across pages, copied row by row)."""
+KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
+"""The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
+step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode.cu",
@@ -279,6 +282,42 @@ MUTANTS = [
          tests=[FP8_CACHE_SELECTION], gpu=True,
          why="FP8 cache, keys-as-M kernel, S^T: the odd 64-column blocks' accumulator not added (scores miss 256 of "
              "576 columns)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old='bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, "\n                 "1, 1, 1, 0;\\n"',
+         new='bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, "\n                 "1, 1, 0, 0;\\n"',
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernel, bf16 O^T = V^T P^T: the transpose-A bit off (V's rows read as K-major V^T)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="km_wgmma_vt<T>(d, mnmajor_desc(sk + mt * kSlab, 16 * u), t_desc(my_pt, 32 * u));",
+         new="km_wgmma_vt<T>(d, make_desc(smem_u32(sk + mt * kSlab) + 16 * u * 128u, kSlab, 2048u), "
+             "t_desc(my_pt, 32 * u));",
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernel, V^T's descriptor: the stride of 8 keys (SBO) 2048 B instead of 1024"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    const float m1 = smx[kHeadsT + hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);",
+         new="    const float m1 = smx[hk], mt = fmaxf(m[k], m1), zt = finite_or_zero(mt);",
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernels' merge (km_merge): warpgroup 1's softmax rescaled by warpgroup 0's running max"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="    const bool ok_lo = vb & 1u, ok_hi = (vb >> 8) & 1u;",
+         new="    const bool ok_lo = true, ok_hi = (vb >> 8) & 1u;",
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernel: the validity bit of keys 16 w + g ignored (absent keys score 0, not -inf)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="*reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * key)) =",
+         new="*reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * (key ^ 8))) =",
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernel: P^T written at the wrong key (rows g and g + 8 swapped against V^T's keys)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="kmajor_desc(sk, 32 * ks), t_desc(sqt, 32 * ks), ks > 1);",
+         new="kmajor_desc(sk, 32 * ks), t_desc(sqt, 32 * ks), ks > 2);",
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernel, S^T: the even chain restarts at k16 step 2 (columns 0-15 dropped from the scores)"),
+    dict(file="csrc/mla_decode_wgmma.cu",
+         old="  const uint8_t* sk = sk0 + wg * kTileBytes;  // this warpgroup's stage",
+         new="  const uint8_t* sk = sk0;  // this warpgroup's stage",
+         tests=[KEYS_M_SELECTION], gpu=True,
+         why="keys-as-M kernel: warpgroup 1 reads stage 0 (its steps' keys replaced by warpgroup 0's)"),
 ]
 
 
@@ -287,9 +326,9 @@ if __name__ == "__main__":
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1: judge with WGMMA_SELECTION / QDQ_SELECTION / FP8_CACHE_SELECTION
-    # / Q1_SELECTION
-    chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION,
-              "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm: judge with WGMMA_SELECTION / QDQ_SELECTION /
+    # FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION
+    chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION, "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION,
+              "keysm": KEYS_M_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))

@@ -2,8 +2,10 @@
 
 Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
 covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format; an FP8 cache), listed
-first there; the mma.sync kernel (csrc/mla_decode.cu, configs ``{"head_tiles", "warps"}``) for every problem over a
-bf16 / fp16 cache. Both share the quantizers (csrc/qdq.cuh).
+first there, and its keys-as-M variant (config ``{"kernel": "keys_m"}``, :func:`keys_m_covers`: a bf16 / fp16
+cache at <= 16 heads, unquantized) listed after it for the autotuner; the mma.sync kernel (csrc/mla_decode.cu,
+configs ``{"head_tiles", "warps"}``) for every problem over a bf16 / fp16 cache. Both share the quantizers
+(csrc/qdq.cuh).
 
 The kernel computes the reference's function (mla_core.numerics): 32-key P tiles at absolute positions,
 tile-aligned splits with the reference's schedule, K/V/P fake quantization with the reference's rounding
@@ -49,6 +51,9 @@ def _default_shape(heads: int) -> tuple[int, int]:
 WGMMA = {"kernel": "wgmma"}
 """The WGMMA kernel's config: 64 heads per CTA (zero-padded), a producer and two consumer warpgroups, 64-key
 steps (two 32-key P tiles), one CTA per SM."""
+KEYS_M = {"kernel": "keys_m"}
+"""The WGMMA kernel's keys-as-M variant (decode_km_kernel): the 64 keys of a step are the wgmma M and <= 16 heads
+its N (no padding rows), both consumer warpgroups on alternate steps; one CTA per SM."""
 _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
 FP8_CACHE = "float8_e4m3fn"
 
@@ -73,10 +78,18 @@ def wgmma_covers(problem) -> bool:
             and kv in ((None, None), ("fp8", "fp8")))
 
 
+def keys_m_covers(problem) -> bool:
+    """Whether the keys-as-M config runs ``problem``: a bf16 / fp16 cache and q of its dtype, at most 16 heads, K, V
+    and P unquantized (an FP8 cache at <= 16 heads has its own keys-as-M kernel under the WGMMA config)."""
+    return (problem["heads"] <= 16 and problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
+            and (problem.get("k_qdq"), problem.get("v_qdq"), problem.get("p_qdq")) == (None, None, None))
+
+
 def configs(problem) -> list[dict]:
-    """Launch choices: the WGMMA kernel first where it covers the problem, then (over a bf16 / fp16 cache) the
-    mma.sync kernel's CTA shapes (16-head m-tiles ``head_tiles``, ``warps``), fewest padded heads first among the
-    wide ones; for "auto" also the split counts of the first."""
+    """Launch choices: the WGMMA kernel first where it covers the problem, its keys-as-M variant next where that
+    covers it, then (over a bf16 / fp16 cache) the mma.sync kernel's CTA shapes (16-head m-tiles ``head_tiles``,
+    ``warps``), fewest padded heads first among the wide ones; for "auto" also the split counts of the first (and
+    of the keys-as-M variant)."""
     heads = problem["heads"]
     if heads <= 16:
         shapes = [(1, 4)]
@@ -85,10 +98,12 @@ def configs(problem) -> list[dict]:
     else:
         shapes = [(4, 8), (2, 8), (2, 4), (1, 4)]
     out = [dict(WGMMA)] if wgmma_covers(problem) else []
+    keys_m = [dict(KEYS_M)] if keys_m_covers(problem) else []
+    out += keys_m
     if problem["dtype"] != FP8_CACHE:
         out += [{"head_tiles": ht, "warps": w} for ht, w in shapes]
     if problem.get("num_kv_splits") == "auto":
-        out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
+        out += [dict(c, num_kv_splits=s) for c in [out[0]] + keys_m for s in (1, 2, 4, 8, 16, 32)]
     return out
 
 
@@ -116,9 +131,10 @@ def _kernel_config(call: DecodeCall, config: dict, quant: tuple) -> dict:
 
 
 def num_splits(call: DecodeCall, config: dict) -> int:
-    """The split count ``config`` runs ``call`` with (the WGMMA kernel keeps one CTA per SM, mma.sync two)."""
+    """The split count ``config`` runs ``call`` with (the WGMMA kernel and its keys-as-M variant keep one CTA per
+    SM, mma.sync two)."""
     return decode_num_splits(call, config, sm_count(call.q.device),
-                             resident_ctas=1 if config.get("kernel") == "wgmma" else 2)
+                             resident_ctas=1 if config.get("kernel") in ("wgmma", "keys_m") else 2)
 
 
 _PLANS: dict[tuple, tuple] = {}
@@ -129,8 +145,8 @@ _PLANS_MAX = 256
 def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     """(entry, partial sizes or None, the entry's arguments after the partial buffers) of ``call``, cached under
     ``key`` (everything read here, built in :func:`run`): the extension function, the split count, the scale
-    products, the formats, and for mma.sync its CTA shape. Raises ValueError for a CTA shape not built (nothing
-    is cached then)."""
+    products, the formats, for keys-as-M its flag, and for mma.sync its CTA shape. Raises ValueError for a CTA
+    shape not built (nothing is cached then)."""
     batch, heads, _ = call.q.shape
     quant = _quant_args(call)
     config = _kernel_config(call, config, quant)
@@ -144,6 +160,8 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
             p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
     if config.get("kernel") == "wgmma":
         entry = "decode_wgmma"
+    elif config.get("kernel") == "keys_m":  # the extension refuses a call keys_m_covers would not list it for
+        entry, args = "decode_wgmma", args + (True,)
     else:
         default = _default_shape(heads)
         head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
-with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``) on paged
+with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``; its
+keys-as-M variant, ``shape="keys_m"``, bf16 at <= 16 heads) on paged
 caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
@@ -56,7 +57,8 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
                               page_size=None, num_kv_splits=splits, k_qdq=k, k_qdq_amax=None, v_qdq=v,
                               v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True, out_dtype=None,
                               kv_scale=kv_scale)
-    config = decode.WGMMA if shape == "wgmma" else {"head_tiles": shape[0], "warps": shape[1]}
+    config = {"wgmma": decode.WGMMA, "keys_m": decode.KEYS_M}.get(shape) or {"head_tiles": shape[0],
+                                                                         "warps": shape[1]}
     out, lse = decode.run(build.build(), call, config)
     torch.cuda.synchronize()
     ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
@@ -148,7 +150,10 @@ def main() -> int:
 
 
 def _decode_main() -> bool:
-    ok = _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
+    ok = _case(16, 1, [0, 1, 33, 70], 3, "bf16", "keys_m")  # the keys-as-M kernel first (the newest)
+    ok &= _case(8, 33, [1, 700, 0, 129], 1, "bf16", "keys_m", unaligned=True)  # padded heads, odd steps, 2-byte path
+    ok &= _case(1, 64, [129, 64, 1, 300], 32, "bf16", "keys_m")
+    ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
     ok &= _case(128, 16, [31, 32, 100, 5], 32, "nvfp4", (4, 8))
     ok &= _case(20, 64, [65, 200, 0, 130], 1, "fp8", (2, 8))
     ok &= _case(128, 64, [129, 64, 1, 300], 3, "fp8", (2, 4), unaligned=True)
