@@ -41,6 +41,7 @@
 
 #include "hopper.cuh"
 #include "mla_prefill.h"
+#include "qdq.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
 #include <cuda_bf16.h>
@@ -145,23 +146,6 @@ __device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, flo
   }
 }
 
-// The FP8 codes' quotient x / scale (the pre-pass's and Q's in the kernel), correctly rounded (__fdiv_rn's bits, as far as E4M3 sees them). kExact: the
-// IEEE division (per-tensor factors outside the division-free range). Else Markstein: q0 = x·rscale (rscale =
-// RN(1 / scale)) within an ulp, corrected by the exact residual fma(-q0, scale, x); where the correction's proof
-// stops, q0 itself gives the same code: |q0| > 464 (the quotient > 448 or ±Inf / overflow: E4M3 saturates to
-// ±448 either way; the corrected form would make Inf NaN) and |q0| < 2^-20 (the quotient below E4M3's 2^-10
-// rounding edge: ±0 with x's sign, -0 kept, which the corrected form would make +0). NaN stays NaN.
-template <bool kExact>
-__device__ __forceinline__ float codes_quotient(float x, float scale, float rscale) {
-  if constexpr (kExact) {
-    return __fdiv_rn(x, scale);
-  } else {
-    const float q0 = __fmul_rn(x, rscale), a = fabsf(q0);
-    const float q = __fmaf_rn(__fmaf_rn(-q0, scale, x), rscale, q0);
-    return (a > 464.f || a < 0x1p-20f) ? q0 : q;
-  }
-}
-
 // Eight bf16 values (one 16-byte chunk) -> their codes bf16(e4m3(x / scale)), the same positions.
 template <bool kExact>
 __device__ __forceinline__ uint4 codes8(uint4 w, float scale, float rscale) {
@@ -196,11 +180,8 @@ __device__ __forceinline__ void q_codes(uint32_t sq, int t, float scale, float r
   }
 }
 
-// TMA: the producer's expected byte count on a full barrier (its one arrival), and one box (64 features x 64 rows of
-// head h from token `row`, feature `col`) into a 1024-aligned slab, completing on `bar`.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
+// TMA: one box (64 features x 64 rows of head h from token `row`, feature `col`) into a 1024-aligned slab, completing
+// on `bar` (the producer's one arrival on a full barrier is mbar_arrive_expect_tx with the boxes' bytes).
 __device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
@@ -296,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = i % kStages;
         if (i >= kStages) mbar_wait(&empty[s], (i / kStages - 1) & 1);
         if (i == 0) {
-          mbar_expect_tx(full_q, 2 * kQWgBytes);
+          mbar_arrive_expect_tx(full_q, 2 * kQWgBytes);
 #pragma unroll
           for (int c = 0; c < 6; ++c)
             tma_slab(sq + (c / 3) * kQWgBytes + (c % 3) * kSlab, &tm.q, 64 * (c % 3), h, q_begin_seq + q0 + 64 * (c / 3),
@@ -304,10 +285,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         uint8_t* sk = sstage + s * kStageBytes;
         const int row = k_begin_seq + i * kBN;
-        mbar_expect_tx(&full_k[s], kKBytes);
+        mbar_arrive_expect_tx(&full_k[s], kKBytes);
 #pragma unroll
         for (int c = 0; c < 3; ++c) tma_slab(sk + c * kSlab, &tm.k, 64 * c, hk, row, &full_k[s]);
-        mbar_expect_tx(&full_v[s], kVBytes);
+        mbar_arrive_expect_tx(&full_v[s], kVBytes);
 #pragma unroll
         for (int c = 0; c < 2; ++c) tma_slab(sk + kKBytes + c * kSlab, &tm.v, 64 * c, hk, row, &full_v[s]);
       }

@@ -59,7 +59,7 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="K's FP8 scale left out of the score scale (Q / K codes multiplied as if scale 1)"),
     # 8-13: the fp8 recipe's pre-pass in one launch and Q's codes in the kernel (branch wip/prefill-fp8-prepass)
-    dict(file="csrc/mla_prefill_wgmma.cu",
+    dict(file="csrc/qdq.cuh",
          old="    return (a > 464.f || a < 0x1p-20f) ? q0 : q;",
          new="    return a > 464.f ? q0 : q;",
          tests=[PREPASS_SELECTION], gpu=True,
