@@ -30,7 +30,8 @@ ARCH = "sm_90a"
 sm_90a's wgmma (they refuse to compile for anything else); the mma.sync kernel runs on it too."""
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 CXX_FLAGS = ("-O3",)
-SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "bindings.cpp")
+SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu",
+           "bindings.cpp")
 HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_sparse.h", "mla_prefill.h", "hopper.cuh",
            "seesaw.cuh")
 LOCK_TIMEOUT_S = 900.0
