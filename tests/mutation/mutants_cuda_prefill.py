@@ -16,6 +16,12 @@ PREPASS_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_fp8 "
                      "tests/test_cuda_prefill.py::test_gpu_qdq_prepass_codes_equal_the_numerics_definition "
                      "tests/test_cuda_prefill.py::test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes")
 """The FP8 pre-pass's and the in-kernel Q codes' mutants (indices 8-13): codes bit for bit, the recipe end to end."""
+FP8_MMA_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_fp8_tile_images_byte_for_byte "
+                     "tests/test_cuda_prefill.py::test_gpu_fp8_mma_boundary_lengths "
+                     "tests/test_cuda_prefill.py::test_gpu_fp8_mma_cached_prefix_and_gqa "
+                     "tests/test_cuda_prefill.py::test_gpu_fp8_mma_factors_outside_the_division_free_range")
+"""The FP8-wgmma config's mutants (indices 14-22): its tile images byte for byte, then the config against the
+reference on tile-edge lengths, cached prefixes with GQA, and factors outside the division-free range."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -90,6 +96,55 @@ MUTANTS = [
          new="        q_fmt = 0 if EXACT_DIV_FREE_RANGE[0] <= q_scale",
          tests=[PREPASS_SELECTION], gpu=True,
          why="Q's codes not made: the kernel multiplies raw Q while its factor is folded into the score scale"),
+    # 14-22: the fp8 recipe on FP8 wgmma (csrc/mla_prefill_fp8.cu, config {"mma": "fp8"})
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="  return (p & 32) + 8 * (2 * (q >> 4) + ((q >> 1) & 1)) + 2 * ((q >> 2) & 3) + (q & 1);",
+         new="  return (p & 32) + q;",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="V^T's keys in plain order: P's fragments (S's register order) pair keys with other keys' V"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="        const int e = 16 * ks + 8 * (i >> 1) + 2 * (i & 1);",
+         new="        const int e = 16 * ks + 4 * (i >> 1) + 2 * (i & 1);",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="P's A fragments a[2] / a[3] from the wrong S registers (keys 8 g + .. one group off)"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="    for (int ks = 0; ks < 2; ++ks) wgmma_pv8(ot, pa[ks], dv + static_cast<uint64_t>(ks * 2), ks > 0);",
+         new="    for (int ks = 0; ks < 2; ++ks) wgmma_pv8(ot, pa[ks], dv + static_cast<uint64_t>(ks * 2), 1);",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="the fresh P·V accumulator not zeroed: each tile adds the previous tiles' P·V again"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old="f32(v_scale) * p_scale,",
+         new="f32(v_scale),",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="P's FP8 scale dropped from O's factor in the FP8-wgmma config"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="return r * 64 + ((((b >> 4) ^ (r >> 1)) & 3) << 4) + (b & 15); }",
+         new="return r * 64 + (((b >> 4) & 3) << 4) + (b & 15); }",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="tile images and Q's codes written unswizzled while the descriptors read the 64-byte swizzle"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="__device__ __forceinline__ int first_slot(int start, int b) { return start / kBN + b; }",
+         new="__device__ __forceinline__ int first_slot(int start, int b) { return start / kBN; }",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="image slots without the per-sequence +1: a sequence starting inside a tile overwrites the previous "
+             "sequence's last tile"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="        bulk_copy(sstage + s * kImage, src + i * step, kImage, &full[s]);",
+         new="        bulk_copy(sstage + s * kImage, src + i * kImage, kImage, &full[s]);",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="the producer steps through kv heads instead of key tiles (the next slot is kv_heads images away)"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old="                       not (inside[0] and inside[3]))",
+         new="                       not (inside[0] or inside[3]))",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="the kernel's division-free quotient for Q with a factor outside its range (q_amax 1e-40: reciprocal "
+             "Inf, zero codes NaN)"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="    if (r < keys) {\n      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.v",
+         new="    if (r < kBN) {\n      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.v",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="a partial tile's V rows past the sequence's end not zeroed: the next sequence's V (or past the "
+             "tensor) enters V^T"),
 ]
 
 
