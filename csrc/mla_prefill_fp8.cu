@@ -122,25 +122,34 @@ __global__ void __launch_bounds__(256) tile_images_kernel(const Fp8TileImagesPar
   if (i < 0 || i * kBN >= len) return;
   const int keys = min(kBN, len - i * kBN);
   const int64_t row0 = start + static_cast<int64_t>(i) * kBN;
-  for (int idx = tid; idx < kBN * (kDqk / 8); idx += 256) {  // K: 64 keys x 24 chunks of 8 features
-    const int r = idx / 24, f = 8 * (idx % 24);
-    uint2 c = make_uint2(0u, 0u);
-    if (r < keys) {
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.k + (row0 + r) * p.k_stride_t + hk * p.k_stride_h + f));
-      c = make_uint2(codes4<kExact>(make_uint2(w.x, w.y), p.k_scale, p.k_rscale),
-                     codes4<kExact>(make_uint2(w.z, w.w), p.k_scale, p.k_rscale));
-    }
-    *reinterpret_cast<uint2*>(img + (f >> 6) * kKPart + sw64(r, f & 63)) = c;
+  // Thread tid's chunks of 8 features: K's tid + 256 u (u < 6: 64 keys x 24), V's tid + 256 u (u < 4: 64 keys x 16),
+  // all 10 loads issued before any conversion (keys past the sequence's end: zero codes, nothing read).
+  uint4 wk[6], wv[4];
+#pragma unroll
+  for (int u = 0; u < 6; ++u) {
+    const int r = (tid + 256 * u) / 24, f = 8 * ((tid + 256 * u) % 24);
+    wk[u] = r < keys ? __ldg(reinterpret_cast<const uint4*>(p.k + (row0 + r) * p.k_stride_t + hk * p.k_stride_h + f))
+                     : make_uint4(0u, 0u, 0u, 0u);
   }
-  for (int idx = tid; idx < kBN * (kDv / 8); idx += 256) {  // V: 64 keys x 16 chunks of 8 features
-    const int r = idx / 16, f = 8 * (idx % 16);
-    uint2 c = make_uint2(0u, 0u);
-    if (r < keys) {
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.v + (row0 + r) * p.v_stride_t + hk * p.v_stride_h + f));
-      c = make_uint2(codes4<kExact>(make_uint2(w.x, w.y), p.v_scale, p.v_rscale),
-                     codes4<kExact>(make_uint2(w.z, w.w), p.v_scale, p.v_rscale));
-    }
-    *reinterpret_cast<uint2*>(vs + r * kDv + f) = c;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int r = (tid + 256 * u) / 16, f = 8 * ((tid + 256 * u) % 16);
+    wv[u] = r < keys ? __ldg(reinterpret_cast<const uint4*>(p.v + (row0 + r) * p.v_stride_t + hk * p.v_stride_h + f))
+                     : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int u = 0; u < 6; ++u) {  // to the K part of features f / 64, swizzled
+    const int r = (tid + 256 * u) / 24, f = 8 * ((tid + 256 * u) % 24);
+    *reinterpret_cast<uint2*>(img + (f >> 6) * kKPart + sw64(r, f & 63)) =
+        make_uint2(codes4<kExact>(make_uint2(wk[u].x, wk[u].y), p.k_scale, p.k_rscale),
+                   codes4<kExact>(make_uint2(wk[u].z, wk[u].w), p.k_scale, p.k_rscale));
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {  // V's codes row-major, for the transpose below
+    const int r = (tid + 256 * u) / 16, f = 8 * ((tid + 256 * u) % 16);
+    *reinterpret_cast<uint2*>(vs + r * kDv + f) =
+        make_uint2(codes4<kExact>(make_uint2(wv[u].x, wv[u].y), p.v_scale, p.v_rscale),
+                   codes4<kExact>(make_uint2(wv[u].z, wv[u].w), p.v_scale, p.v_rscale));
   }
   __syncthreads();
   for (int idx = tid; idx < kDv * 4; idx += 256) {  // V^T: 128 rows x 4 chunks of 16 positions

@@ -140,8 +140,8 @@ MUTANTS = [
          why="the kernel's division-free quotient for Q with a factor outside its range (q_amax 1e-40: reciprocal "
              "Inf, zero codes NaN)"),
     dict(file="csrc/mla_prefill_fp8.cu",
-         old="    if (r < keys) {\n      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.v",
-         new="    if (r < kBN) {\n      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.v",
+         old="    wv[u] = r < keys ? __ldg(",
+         new="    wv[u] = r < kBN ? __ldg(",
          tests=[FP8_MMA_SELECTION], gpu=True,
          why="a partial tile's V rows past the sequence's end not zeroed: the next sequence's V (or past the "
              "tensor) enters V^T"),
