@@ -30,7 +30,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefill import CASES, HEADS, QK_DIM, V_DIM, make_inputs, sdpa_cudnn, visible_pairs  # noqa: E402
 from bench_prefill_fp8_prepass_ab import import_launcher  # noqa: E402
-from common import device_info, load_cuda_extension, print_table, same_bits, time_eager, time_graph, write_json  # noqa: E402
+from common import (device_info, load_cuda_extension, print_table, same_bits, time_eager,  # noqa: E402
+                    time_graph, write_json)
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 

@@ -324,7 +324,8 @@ void fp8_tile_images(const torch::Tensor& k, const torch::Tensor& v, const torch
   const auto bf16 = torch::kBFloat16;
   TORCH_CHECK(k.is_cuda() && v.is_cuda() && cu_k.is_cuda() && images.is_cuda(), "tensors must be on CUDA");
   TORCH_CHECK(k.scalar_type() == bf16 && v.scalar_type() == bf16, "k and v must be bfloat16");
-  TORCH_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1, "k must be [total_k, kv_heads, 192], last dim contiguous");
+  TORCH_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1,
+              "k must be [total_k, kv_heads, 192], last dim contiguous");
   TORCH_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
               "v must be [total_k, kv_heads, 128], last dim contiguous");
   TORCH_CHECK(cu_k.scalar_type() == torch::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
@@ -371,7 +372,8 @@ void prefill_fp8(const torch::Tensor& q, const torch::Tensor& images, const torc
               "mla_core cuda prefill: tensors must be on CUDA");
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16,
               "q and out must be bfloat16");
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1, "q must be [total_q, heads, 192], last dim contiguous");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1,
+              "q must be [total_q, heads, 192], last dim contiguous");
   TORCH_CHECK(cu_q.scalar_type() == torch::kInt && cu_k.scalar_type() == torch::kInt && cu_q.is_contiguous() &&
                   cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
               "cu_q and cu_k must be contiguous int32 [batch + 1]");
@@ -379,7 +381,8 @@ void prefill_fp8(const torch::Tensor& q, const torch::Tensor& images, const torc
   TORCH_CHECK(images.scalar_type() == torch::kByte && images.is_contiguous() && images.dim() == 3 &&
                   images.size(0) == mla_core_cuda::fp8_tile_image_slots(total_k, batch) &&
                   images.size(2) == mla_core_cuda::kFp8TileImageBytes,
-              "images must be fp8_tile_images' contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, 20480]");
+              "images must be fp8_tile_images' contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, "
+              "20480]");
   TORCH_CHECK(out.is_contiguous() && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 128,
               "out must be contiguous [total_q, heads, 128]");
   mla_core_cuda::PrefillFp8Params p{};

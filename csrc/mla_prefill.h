@@ -1,5 +1,5 @@
-// Varlen MLA prefill for sm_90a (mla_prefill_wgmma.cu, mla_prefill_fp8.cu): the launch parameters shared by the kernels and the PyTorch
-// binding (bindings.cpp). Plain data only, so the .cu file compiles without PyTorch headers.
+// Varlen MLA prefill for sm_90a (mla_prefill_wgmma.cu, mla_prefill_fp8.cu): the launch parameters shared by the kernels
+// and the PyTorch binding (bindings.cpp). Plain data only, so the .cu files compile without PyTorch headers.
 #pragma once
 
 #include <cstdint>

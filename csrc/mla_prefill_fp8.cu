@@ -159,7 +159,8 @@ __global__ void __launch_bounds__(256) tile_images_kernel(const Fp8TileImagesPar
     for (int u = 0; u < 4; ++u) {
       w[u] = 0u;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) w[u] |= static_cast<uint32_t>(vs[key_at(16 * chunk + 4 * u + e) * kDv + d]) << (8 * e);
+      for (int e = 0; e < 4; ++e)
+        w[u] |= static_cast<uint32_t>(vs[key_at(16 * chunk + 4 * u + e) * kDv + d]) << (8 * e);
     }
     *reinterpret_cast<uint4*>(img + kVtOffset + sw64(d, 16 * chunk)) = make_uint4(w[0], w[1], w[2], w[3]);
   }

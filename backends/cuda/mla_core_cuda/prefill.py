@@ -32,7 +32,8 @@ from .launch_args import EXACT_DIV_FREE_RANGE, aligned, f32  # P's FP8 scales di
 
 QK_DIM, V_DIM, P_TILE = 192, 128, 64
 FP8_TILE_IMAGE_BYTES = 20480
-"""One 64-key tile of the FP8-wgmma kernel's pre-pass: K's [64 x 192] and V^T's [128 x 64] E4M3 codes (mla_prefill.h)."""
+"""Bytes of one 64-key tile of the FP8-wgmma kernel's pre-pass: K's [64 x 192] and V^T's [128 x 64] E4M3 codes
+(csrc/mla_prefill.h)."""
 QUANT = frozenset({None, "fp8"})
 """Q / K / V / P formats the kernel runs (the backend's prefill capability declares these constants)."""
 
