@@ -492,8 +492,16 @@ def run_fp8_mma(inputs, causal=True, **amax):
 
 
 def check_fp8_mma(out, ref):
-    """The out tolerance as every kernel's, the LSE within the FP8-MMA score tolerance (docs/numerics.md)."""
-    return check(out, ref, lse_rtol=numerics.FP8_MMA_LSE_RTOL)
+    """The out tolerance as every kernel's, the LSE within the FP8-MMA score tolerance (docs/numerics.md). A failure
+    names both errors: the LSE depends on S alone (Q / K layouts), the output on P·V too (P's fragments, V^T)."""
+    finite = torch.isfinite(ref[1])
+    scale = ref[1][finite].abs().max().item() if finite.any() else 0.0
+    dlse = (out[1][finite] - ref[1][finite]).abs().max().item() if finite.any() else 0.0
+    try:
+        return check(out, ref, lse_rtol=numerics.FP8_MMA_LSE_RTOL)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; out rel-L2 {rel_l2(out[0], ref[0]):.3g}, max |dLSE| {dlse:.3g} "
+                             f"(max |LSE| {scale:.3g})") from None
 
 
 @gpu
