@@ -1,8 +1,9 @@
 // The fp8 recipe's varlen MLA prefill on FP8 wgmma (sm_90a): Q, K, V and P as FP8 E4M3 codes (mla_core.numerics'
 // per-tensor fp8 QDQ, the factors folded into the score scale and O's scale), S = Q·Kᵀ and P·V on e4m3 tensor cores
-// with f32 accumulation. Shapes and numerics as mla_prefill_wgmma.cu (q / k 192, v 128, 64-key P tiles at absolute
-// positions, the running maximum once per tile, P = 2^(s·scale·log2 e - m), its codes e4m3(P / p_scale), the row
-// sum of the float32 P, LSE = (m + log2 l)·ln 2), except the products' summation: Hopper's FP8 MMA adds its k32
+// with f32 accumulation. Shapes and numerics as mla_prefill_wgmma.cu, through what both take from
+// mla_prefill_common.cuh (q / k 192, v 128, 64-key P tiles at absolute positions, the running maximum once per
+// tile, P = 2^(s·scale·log2 e - m), its codes e4m3(P / p_scale), the row sum of the float32 P, LSE = (m + log2
+// l)·ln 2), except the products' summation: Hopper's FP8 MMA adds its k32
 // products with reduced precision, so S carries a relative error (numerics.FP8_MMA_LSE_RTOL) and each tile's P·V
 // goes into a fresh accumulator that is then added to O in f32 (the error bounded per tile, not per sequence).
 //
@@ -31,6 +32,7 @@
 
 #include "hopper.cuh"
 #include "mla_prefill.h"
+#include "mla_prefill_common.cuh"
 #include "qdq.cuh"
 
 #include <cuda_fp16.h>
@@ -46,7 +48,8 @@
 namespace mla_core_cuda {
 namespace {
 
-constexpr int kBM = 128, kBN = 64, kDqk = 192, kDv = 128, kStages = 8;
+using prefill::kBM, prefill::kBN, prefill::kDv;  // 128 query rows a CTA, 64-key tiles, v 128
+constexpr int kDqk = 192, kStages = 8;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // setmaxnreg: 24 + 2 x 240 <= 3 x 168
 constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kPairThreads = 256;
@@ -58,7 +61,6 @@ constexpr int kQWgBytes = 3 * kKPart;                   // one consumer's Q code
 constexpr int kSmemBytes = kStages * kImage + 2 * kQWgBytes + 2 * kStages * 8 + 1024;  // + 1024-alignment slack
 constexpr int kMaxDevices = 64;
 constexpr int kMaxGridZ = 65535;
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kImage == 3 * kKPart + kDv * kBN && kImage % 1024 == 0, "a tile image: K's parts, then V^T");
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 
@@ -92,13 +94,7 @@ __device__ __forceinline__ uint32_t p_codes4(float a, float b, float c, float d,
          (e4m3x2(div_rn(c, s, rs, kExact), div_rn(d, s, rs, kExact)) << 16);
 }
 
-// [start, len) of sequence b, clamped (sequence_ranges in the reference), and its first tile image slot.
-__device__ __forceinline__ void seq_range(const int32_t* cu, int b, int64_t total, int& start, int& len) {
-  const int64_t a = min(max(static_cast<int64_t>(cu[b]), int64_t{0}), total);
-  const int64_t e = min(max(static_cast<int64_t>(cu[b + 1]), a), total);
-  start = static_cast<int>(a);
-  len = static_cast<int>(e - a);
-}
+// The first tile image slot of sequence b, whose clamped keys start at `start` (prefill::seq_range).
 __device__ __forceinline__ int first_slot(int start, int b) { return start / kBN + b; }
 
 // One tile image (slot blockIdx.x, kv head blockIdx.y) from bf16 K / V: the codes staged in shared memory in the
@@ -113,11 +109,11 @@ __global__ void __launch_bounds__(256) tile_images_kernel(const Fp8TileImagesPar
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     int s, l;
-    seq_range(p.cu_k, mid, p.total_k, s, l);
+    prefill::seq_range(p.cu_k, mid, p.total_k, s, l);
     if (first_slot(s, mid) <= slot) lo = mid; else hi = mid - 1;
   }
   int start, len;
-  seq_range(p.cu_k, lo, p.total_k, start, len);
+  prefill::seq_range(p.cu_k, lo, p.total_k, start, len);
   const int i = slot - first_slot(start, lo);
   if (i < 0 || i * kBN >= len) return;
   const int keys = min(kBN, len - i * kBN);
@@ -197,30 +193,6 @@ __device__ __forceinline__ void wgmma_pv8(float (&d)[64], const uint32_t (&a)[4]
 #undef MLA_F16
 #undef MLA_F4
 
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float lg2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-// Rows of an m64n128 accumulator scaled: the thread's row r by a_lo, its row r + 8 (j % 4 >= 2) by a_hi.
-__device__ __forceinline__ void scale_rows64(float (&o)[64], float a_lo, float a_hi) {
-#pragma unroll
-  for (int j = 0; j < 64; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
-}
-
-// The CTA's tile count: keys up to the last visible key of the block's last row.
-__device__ __forceinline__ int cta_tiles(int q0, int len_q, int len_k, int causal) {
-  if (len_k <= 0) return 0;
-  if (!causal) return (len_k + kBN - 1) / kBN;
-  const int last_key = min(len_k - 1, min(q0 + kBM, len_q) - 1 + (len_k - len_q));
-  return last_key < 0 ? 0 : last_key / kBN + 1;
-}
-
 template <bool kExact>
 __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillFp8Params p, int b0) {
   extern __shared__ uint8_t smem_raw[];
@@ -235,24 +207,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
   const int hk = h / (p.heads / p.kv_heads);
   const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
   int q_begin_seq, len_q, k_begin_seq, len_k;
-  seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
-  seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
+  prefill::seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
+  prefill::seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
   const int q0 = mb * kBM;
   if (q0 >= len_q) return;
-  const int n = cta_tiles(q0, len_q, len_k, p.causal);
+  const int n = prefill::cta_tiles(q0, len_q, len_k, p.causal);
   const int t = tid & 127, wg = warp >> 2, lane = tid & 31;
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // this thread's rows: row_lo, row_lo + 8 of its warpgroup
   const int qrow_lo = q0 + 64 * wg + row_lo;           // position in the sequence
   if (n == 0) {  // no visible key for any row of the block: output 0, LSE -inf
-    if (wg < 2) {
-      for (int r = 0; r < 2; ++r) {
-        const int qr = qrow_lo + 8 * r;
-        if (qr >= len_q) continue;
-        uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
-        for (int c = 2 * (t & 3); c < kDv; c += 8) *reinterpret_cast<uint32_t*>(orow + c) = 0u;
-        if ((t & 3) == 0 && p.lse) p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = -INFINITY;
-      }
-    }
+    if (wg < 2) prefill::store_empty_rows(p.out, p.lse, p.total_q, p.heads, h, q_begin_seq, qrow_lo, len_q, t);
     return;
   }
   if (tid == 0) {
@@ -316,8 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
   float ot[64];                              // one tile's P·V (a fresh accumulator each tile)
   float sc[32];
   uint32_t pa[2][4];                         // P's codes of the previous tile: the A fragments of 2 k32 steps
-  float m_lo = -INFINITY, m_hi = -INFINITY;  // running maxima, log2 units (scores x scale_log2)
-  float l_lo = 0.f, l_hi = 0.f;              // row sums: this thread's 16 of each row's 64 columns per tile
+  prefill::Rows rows{-INFINITY, -INFINITY, 0.f, 0.f};  // the thread's running maxima and row sums
 
   // Descriptors built once; a stage adds its offset / 16 to the start-address field (below 2^18: no carry out).
   const uint64_t dq = make_desc_sw64(smem_u32(sqw));
@@ -339,47 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
     for (int ks = 0; ks < 2; ++ks) wgmma_pv8(ot, pa[ks], dv + static_cast<uint64_t>(ks * 2), ks > 0);
     wg_commit();
   };
-  // Online softmax of S(j) (in sc): mask (tail / diagonal tiles only), running max per 64-key tile, P = 2^(x - m)
-  // in sc (float32), row sums; returns O's rescale factors for this tile.
   auto softmax = [&](int j, float& a_lo, float& a_hi) {
-    const int key0 = j * kBN;
-    const bool need_mask = key0 + kBN > len_k || (p.causal && key0 + kBN - 1 > first_row + off);
-    if (need_mask) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        const int key = key0 + 8 * (e >> 2) + 2 * (t & 3) + (e & 1);
-        const int qr = qrow_lo + 8 * ((e >> 1) & 1);
-        if (key >= len_k || (p.causal && key > qr + off)) sc[e] = -INFINITY;
-      }
-    }
-    float lo[4], hi[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      lo[c] = fmaxf(fmaxf(sc[8 * c], sc[8 * c + 1]), fmaxf(sc[8 * c + 4], sc[8 * c + 5]));
-      hi[c] = fmaxf(fmaxf(sc[8 * c + 2], sc[8 * c + 3]), fmaxf(sc[8 * c + 6], sc[8 * c + 7]));
-    }
-    float mx_lo = fmaxf(fmaxf(lo[0], lo[1]), fmaxf(lo[2], lo[3]));
-    float mx_hi = fmaxf(fmaxf(hi[0], hi[1]), fmaxf(hi[2], hi[3]));
-#pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
-    }
-    const float mn_lo = fmaxf(m_lo, mx_lo * p.scale_log2), mn_hi = fmaxf(m_hi, mx_hi * p.scale_log2);
-    const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-    a_lo = ex2(m_lo - mu_lo);
-    a_hi = ex2(m_hi - mu_hi);
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      const float x = ex2(fmaf(sc[e], p.scale_log2, -((e & 2) ? mu_hi : mu_lo)));
-      sc[e] = x;
-      if (e & 2) sum_hi += x; else sum_lo += x;
-    }
-    l_lo = l_lo * a_lo + sum_lo;
-    l_hi = l_hi * a_hi + sum_hi;
-    m_lo = mn_lo;
-    m_hi = mn_hi;
+    prefill::tile_softmax(sc, rows, j * kBN, len_k, p.causal, first_row, off, qrow_lo, t, p.scale_log2, a_lo, a_hi);
   };
   // P's codes as A fragments: element e = 16 ks + 4 g + 2 (row r + 8) + b is key 32 ks + 8 g + 2 c + b, which
   // V^T holds at position 16 (g / 2) + 4 c + 2 (g % 2) + b of its k32 step: a[0] = row r, g 0-1; a[1] = row r + 8,
@@ -428,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
     reg_fence(sc);
     float a_lo, a_hi;
     softmax(j, a_lo, a_hi);
-    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);  // x·1 = x: skipped
+    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) prefill::scale_rows64(o, a_lo, a_hi);  // x·1 = x
     pack_p();
   }
   wg_fence();
@@ -439,30 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
 #pragma unroll
   for (int e = 0; e < 64; ++e) o[e] += ot[e];
 
-  // Row sums over the quad (the 4 threads of a row), normalization with O's scale, LSE (natural log).
-#pragma unroll
-  for (int d = 1; d <= 2; d <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
-  }
-  const float inv_lo = l_lo > 0.f ? p.out_scale * rcp_approx(l_lo) : 0.f;
-  const float inv_hi = l_hi > 0.f ? p.out_scale * rcp_approx(l_hi) : 0.f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int qr = qrow_lo + 8 * r;
-    if (qr >= len_q) continue;
-    const float inv = r ? inv_hi : inv_lo;
-    uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
-#pragma unroll
-    for (int j = 2 * r; j < 64; j += 4) {  // j, j+1: columns 8(j/4) + 2(t%4) + {0, 1} of row r
-      const int col = 8 * (j >> 2) + 2 * (t & 3);
-      *reinterpret_cast<uint32_t*>(orow + col) = bf16x2_bits(o[j] * inv, o[j + 1] * inv);
-    }
-    if ((t & 3) == 0 && p.lse) {
-      const float l = r ? l_hi : l_lo, m = r ? m_hi : m_lo;
-      p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = l > 0.f ? (m + lg2_approx(l)) * kLn2 : -INFINITY;
-    }
-  }
+  prefill::store_rows(o, rows, p.out_scale, p.out, p.lse, p.total_q, p.heads, h, q_begin_seq, qrow_lo, len_q, t);
 }
 
 bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }

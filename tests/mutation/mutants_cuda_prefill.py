@@ -1,4 +1,5 @@
-"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, backends/cuda/mla_core_cuda/prefill.py): each is one
+"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, mla_prefill_fp8.cu and what they share in
+mla_prefill_common.cuh, backends/cuda/mla_core_cuda/prefill.py): each is one
 plausible bug tests/test_cuda_prefill.py's GPU tests must notice. ``old`` occurs exactly once in ``file``.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda_prefill.py`` judges every mutant with its ``tests`` selection
@@ -29,17 +30,17 @@ MUTANTS = [
          new="for (int idx = lane; idx < 0; idx += 32)",
          tests=[SELECTION], gpu=True,
          why="tail guard dropped: V rows past a sequence's end (the next sequence's NaN / Inf) reach P·V as 0 · Inf"),
-    dict(file="csrc/mla_prefill_wgmma.cu",
-         old="if (key >= len_k || (p.causal && key > qr + off)) sc[e] = -INFINITY;",
-         new="if (key >= len_k || (p.causal && key > qr + off + 1)) sc[e] = -INFINITY;",
+    dict(file="csrc/mla_prefill_common.cuh",
+         old="if (key >= len_k || (causal && key > qr + off)) sc[e] = -INFINITY;",
+         new="if (key >= len_k || (causal && key > qr + off + 1)) sc[e] = -INFINITY;",
          tests=[SELECTION], gpu=True,
          why="causal mask off by one: each query also sees the key after its diagonal"),
-    dict(file="csrc/mla_prefill_wgmma.cu",
-         old="const bool need_mask = key0 + kBN > len_k || (p.causal",
-         new="const bool need_mask = (p.causal",
+    dict(file="csrc/mla_prefill_common.cuh",
+         old="const bool need_mask = key0 + kBN > len_k || (causal",
+         new="const bool need_mask = (causal",
          tests=[SELECTION], gpu=True,
          why="no tail mask when non-causal: the next sequence's keys score in the last tile"),
-    dict(file="csrc/mla_prefill_wgmma.cu",
+    dict(file="csrc/mla_prefill_common.cuh",
          old="  return last_key < 0 ? 0 : last_key / kBN + 1;",
          new="  return last_key < 0 ? 0 : (last_key + 1) / kBN;",
          tests=[SELECTION], gpu=True,
@@ -50,7 +51,7 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="wrong GQA head: query heads interleaved over kv heads instead of grouped"),
     dict(file="csrc/mla_prefill_wgmma.cu",
-         old="    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);\n",
+         old="    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) prefill::scale_rows64(o, a_lo, a_hi);\n",
          new="",
          tests=[SELECTION], gpu=True,
          why="no rescale of O when the running maximum grows: earlier tiles kept against the old maximum"),
