@@ -51,13 +51,21 @@ def load_a(base: str):
     return launcher, build.build()
 
 
-def timed(fn) -> tuple[float, str]:
-    """(median µs, mode): graph replays, or eager calls where capture fails."""
-    try:
-        return time_graph(fn, iters=10), "graph"
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return time_eager(fn, iters=10), "eager"
+_EAGER: set = set()
+"""Paths a CUDA graph could not hold (timed eagerly from then on)."""
+
+
+def timed(fn, name: str = "") -> tuple[float, str]:
+    """(median µs, mode): graph replays, or eager calls where capture fails (reported once)."""
+    if name not in _EAGER:
+        try:
+            return time_graph(fn, iters=10), "graph"
+        except Exception as e:  # noqa: BLE001 (reported; timed eagerly instead)
+            torch.cuda.synchronize()
+            _EAGER.add(name)
+            print(f"  {name}: no CUDA graph ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}); "
+                  "timing eagerly", flush=True)
+    return time_eager(fn, iters=10), "eager"
 
 
 def main() -> None:
@@ -109,7 +117,7 @@ def main() -> None:
         modes = {}
         for rnd in range(args.rounds):
             for name in (list(fns) if rnd % 2 == 0 else list(fns)[::-1]):
-                us, modes[name] = timed(fns[name])
+                us, modes[name] = timed(fns[name], f"{case} {name}")
                 times[name].append(us)
         kv = [(inputs[1], AMAX["k_amax"]), (inputs[2], AMAX["v_amax"])]
         pre = {"A codes K+V": lambda: launch["A"].fp8_codes(mods["A"], kv),
