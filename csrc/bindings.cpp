@@ -1,5 +1,6 @@
 // pybind11 bindings of the CUDA kernels (mla_decode.cu: mma.sync decode, mla_decode_wgmma.cu: WGMMA decode,
-// mla_sparse_wgmma.cu: FP8 top-k sparse decode, mla_prefill_wgmma.cu: varlen prefill and its FP8 QDQ pre-pass).
+// mla_sparse_wgmma.cu: FP8 top-k sparse decode, mla_prefill_wgmma.cu: varlen prefill and its FP8 QDQ pre-pass,
+// mla_prefill_fp8.cu: the fp8 recipe's prefill on FP8 wgmma and its tile-image pre-pass).
 // The Python side (backends/cuda/mla_core_cuda) validates the call and allocates every tensor; this layer only
 // reads pointers and strides and launches on the current stream (so CUDA-graph capture records the launches).
 #include <torch/extension.h>
@@ -318,6 +319,112 @@ void fp8_codes_bf16(const std::vector<torch::Tensor>& xs, const std::vector<torc
               cudaGetErrorString(err));
 }
 
+// The fp8 recipe on FP8 wgmma (mla_prefill_fp8.cu), its pre-pass: k [total_k, kv_heads, 192] and v [total_k, kv_heads,
+// 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_k [batch + 1] int32 contiguous, images
+// [fp8_tile_image_slots(total_k, batch), kv_heads, 20480] uint8 contiguous, written for every tile of every
+// sequence; the codes e4m3(x / scale) (exact: the IEEE division, else division-free from rscale = RN(1 / scale)).
+void fp8_tile_images(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_k, torch::Tensor images,
+                     double k_scale, double k_rscale, double v_scale, double v_rscale, bool exact) {
+  const auto bf16 = torch::kBFloat16;
+  TORCH_CHECK(k.is_cuda() && v.is_cuda() && cu_k.is_cuda() && images.is_cuda(), "tensors must be on CUDA");
+  TORCH_CHECK(k.scalar_type() == bf16 && v.scalar_type() == bf16, "k and v must be bfloat16");
+  TORCH_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1,
+              "k must be [total_k, kv_heads, 192], last dim contiguous");
+  TORCH_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
+              "v must be [total_k, kv_heads, 128], last dim contiguous");
+  TORCH_CHECK(cu_k.scalar_type() == torch::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
+              "cu_k must be contiguous int32 [batch + 1]");
+  const int batch = static_cast<int>(cu_k.numel() - 1);
+  TORCH_CHECK(images.scalar_type() == torch::kByte && images.is_contiguous() && images.dim() == 3 &&
+                  images.size(0) == mla_core_cuda::fp8_tile_image_slots(k.size(0), batch) &&
+                  images.size(1) == k.size(1) && images.size(2) == mla_core_cuda::kFp8TileImageBytes,
+              "images must be contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, 20480]");
+  mla_core_cuda::Fp8TileImagesParams p{};
+  p.k = static_cast<const uint16_t*>(k.data_ptr());
+  p.v = static_cast<const uint16_t*>(v.data_ptr());
+  p.k_stride_t = k.stride(0);
+  p.k_stride_h = k.stride(1);
+  p.v_stride_t = v.stride(0);
+  p.v_stride_h = v.stride(1);
+  p.total_k = k.size(0);
+  p.kv_heads = static_cast<int>(k.size(1));
+  p.batch = batch;
+  p.cu_k = cu_k.data_ptr<int32_t>();
+  p.k_scale = static_cast<float>(k_scale);
+  p.k_rscale = static_cast<float>(k_rscale);
+  p.v_scale = static_cast<float>(v_scale);
+  p.v_rscale = static_cast<float>(v_rscale);
+  p.exact = exact ? 1 : 0;
+  p.images = images.data_ptr<uint8_t>();
+  TORCH_CHECK(mla_core_cuda::fp8_tile_images_supported(p),
+              "the FP8 tile images need non-empty k, at most 65535 kv heads, and data and token / head strides 16-byte "
+              "aligned; got strides k ", k.strides(), ", v ", v.strides());
+  const c10::cuda::CUDAGuard guard(k.device());
+  const cudaError_t err = mla_core_cuda::launch_fp8_tile_images(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda fp8 tile images launch failed: ", cudaGetErrorString(err));
+}
+
+// The fp8 recipe's prefill on FP8 wgmma (mla_prefill_fp8.cu): q [total_q, heads, 192] bf16 (last dimension
+// contiguous, data and strides 8-byte aligned), images from fp8_tile_images over total_k keys, cu_q / cu_k [batch +
+// 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both contiguous
+// and written; Q's and P's codes e4m3(x / scale) (exact: the IEEE division).
+void prefill_fp8(const torch::Tensor& q, const torch::Tensor& images, const torch::Tensor& cu_q,
+                 const torch::Tensor& cu_k, int64_t max_seqlen_q, int64_t total_k, torch::Tensor out,
+                 std::optional<torch::Tensor> lse, bool causal, double scale_log2, double out_scale, double q_scale,
+                 double q_rscale, double p_scale, double p_rscale, bool exact) {
+  TORCH_CHECK(q.is_cuda() && images.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
+              "mla_core cuda prefill: tensors must be on CUDA");
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16,
+              "q and out must be bfloat16");
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1,
+              "q must be [total_q, heads, 192], last dim contiguous");
+  TORCH_CHECK(cu_q.scalar_type() == torch::kInt && cu_k.scalar_type() == torch::kInt && cu_q.is_contiguous() &&
+                  cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
+              "cu_q and cu_k must be contiguous int32 [batch + 1]");
+  const int batch = static_cast<int>(cu_q.numel() - 1);
+  TORCH_CHECK(images.scalar_type() == torch::kByte && images.is_contiguous() && images.dim() == 3 &&
+                  images.size(0) == mla_core_cuda::fp8_tile_image_slots(total_k, batch) &&
+                  images.size(2) == mla_core_cuda::kFp8TileImageBytes,
+              "images must be fp8_tile_images' contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, "
+              "20480]");
+  TORCH_CHECK(out.is_contiguous() && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 128,
+              "out must be contiguous [total_q, heads, 128]");
+  mla_core_cuda::PrefillFp8Params p{};
+  p.q = static_cast<const uint16_t*>(q.data_ptr());
+  p.q_stride_t = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.images = images.data_ptr<uint8_t>();
+  p.total_q = q.size(0);
+  p.total_k = total_k;
+  p.heads = static_cast<int>(q.size(1));
+  p.kv_heads = static_cast<int>(images.size(1));
+  p.batch = batch;
+  p.max_seqlen_q = static_cast<int>(std::min<int64_t>(max_seqlen_q, INT32_MAX));
+  p.cu_q = cu_q.data_ptr<int32_t>();
+  p.cu_k = cu_k.data_ptr<int32_t>();
+  p.causal = causal ? 1 : 0;
+  p.scale_log2 = static_cast<float>(scale_log2);
+  p.out_scale = static_cast<float>(out_scale);
+  p.q_scale = static_cast<float>(q_scale);
+  p.q_rscale = static_cast<float>(q_rscale);
+  p.p_scale = static_cast<float>(p_scale);
+  p.p_rscale = static_cast<float>(p_rscale);
+  p.exact = exact ? 1 : 0;
+  p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  p.lse = nullptr;
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == torch::kFloat && lse->is_contiguous() &&
+                    lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
+    p.lse = lse->data_ptr<float>();
+  }
+  TORCH_CHECK(mla_core_cuda::prefill_fp8_supported(p),
+              "the FP8 prefill needs heads a multiple of kv_heads, non-empty q and k, and q's data and token / head "
+              "strides 8-byte aligned; got strides q ", q.strides());
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = mla_core_cuda::launch_prefill_fp8(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda fp8 prefill launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -351,4 +458,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "FP8 E4M3 codes of each x / scale as bf16 values, one launch (the prefill's QDQ pre-pass)",
         pybind11::arg("xs"), pybind11::arg("outs"), pybind11::arg("scales"), pybind11::arg("rscales"),
         pybind11::arg("exact_div"));
+  m.def("fp8_tile_image_slots", &mla_core_cuda::fp8_tile_image_slots,
+        "Tile image slots fp8_tile_images writes for total_k keys in batch sequences (total_k / 64 + batch + 1)",
+        pybind11::arg("total_k"), pybind11::arg("batch"));
+  m.def("fp8_tile_images", &fp8_tile_images,
+        "The FP8-wgmma prefill's pre-pass: each 64-key tile's K and V^T codes as one 20 KB image",
+        pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cu_k"), pybind11::arg("images"),
+        pybind11::arg("k_scale"), pybind11::arg("k_rscale"), pybind11::arg("v_scale"), pybind11::arg("v_rscale"),
+        pybind11::arg("exact"));
+  m.def("prefill_fp8", &prefill_fp8,
+        "The fp8 recipe's varlen prefill on FP8 wgmma (see backends/cuda/mla_core_cuda/prefill.py)",
+        pybind11::arg("q"), pybind11::arg("images"), pybind11::arg("cu_q"), pybind11::arg("cu_k"),
+        pybind11::arg("max_seqlen_q"), pybind11::arg("total_k"), pybind11::arg("out"), pybind11::arg("lse"),
+        pybind11::arg("causal"), pybind11::arg("scale_log2"), pybind11::arg("out_scale"), pybind11::arg("q_scale"),
+        pybind11::arg("q_rscale"), pybind11::arg("p_scale"), pybind11::arg("p_rscale"), pybind11::arg("exact"));
 }

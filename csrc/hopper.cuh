@@ -1,6 +1,7 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
-// descriptors, the wgmma fence / commit / wait and register fence, setmaxnreg, cp.async, mbarriers and named
+// descriptors (128- and 64-byte swizzle), the wgmma fence / commit / wait and register fence, setmaxnreg, cp.async,
+// bulk copies, mbarriers (with expected transactions) and named
 // barriers, 1024-byte alignment, 2^x, E4M3 codes to bf16, two floats packed as bf16, and the scaling of m64n256
 // accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
 // Inline PTX only; a wgmma instruction compiles only where the target is sm_90a. What only the two seesaw decode
@@ -25,6 +26,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+// The same for a K-major operand in [rows x 64 B] parts with the 64-byte swizzle (layout type 2): byte b of row r
+// at r·64 + ((b/16 ⊕ (r/2) mod 4)·16) + b mod 16 from a 512-byte-aligned base, 8-row groups SBO = 512 B apart (LBO
+// unused: a k32 step of e4m3, 32 B, lies inside a row).
+__device__ __forceinline__ uint64_t make_desc_sw64(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1u) << 16) |
+         (static_cast<uint64_t>(512u >> 4) << 32) | (2ull << 62);
 }
 
 // wgmma ordering: fence before the first wgmma that reads registers or shared memory written since, commit the
@@ -126,6 +134,18 @@ __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
       : "r"(smem_u32(bar)), "r"(parity)
       : "memory");
   return done != 0;
+}
+// mbarrier arrive (release, CTA scope) that also adds `bytes` to the phase's expected transaction count: the phase
+// completes once every arrival is in and that many bytes of complete_tx copies have landed.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// One bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
+// async proxy, completing `bytes` transactions on `bar`. The issuing thread does not wait for it.
+__device__ __forceinline__ void bulk_copy(uint8_t* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over kCount threads: sync waits for the generation, arrive

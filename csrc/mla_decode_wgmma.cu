@@ -780,19 +780,6 @@ __device__ __forceinline__ void wgmma_t(float (&d)[8], const uint32_t (&a)[4], u
   }
 }
 
-// mbarrier arrive (release, CTA scope) that also adds `bytes` to the phase's expected transaction count: the phase
-// completes once every arrival is in and that many bytes of complete_tx copies have landed.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-// One bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
-// async proxy, completing `bytes` transactions on `bar`. The issuing thread does not wait for it.
-__device__ __forceinline__ void bulk_copy(uint8_t* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-
 // Producer warp w's share of a step: the codes of rows 16 w .. 16 w + 15 to rows of the stage `st` (576 B each),
 // lane l < 16 holding row 16 w + l's offset (row_offset: bytes); an absent key's row is zeros, its validity bit 0.
 // Each producer thread arrives on `full` once. `aligned` (16-byte rows and base): bulk copies that complete on

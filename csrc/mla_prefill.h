@@ -1,5 +1,5 @@
-// Varlen MLA prefill for sm_90a (mla_prefill_wgmma.cu): the launch parameters shared by the kernels and the PyTorch
-// binding (bindings.cpp). Plain data only, so the .cu file compiles without PyTorch headers.
+// Varlen MLA prefill for sm_90a (mla_prefill_wgmma.cu, mla_prefill_fp8.cu): the launch parameters shared by the kernels
+// and the PyTorch binding (bindings.cpp). Plain data only, so the .cu files compile without PyTorch headers.
 #pragma once
 
 #include <cstdint>
@@ -61,5 +61,54 @@ struct FP8CodesJobs {
 // launch. exact_div: the IEEE division (some factor outside the division-free range), else the division-free
 // quotient (same codes).
 cudaError_t launch_fp8_codes_bf16(const FP8CodesJobs& jobs, bool exact_div, cudaStream_t stream);
+
+// The fp8 recipe on FP8 wgmma (mla_prefill_fp8.cu). Its pre-pass writes each 64-key tile of each sequence and kv head
+// as one 20 KB image of E4M3 codes (K's [64 x 192] and V^T's [128 x 64], the layout in mla_prefill_fp8.cu): images
+// [fp8_tile_image_slots(total_k, batch), kv_heads, kFp8TileImageBytes] uint8, 16-byte aligned.
+constexpr int kFp8TileImageBytes = 20480;
+int64_t fp8_tile_image_slots(int64_t total_k, int batch);
+
+struct Fp8TileImagesParams {
+  // k [total_k, kv_heads, 192], v [total_k, kv_heads, 128] bf16 (raw bits), the last dimension contiguous, data and
+  // token / head strides (elements) 16-byte aligned; cu_k [batch + 1] int32, clamped as PrefillParams' cu_k.
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t k_stride_t, k_stride_h, v_stride_t, v_stride_h;
+  int64_t total_k;
+  int kv_heads, batch;
+  const int32_t* cu_k;
+  // codes e4m3(x / scale): the division-free quotient from rscale = RN(1 / scale), or the IEEE division (exact 1)
+  float k_scale, k_rscale, v_scale, v_rscale;
+  int exact;
+  uint8_t* images;
+};
+
+struct PrefillFp8Params {
+  // q [total_q, heads, 192] bf16 (raw bits), the last dimension contiguous, data and strides 8-byte aligned; its
+  // codes e4m3(q / q_scale) made in the kernel's registers.
+  const uint16_t* q;
+  int64_t q_stride_t, q_stride_h;
+  const uint8_t* images;  // the pre-pass's tile images of K and V
+  int64_t total_q, total_k;
+  int heads, kv_heads, batch, max_seqlen_q;
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int causal;
+  float scale_log2;  // softmax_scale * q_scale * k_scale * log2(e)
+  float out_scale;   // v_scale * p_scale
+  // Q's and P's codes: e4m3(x / scale), the division-free quotient from rscale = RN(1 / scale), or the IEEE
+  // division (exact 1: some factor outside the division-free range)
+  float q_scale, q_rscale, p_scale, p_rscale;
+  int exact;
+  uint16_t* out;  // [total_q, heads, 128] bf16, contiguous
+  float* lse;     // [heads, total_q] float32 natural log, or null
+};
+
+// Whether the pre-pass / the kernel cover `params` (counts >= 1 and below the limits, pointers and strides aligned).
+bool fp8_tile_images_supported(const Fp8TileImagesParams& params);
+bool prefill_fp8_supported(const PrefillFp8Params& params);
+// The pre-pass and the kernel on `stream`; the first CUDA error or cudaSuccess.
+cudaError_t launch_fp8_tile_images(const Fp8TileImagesParams& params, cudaStream_t stream);
+cudaError_t launch_prefill_fp8(const PrefillFp8Params& params, cudaStream_t stream);
 
 }  // namespace mla_core_cuda

@@ -41,6 +41,8 @@
 
 #include "hopper.cuh"
 #include "mla_prefill.h"
+#include "mla_prefill_common.cuh"
+#include "qdq.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
 #include <cuda_bf16.h>
@@ -58,7 +60,8 @@
 namespace mla_core_cuda {
 namespace {
 
-constexpr int kBM = 128, kBN = 64, kDqk = 192, kDv = 128, kStages = 4;
+using prefill::kBM, prefill::kBN, prefill::kDv;  // 128 query rows a CTA, 64-key tiles, v 128
+constexpr int kDqk = 192, kStages = 4;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
 constexpr int kProducerRegs = 80, kConsumerRegs = 208;  // setmaxnreg: 80 + 2 x 208 <= 3 x 168
 constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kPairThreads = 256;
@@ -72,7 +75,6 @@ constexpr int kBars = 2 + 3 * kStages;                  // fullQ, tailV, fullK[4
 constexpr int kSmemBytes = 2 * kQWgBytes + kStages * kStageBytes + kBars * 8 + 1024;  // + 1024-alignment slack
 constexpr int kMaxDevices = 64;                         // devices whose shared-memory attribute is remembered
 constexpr int kMaxGridZ = 65535;                        // sequences per launch (grid z)
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 
 struct TmaMaps {
@@ -112,16 +114,6 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[64], const uint32_t (&a)[
 #undef MLA_F16
 #undef MLA_F4
 
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float lg2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Two quotients to their E4M3 codes as bf16 values, packed (low half = lo): the hardware's round-to-nearest-even,
 // saturating conversion; E4M3 -> f16 is exact, f16 -> f32 -> bf16 too (4 significant bits, exponents 2^-9..2^8).
@@ -142,23 +134,6 @@ __device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, flo
     return e4m3_as_bf16x2(fmaf(fmaf(-q_lo0, scale, lo), rscale, q_lo0), fmaf(fmaf(-q_hi0, scale, hi), rscale, q_hi0));
   } else {
     return e4m3_as_bf16x2(__fdiv_rn(lo, scale), __fdiv_rn(hi, scale));
-  }
-}
-
-// The FP8 codes' quotient x / scale (the pre-pass's and Q's in the kernel), correctly rounded (__fdiv_rn's bits, as far as E4M3 sees them). kExact: the
-// IEEE division (per-tensor factors outside the division-free range). Else Markstein: q0 = x·rscale (rscale =
-// RN(1 / scale)) within an ulp, corrected by the exact residual fma(-q0, scale, x); where the correction's proof
-// stops, q0 itself gives the same code: |q0| > 464 (the quotient > 448 or ±Inf / overflow: E4M3 saturates to
-// ±448 either way; the corrected form would make Inf NaN) and |q0| < 2^-20 (the quotient below E4M3's 2^-10
-// rounding edge: ±0 with x's sign, -0 kept, which the corrected form would make +0). NaN stays NaN.
-template <bool kExact>
-__device__ __forceinline__ float codes_quotient(float x, float scale, float rscale) {
-  if constexpr (kExact) {
-    return __fdiv_rn(x, scale);
-  } else {
-    const float q0 = __fmul_rn(x, rscale), a = fabsf(q0);
-    const float q = __fmaf_rn(__fmaf_rn(-q0, scale, x), rscale, q0);
-    return (a > 464.f || a < 0x1p-20f) ? q0 : q;
   }
 }
 
@@ -196,11 +171,8 @@ __device__ __forceinline__ void q_codes(uint32_t sq, int t, float scale, float r
   }
 }
 
-// TMA: the producer's expected byte count on a full barrier (its one arrival), and one box (64 features x 64 rows of
-// head h from token `row`, feature `col`) into a 1024-aligned slab, completing on `bar`.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
+// TMA: one box (64 features x 64 rows of head h from token `row`, feature `col`) into a 1024-aligned slab, completing
+// on `bar` (the producer's one arrival on a full barrier is mbar_arrive_expect_tx with the boxes' bytes).
 __device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
@@ -212,28 +184,6 @@ __device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, i
 // wait for P·V(j-1) above the softmax of tile j, which then no longer ran under the warpgroup's own P·V.
 __device__ __forceinline__ void block_boundary(float never_negative) {
   if (never_negative < 0.f) asm volatile("trap;");
-}
-
-// Rows of an m64n128 accumulator scaled: the thread's row r by a_lo, its row r + 8 (j % 4 >= 2) by a_hi.
-__device__ __forceinline__ void scale_rows64(float (&o)[64], float a_lo, float a_hi) {
-#pragma unroll
-  for (int j = 0; j < 64; ++j) o[j] *= (j & 2) ? a_hi : a_lo;
-}
-
-// [start, end) of sequence b in a packed tensor of `total` rows, clamped (sequence_ranges in the reference).
-__device__ __forceinline__ void seq_range(const int32_t* cu, int b, int64_t total, int& start, int& len) {
-  const int64_t a = min(max(static_cast<int64_t>(cu[b]), int64_t{0}), total);
-  const int64_t e = min(max(static_cast<int64_t>(cu[b + 1]), a), total);
-  start = static_cast<int>(a);
-  len = static_cast<int>(e - a);
-}
-
-// The CTA's tile count (the same for both consumers): keys up to the last visible key of the block's last row.
-__device__ __forceinline__ int cta_tiles(int q0, int len_q, int len_k, int causal) {
-  if (len_k <= 0) return 0;
-  if (!causal) return (len_k + kBN - 1) / kBN;
-  const int last_key = min(len_k - 1, min(q0 + kBM, len_q) - 1 + (len_k - len_q));
-  return last_key < 0 ? 0 : last_key / kBN + 1;
 }
 
 template <int kP>
@@ -255,24 +205,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int hk = h / (p.heads / p.kv_heads);
   const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
   int q_begin_seq, len_q, k_begin_seq, len_k;
-  seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
-  seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
+  prefill::seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
+  prefill::seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
   const int q0 = mb * kBM;
   if (q0 >= len_q) return;
-  const int n = cta_tiles(q0, len_q, len_k, p.causal);
+  const int n = prefill::cta_tiles(q0, len_q, len_k, p.causal);
   const int t = tid & 127, wg = warp >> 2, lane = tid & 31;
   const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // this thread's rows: row_lo, row_lo + 8 of its warpgroup
   const int qrow_lo = q0 + 64 * wg + row_lo;           // position in the sequence
   if (n == 0) {  // no visible key for any row of the block: output 0, LSE -inf
-    if (wg < 2) {
-      for (int r = 0; r < 2; ++r) {
-        const int qr = qrow_lo + 8 * r;
-        if (qr >= len_q) continue;
-        uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
-        for (int c = 2 * (t & 3); c < kDv; c += 8) *reinterpret_cast<uint32_t*>(orow + c) = 0u;
-        if ((t & 3) == 0 && p.lse) p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = -INFINITY;
-      }
-    }
+    if (wg < 2) prefill::store_empty_rows(p.out, p.lse, p.total_q, p.heads, h, q_begin_seq, qrow_lo, len_q, t);
     return;
   }
   const int tail_keys = len_k - (n - 1) * kBN;  // keys of the CTA's last tile that exist (< 64: V rows to zero)
@@ -296,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = i % kStages;
         if (i >= kStages) mbar_wait(&empty[s], (i / kStages - 1) & 1);
         if (i == 0) {
-          mbar_expect_tx(full_q, 2 * kQWgBytes);
+          mbar_arrive_expect_tx(full_q, 2 * kQWgBytes);
 #pragma unroll
           for (int c = 0; c < 6; ++c)
             tma_slab(sq + (c / 3) * kQWgBytes + (c % 3) * kSlab, &tm.q, 64 * (c % 3), h, q_begin_seq + q0 + 64 * (c / 3),
@@ -304,10 +246,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         uint8_t* sk = sstage + s * kStageBytes;
         const int row = k_begin_seq + i * kBN;
-        mbar_expect_tx(&full_k[s], kKBytes);
+        mbar_arrive_expect_tx(&full_k[s], kKBytes);
 #pragma unroll
         for (int c = 0; c < 3; ++c) tma_slab(sk + c * kSlab, &tm.k, 64 * c, hk, row, &full_k[s]);
-        mbar_expect_tx(&full_v[s], kVBytes);
+        mbar_arrive_expect_tx(&full_v[s], kVBytes);
 #pragma unroll
         for (int c = 0; c < 2; ++c) tma_slab(sk + kKBytes + c * kSlab, &tm.v, 64 * c, hk, row, &full_v[s]);
       }
@@ -337,8 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < 64; ++j) o[j] = 0.f;
   float sc[32];
   uint32_t pa[4][4];                         // P of the previous tile: the RS A fragments of 4 k16 steps
-  float m_lo = -INFINITY, m_hi = -INFINITY;  // running maxima, log2 units (scores x scale_log2)
-  float l_lo = 0.f, l_hi = 0.f;              // row sums: this thread's 16 of each row's 64 columns per tile
+  prefill::Rows rows{-INFINITY, -INFINITY, 0.f, 0.f};  // the thread's running maxima and row sums
 
   // Descriptors built once per operand; each k-step adds its byte offset / 16 to the start-address field (shared
   // addresses stay below 2^18: the add never carries out of the field).
@@ -361,49 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int ks = 0; ks < 4; ++ks) wgmma_pv_rs(o, pa[ks], dv + static_cast<uint64_t>(ks * 16 * 128 / 16));
     wg_commit();
   };
-  // Online softmax of S(j) (in sc): mask (tail / diagonal tiles only), running max per 64-key tile, P = 2^(x - m)
-  // in sc (float32), row sums; returns O's rescale factors for this tile.
   auto softmax = [&](int j, float& a_lo, float& a_hi) {
-    const int key0 = j * kBN;
-    const bool need_mask = key0 + kBN > len_k || (p.causal && key0 + kBN - 1 > first_row + off);
-    if (need_mask) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        const int key = key0 + 8 * (e >> 2) + 2 * (t & 3) + (e & 1);
-        const int qr = qrow_lo + 8 * ((e >> 1) & 1);
-        if (key >= len_k || (p.causal && key > qr + off)) sc[e] = -INFINITY;
-      }
-    }
-    // row maxima as 4 chains of 4 per row, then 2 levels (element e = 4q + 2r + b is row r's value 2q + b)
-    float lo[4], hi[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      lo[c] = fmaxf(fmaxf(sc[8 * c], sc[8 * c + 1]), fmaxf(sc[8 * c + 4], sc[8 * c + 5]));
-      hi[c] = fmaxf(fmaxf(sc[8 * c + 2], sc[8 * c + 3]), fmaxf(sc[8 * c + 6], sc[8 * c + 7]));
-    }
-    float mx_lo = fmaxf(fmaxf(lo[0], lo[1]), fmaxf(lo[2], lo[3]));
-    float mx_hi = fmaxf(fmaxf(hi[0], hi[1]), fmaxf(hi[2], hi[3]));
-#pragma unroll
-    for (int d = 1; d <= 2; d <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, d));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, d));
-    }
-    // max commutes with the (positive) scale: the running max of scaled scores is max(m, rowmax·scale)
-    const float mn_lo = fmaxf(m_lo, mx_lo * p.scale_log2), mn_hi = fmaxf(m_hi, mx_hi * p.scale_log2);
-    const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-    a_lo = ex2(m_lo - mu_lo);
-    a_hi = ex2(m_hi - mu_hi);
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      const float x = ex2(fmaf(sc[e], p.scale_log2, -((e & 2) ? mu_hi : mu_lo)));
-      sc[e] = x;
-      if (e & 2) sum_hi += x; else sum_lo += x;
-    }
-    l_lo = l_lo * a_lo + sum_lo;
-    l_hi = l_hi * a_hi + sum_hi;
-    m_lo = mn_lo;
-    m_hi = mn_hi;
+    prefill::tile_softmax(sc, rows, j * kBN, len_k, p.causal, first_row, off, qrow_lo, t, p.scale_log2, a_lo, a_hi);
   };
   auto pack_p = [&]() {
 #pragma unroll
@@ -458,12 +358,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence(sc);
     float a_lo, a_hi;
     softmax(j, a_lo, a_hi);
-    block_boundary(l_lo);
+    block_boundary(rows.l_lo);
     wg_wait<0>();  // P·V(j-1) done: stage j-1 is free, O and the A fragments may be written
     reg_fence(o);
     release(j - 1);
     // x·1 = x: a warp whose 16 rows all keep their maximum skips the multiply (no bit changes)
-    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);
+    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) prefill::scale_rows64(o, a_lo, a_hi);
     pack_p();
   }
   if (tail_keys < kBN)
@@ -476,30 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   reg_fence(o);
   release(n - 1);
 
-  // Row sums over the quad (the 4 threads of a row), normalization, LSE (natural log).
-#pragma unroll
-  for (int d = 1; d <= 2; d <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, d);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, d);
-  }
-  const float inv_lo = l_lo > 0.f ? p.out_scale * rcp_approx(l_lo) : 0.f;
-  const float inv_hi = l_hi > 0.f ? p.out_scale * rcp_approx(l_hi) : 0.f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int qr = qrow_lo + 8 * r;
-    if (qr >= len_q) continue;
-    const float inv = r ? inv_hi : inv_lo;
-    uint16_t* orow = p.out + ((int64_t)(q_begin_seq + qr) * p.heads + h) * kDv;
-#pragma unroll
-    for (int j = 2 * r; j < 64; j += 4) {  // j, j+1: columns 8(j/4) + 2(t%4) + {0, 1} of row r
-      const int col = 8 * (j >> 2) + 2 * (t & 3);
-      *reinterpret_cast<uint32_t*>(orow + col) = bf16x2_bits(o[j] * inv, o[j + 1] * inv);
-    }
-    if ((t & 3) == 0 && p.lse) {
-      const float l = r ? l_hi : l_lo, m = r ? m_hi : m_lo;
-      p.lse[(int64_t)h * p.total_q + q_begin_seq + qr] = l > 0.f ? (m + lg2_approx(l)) * kLn2 : -INFINITY;
-    }
-  }
+  prefill::store_rows(o, rows, p.out_scale, p.out, p.lse, p.total_q, p.heads, h, q_begin_seq, qrow_lo, len_q, t);
 }
 
 // Up to three operands' codes in one launch: chunk i of the concatenation [x0 | x1 | x2] (16-byte chunks) belongs

@@ -44,6 +44,24 @@ __device__ __forceinline__ float div_rn(float x, float s, float inv_s, bool exac
   return __fmaf_rn(__fmaf_rn(-q0, s, x), inv_s, q0);
 }
 
+// The FP8 codes' quotient x / scale of the prefill (its pre-passes and Q's codes in its kernels), correctly rounded
+// (__fdiv_rn's bits, as far as E4M3 sees them). kExact: the
+// IEEE division (per-tensor factors outside the division-free range). Else Markstein: q0 = x·rscale (rscale =
+// RN(1 / scale)) within an ulp, corrected by the exact residual fma(-q0, scale, x); where the correction's proof
+// stops, q0 itself gives the same code: |q0| > 464 (the quotient > 448 or ±Inf / overflow: E4M3 saturates to
+// ±448 either way; the corrected form would make Inf NaN) and |q0| < 2^-20 (the quotient below E4M3's 2^-10
+// rounding edge: ±0 with x's sign, -0 kept, which the corrected form would make +0). NaN stays NaN.
+template <bool kExact>
+__device__ __forceinline__ float codes_quotient(float x, float scale, float rscale) {
+  if constexpr (kExact) {
+    return __fdiv_rn(x, scale);
+  } else {
+    const float q0 = __fmul_rn(x, rscale), a = fabsf(q0);
+    const float q = __fmaf_rn(__fmaf_rn(-q0, scale, x), rscale, q0);
+    return (a > 464.f || a < 0x1p-20f) ? q0 : q;
+  }
+}
+
 // FP8 code of x: e4m3(x / scale) (the caller multiplies by scale).
 __device__ __forceinline__ float fp8_code(float x, float scale, float inv_scale, bool exact_div) {
   return round_e4m3(div_rn(x, scale, inv_scale, exact_div));

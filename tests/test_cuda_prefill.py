@@ -8,7 +8,9 @@ NaN-filled buffers (an unwritten element fails), with the triton tests' toleranc
 with a cached prefix (and len_q > len_k), non-causal, GQA, LSE, P in FP8 and the full FP8 recipe, strided and
 misaligned views, K / V rows holding NaN and Inf between sequences (the kernel's TMA reads past a sequence's end),
 ragged batches whose launch is mostly empty query blocks, CUDA-graph capture; the QDQ pre-pass's codes equal
-mla_core.numerics' FP8 QDQ bit for bit.
+mla_core.numerics' FP8 QDQ bit for bit. The fp8 recipe's FP8-wgmma config (``{"mma": "fp8"}``, csrc/mla_prefill_fp8.cu)
+on the same shapes with its declared LSE tolerance (numerics.FP8_MMA_LSE_RTOL), its tile images byte for byte
+against a layout built here from numerics' codes.
 """
 from __future__ import annotations
 
@@ -71,14 +73,14 @@ def run_pair(inputs, causal=True, **kw):
     return out, ref
 
 
-def check(out, ref, tol=TOL):
+def check(out, ref, tol=TOL, lse_rtol=LSE_RTOL):
     assert out[0].shape == ref[0].shape and out[0].dtype == ref[0].dtype == torch.bfloat16
     assert out[1].shape == ref[1].shape and out[1].dtype == torch.float32
     err = rel_l2(out[0], ref[0])
     assert err < tol, f"relative L2 {err:.3g} >= {tol}"
     finite = torch.isfinite(ref[1])
     scale = ref[1][finite].abs().max().item() if finite.any() else 0.0
-    assert same_lse(out[1], ref[1], LSE_ATOL + LSE_RTOL * scale)
+    assert same_lse(out[1], ref[1], LSE_ATOL + lse_rtol * scale)
     empty = ref[1] == float("-inf")  # [heads, total_q]: rows with no visible key are exactly 0
     assert torch.all(out[0].transpose(0, 1)[empty] == 0)
     return err
@@ -120,11 +122,17 @@ def test_priority_and_configs():
     assert 200 < backend.PRIORITY_PREFILL < 250  # above triton, below cuDNN's dense / capturable path
     assert backend.configs(_problem()) == [{}]
     assert backend.validate_config(_problem(), {}) == []
+    assert backend.configs(_problem(**FP8)) == [{}, {"mma": "fp8"}]  # the fp8 recipe: both kernels, bf16 first
+    assert backend.validate_config(_problem(**FP8), {"mma": "fp8"}) == []
+    for partial in (dict(p_quant="fp8"), dict(FP8, p_quant=None), dict(FP8, q_quant=None), dict(k_quant="fp8")):
+        assert backend.configs(_problem(**partial)) == [{}]  # FP8 MMA only where every operand is FP8 codes
+        assert backend.validate_config(_problem(**partial), {"mma": "fp8"}) != []
     assert "wgmma prefill" in backend.version
 
 
 def test_sources_built():
     assert "mla_prefill_wgmma.cu" in build.SOURCES and "mla_prefill.h" in build.HEADERS
+    assert "mla_prefill_fp8.cu" in build.SOURCES
 
 
 class _Recorder:
@@ -142,13 +150,22 @@ class _Recorder:
     def prefill_wgmma(self, *args):
         self.calls.append(("prefill", args))
 
+    def fp8_tile_image_slots(self, total_k, batch):
+        return total_k // 64 + batch + 1
 
-def _call(inputs, **kw):
+    def fp8_tile_images(self, *args):
+        self.calls.append(("images", args))
+
+    def prefill_fp8(self, *args):
+        self.calls.append(("prefill_fp8", args))
+
+
+def _call(inputs, causal=True, return_lse=True, **kw):
     args = dict(q_quant=None, k_quant=None, p_quant=None, v_quant=None, q_amax=None, k_amax=None, p_amax=1.0,
                 v_amax=None, sparsity_n=0, sparsity_m=4, dense_sink_tokens=0, dense_recent_tokens=64, block_m=64,
                 block_n=64)
     args.update(kw)
-    return specs.validate_prefill(*inputs, None, True, True, **args)[1]
+    return specs.validate_prefill(*inputs, None, causal, return_lse, **args)[1]
 
 
 def _f32(x):
@@ -212,6 +229,42 @@ def test_prepass_operands_and_its_division():
     cuda_prefill.run(rec, _call(inputs, q_quant="fp8", q_amax=2.0), {})
     (kind, args), = rec.calls  # nothing for the pre-pass
     assert kind == "prefill" and args[14:16] == (1, _f32(2.0 / 448))
+
+
+def test_launch_arguments_fp8_mma():
+    """The FP8-wgmma config: one tile-image pre-pass over K and V (slots total_k / 64 + batch + 1), then the kernel
+    with Q's and P's factors; the factors folded as the default config folds them; each launch takes the IEEE
+    division exactly when one of its own factors is outside the division-free range."""
+    inputs = make_inputs([(5, 9), (0, 70)], 4, 2, device="cpu")
+    rec = _Recorder()
+    out, lse = cuda_prefill.run(rec, _call(inputs, **FP8, **AMAX), cuda_prefill.FP8_MMA)
+    (kind, pre), (kind2, args) = rec.calls
+    assert (kind, kind2) == ("images", "prefill_fp8")
+    k, v, cu_k, images, k_scale, k_rscale, v_scale, v_rscale, exact = pre
+    assert k is inputs[1] and v is inputs[2] and cu_k.dtype == torch.int32
+    assert images.shape == (79 // 64 + 2 + 1, 2, 20480) and images.dtype == torch.uint8
+    assert (k_scale, v_scale, exact) == (_f32(4.0 / 448), _f32(3.0 / 448), False)
+    assert k_rscale == cuda_prefill._f32_reciprocal(k_scale) and v_rscale == cuda_prefill._f32_reciprocal(v_scale)
+    q, img, cu_q, cu_k2, max_q, total_k, o, l, causal, scale_log2, out_scale, q_scale, q_rscale, p_scale, p_rscale, \
+        exact = args
+    assert q is inputs[0] and img is images and (max_q, total_k, causal, exact) == (5, 79, True, False)
+    assert o is out and l is lse and out.shape == (5, 4, 128)
+    assert (q_scale, p_scale) == (_f32(3.5 / 448), _f32(1 / 448))
+    assert q_rscale == cuda_prefill._f32_reciprocal(q_scale) and p_rscale == cuda_prefill._f32_reciprocal(p_scale)
+    assert scale_log2 == pytest.approx(192 ** -0.5 * q_scale * k_scale * math.log2(math.e), rel=1e-6)
+    assert out_scale == pytest.approx(v_scale * p_scale, rel=1e-7)
+    for amaxes, flags in ((dict(q_amax=1e-14), (False, True)), (dict(p_amax=1e-20), (False, True)),
+                          (dict(k_amax=1e-14), (True, False)), (dict(v_amax=1e-14), (True, False))):
+        rec = _Recorder()
+        cuda_prefill.run(rec, _call(inputs, **FP8, **dict(AMAX, **amaxes)), cuda_prefill.FP8_MMA)
+        assert (rec.calls[0][1][-1], rec.calls[1][1][-1]) == flags, amaxes
+
+
+def test_fp8_mma_runs_the_fp8_recipe_only():
+    inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
+    for kw in (dict(), dict(FP8, p_quant=None), dict(p_quant="fp8")):
+        with pytest.raises(ValueError, match="fp8 recipe only"):
+            cuda_prefill.run(_Recorder(), _call(inputs, **kw), cuda_prefill.FP8_MMA)
 
 
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
@@ -425,3 +478,176 @@ def test_gpu_cuda_graph_capture(poisoned_outputs):
     torch.cuda.synchronize()
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
     check(got, ref)
+
+
+# ------------------------------------------------------------------------ GPU: the FP8-wgmma config {"mma": "fp8"}
+
+
+def run_fp8_mma(inputs, causal=True, **amax):
+    """(the FP8-wgmma config's out, lse), (reference out, lse) for the fp8 recipe (AMAX unless given)."""
+    kw = dict(FP8, **dict(AMAX, **amax))
+    ref = mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference", **kw)
+    out = cuda_prefill.run(build.build(), _call(inputs, causal=causal, **kw), cuda_prefill.FP8_MMA)
+    return out, ref
+
+
+def check_fp8_mma(out, ref):
+    """The out tolerance as every kernel's, the LSE within the FP8-MMA score tolerance (docs/numerics.md). A failure
+    names both errors: the LSE depends on S alone (Q / K layouts), the output on P·V too (P's fragments, V^T)."""
+    finite = torch.isfinite(ref[1])
+    scale = ref[1][finite].abs().max().item() if finite.any() else 0.0
+    dlse = (out[1][finite] - ref[1][finite]).abs().max().item() if finite.any() else 0.0
+    try:
+        return check(out, ref, lse_rtol=numerics.FP8_MMA_LSE_RTOL)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; out rel-L2 {rel_l2(out[0], ref[0]):.3g}, max |dLSE| {dlse:.3g} "
+                             f"(max |LSE| {scale:.3g})") from None
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_fp8_mma_boundary_lengths(poisoned_outputs, causal):
+    seqs = [(n, n) for n in LENGTHS] + [(5, 0), (0, 7)]
+    check_fp8_mma(*run_fp8_mma(make_inputs(seqs, 4, 4, seed=20 + int(causal)), causal=causal))
+
+
+@gpu
+def test_gpu_fp8_mma_cached_prefix_and_gqa(poisoned_outputs):
+    seqs = list(causal_boundary_pairs(128, 64)) + [(1, 1000), (300, 2000), (200, 129), (65, 1), (130, 64)]
+    check_fp8_mma(*run_fp8_mma(make_inputs(seqs, 8, 2, seed=22), causal=True))
+    check_fp8_mma(*run_fp8_mma(make_inputs(seqs[-6:], 8, 2, seed=23), causal=False))
+
+
+@gpu
+def test_gpu_fp8_mma_mla_heads_and_lengths(poisoned_outputs):
+    """128 heads, 1,100 keys; the two configs of the fp8 recipe agree (the same codes, other summation)."""
+    inputs = make_inputs([(1100, 1100), (300, 700)], 128, 128, seed=24)
+    out, ref = run_fp8_mma(inputs)
+    check_fp8_mma(out, ref)
+    default = cuda_prefill.run(build.build(), _call(inputs, **FP8, **AMAX), {})
+    assert rel_l2(out[0], default[0]) < TOL
+
+
+@gpu
+def test_gpu_fp8_mma_nan_and_inf_rows_between_sequences(poisoned_outputs):
+    """K / V rows of a sequence without queries hold NaN / Inf (their tile images too, never read); rows of a
+    sequence with queries but no keys hold NaN Q."""
+    seqs = [(100, 100), (0, 50), (70, 130), (3, 0), (64, 65), (0, 40), (1, 1)]
+    inputs = make_inputs(seqs, 4, 4, seed=25)
+    q, k, v = inputs[:3]
+    k[100:150, :, ::2], k[100:150, :, 1::2] = float("nan"), float("inf")
+    v[100:150, :, ::2], v[100:150, :, 1::2] = float("-inf"), float("nan")
+    q[170:173] = float("nan")
+    k[345:385], v[345:385] = float("inf"), float("nan")
+    for causal in (True, False):
+        out, ref = run_fp8_mma(inputs, causal=causal)
+        assert not out[0].isnan().any() and not out[1].isnan().any()
+        check_fp8_mma(out, ref)
+
+
+@gpu
+def test_gpu_fp8_mma_ragged_strided_and_single_blocks(poisoned_outputs):
+    """Many short sequences under a long one (most query blocks empty), strided K / V views read in place by the
+    pre-pass, a misaligned q (copied), single-block launches."""
+    seqs = ([(1, 1)] * 20 + [(0, 9), (700, 700), (0, 0), (129, 300), (5, 0), (0, 3)] + [(64, 64)] * 6
+            + [(1500, 1500), (2, 1)])
+    check_fp8_mma(*run_fp8_mma(make_inputs(seqs, 8, 2, seed=26), causal=True))
+    inputs = make_inputs([(70, 200), (128, 128)], 4, 2, seed=27, strided=True)
+    assert not inputs[1].is_contiguous()
+    check_fp8_mma(*run_fp8_mma(inputs))
+    flat = torch.empty(inputs[0].numel() + 1, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1:].view(inputs[0].shape)
+    shifted.copy_(inputs[0])
+    check_fp8_mma(*run_fp8_mma([shifted] + inputs[1:]))
+    for seqs in ([(100, 100)], [(1, 1)], [(3, 700)]):
+        check_fp8_mma(*run_fp8_mma(make_inputs(seqs, 1, 1, seed=28), causal=True))
+
+
+@gpu
+@pytest.mark.parametrize("amax", [dict(q_amax=2e-38), dict(k_amax=1e-14, v_amax=1e-14), dict(p_amax=1e-20)],
+                         ids=["q_subnormal_factor", "kv_ieee", "p_ieee"])
+def test_gpu_fp8_mma_factors_outside_the_division_free_range(poisoned_outputs, amax):
+    """The IEEE division where a factor is outside the division-free range (q_amax 2e-38, a normal float as the op
+    requires: its factor amax / 448 is subnormal, whose reciprocal is Inf, so the division-free form would make zeros
+    NaN); the operands scaled to their amax."""
+    inputs = make_inputs([(130, 130), (64, 200), (1, 1)], 4, 2, seed=29)
+    for i, name in enumerate("qkv"):
+        if f"{name}_amax" in amax:
+            inputs[i].mul_(amax[f"{name}_amax"] / AMAX[f"{name}_amax"])
+    out, ref = run_fp8_mma(inputs, **amax)
+    assert not out[0].isnan().any()
+    check_fp8_mma(out, ref)
+
+
+def _expected_tile_images(k, v, cu_k, k_scale, v_scale, slots):
+    """The tile images built here from numerics' codes (csrc/mla_prefill_fp8.cu's layout): {(slot, kv head): bytes}."""
+    kc = numerics.round_e4m3(numerics.divide(k.float(), k_scale)).to(torch.float8_e4m3fn).view(torch.uint8).cpu()
+    vc = numerics.round_e4m3(numerics.divide(v.float(), v_scale)).to(torch.float8_e4m3fn).view(torch.uint8).cpu()
+
+    def sw64(r, b):  # byte b of row r in a [rows x 64 B] part, 64-byte swizzle
+        return r * 64 + ((((b >> 4) ^ (r >> 1)) & 3) << 4) + (b & 15)
+
+    src = torch.empty(20480, dtype=torch.long)  # image byte -> index into a tile's [64 x 320] (K ++ V) codes
+    for r in range(64):
+        for f in range(192):
+            src[(f // 64) * 4096 + sw64(r, f % 64)] = r * 320 + f
+    for d in range(128):
+        for pos in range(64):
+            q = pos % 32  # position 16 h + 4 c + 2 g1 + b holds key 8 (2 h + g1) + 2 c + b of its 32-key group
+            key = 32 * (pos // 32) + 8 * (2 * (q >> 4) + ((q >> 1) & 1)) + 2 * ((q >> 2) & 3) + (q & 1)
+            src[12288 + sw64(d, pos)] = key * 320 + 192 + d
+    images = {}
+    cu = cu_k.tolist()
+    for b in range(len(cu) - 1):
+        start, length = cu[b], cu[b + 1] - cu[b]
+        for i in range((length + 63) // 64):
+            keys = min(64, length - 64 * i)
+            tile = torch.zeros(k.shape[1], 64, 320, dtype=torch.uint8)
+            rows = slice(start + 64 * i, start + 64 * i + keys)
+            tile[:, :keys, :192] = kc[rows].transpose(0, 1)
+            tile[:, :keys, 192:] = vc[rows].transpose(0, 1)
+            slot = start // 64 + b + i
+            assert slot < slots
+            for hk in range(k.shape[1]):
+                images[(slot, hk)] = tile[hk].reshape(-1)[src]
+    return images
+
+
+@gpu
+def test_gpu_fp8_tile_images_byte_for_byte():
+    """fp8_tile_images writes every tile of every sequence (partial tiles' missing keys as zero codes) in the layout
+    the kernel's descriptors read: K in three 64-byte-swizzled parts, V^T with its keys permuted to P's fragments."""
+    module, reason = build.load_or_reason()
+    assert module is not None, reason
+    seqs = [(1, 130), (0, 64), (5, 1), (9, 0), (3, 200)]
+    q, k, v, cu_q, cu_k, _ = make_inputs(seqs, 2, 3, seed=30, strided=True)
+    k_scale, v_scale = _f32(4.0 / 448), _f32(3.0 / 448)
+    slots = module.fp8_tile_image_slots(k.shape[0], len(seqs))
+    images = torch.zeros((slots, 3, 20480), dtype=torch.uint8, device="cuda")
+    module.fp8_tile_images(k, v, cu_k, images, k_scale, cuda_prefill._f32_reciprocal(k_scale), v_scale,
+                           cuda_prefill._f32_reciprocal(v_scale), False)
+    got = images.cpu()
+    want = _expected_tile_images(k, v, cu_k, k_scale, v_scale, slots)
+    assert len(want) == 3 * (3 + 1 + 1 + 4)
+    for (slot, hk), image in want.items():
+        assert torch.equal(got[slot, hk], image), (slot, hk)
+
+
+@gpu
+def test_gpu_fp8_mma_cuda_graph_capture(poisoned_outputs):
+    inputs = make_inputs([(300, 300), (10, 77)], 4, 4, seed=31)
+    call = _call(inputs, **FP8, **AMAX)
+    module = build.build()
+    eager = cuda_prefill.run(module, call, cuda_prefill.FP8_MMA)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            got = cuda_prefill.run(module, call, cuda_prefill.FP8_MMA)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference", **FP8, **AMAX)
+    check_fp8_mma(got, ref)

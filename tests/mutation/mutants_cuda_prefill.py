@@ -1,4 +1,5 @@
-"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, backends/cuda/mla_core_cuda/prefill.py): each is one
+"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, mla_prefill_fp8.cu and what they share in
+mla_prefill_common.cuh, backends/cuda/mla_core_cuda/prefill.py): each is one
 plausible bug tests/test_cuda_prefill.py's GPU tests must notice. ``old`` occurs exactly once in ``file``.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda_prefill.py`` judges every mutant with its ``tests`` selection
@@ -16,6 +17,12 @@ PREPASS_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_fp8 "
                      "tests/test_cuda_prefill.py::test_gpu_qdq_prepass_codes_equal_the_numerics_definition "
                      "tests/test_cuda_prefill.py::test_gpu_q_codes_in_the_kernel_equal_the_prepass_codes")
 """The FP8 pre-pass's and the in-kernel Q codes' mutants (indices 8-13): codes bit for bit, the recipe end to end."""
+FP8_MMA_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_fp8_tile_images_byte_for_byte "
+                     "tests/test_cuda_prefill.py::test_gpu_fp8_mma_boundary_lengths "
+                     "tests/test_cuda_prefill.py::test_gpu_fp8_mma_cached_prefix_and_gqa "
+                     "tests/test_cuda_prefill.py::test_gpu_fp8_mma_factors_outside_the_division_free_range")
+"""The FP8-wgmma config's mutants (indices 14-22): its tile images byte for byte, then the config against the
+reference on tile-edge lengths, cached prefixes with GQA, and factors outside the division-free range."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -23,17 +30,17 @@ MUTANTS = [
          new="for (int idx = lane; idx < 0; idx += 32)",
          tests=[SELECTION], gpu=True,
          why="tail guard dropped: V rows past a sequence's end (the next sequence's NaN / Inf) reach P·V as 0 · Inf"),
-    dict(file="csrc/mla_prefill_wgmma.cu",
-         old="if (key >= len_k || (p.causal && key > qr + off)) sc[e] = -INFINITY;",
-         new="if (key >= len_k || (p.causal && key > qr + off + 1)) sc[e] = -INFINITY;",
+    dict(file="csrc/mla_prefill_common.cuh",
+         old="if (key >= len_k || (causal && key > qr + off)) sc[e] = -INFINITY;",
+         new="if (key >= len_k || (causal && key > qr + off + 1)) sc[e] = -INFINITY;",
          tests=[SELECTION], gpu=True,
          why="causal mask off by one: each query also sees the key after its diagonal"),
-    dict(file="csrc/mla_prefill_wgmma.cu",
-         old="const bool need_mask = key0 + kBN > len_k || (p.causal",
-         new="const bool need_mask = (p.causal",
+    dict(file="csrc/mla_prefill_common.cuh",
+         old="const bool need_mask = key0 + kBN > len_k || (causal",
+         new="const bool need_mask = (causal",
          tests=[SELECTION], gpu=True,
          why="no tail mask when non-causal: the next sequence's keys score in the last tile"),
-    dict(file="csrc/mla_prefill_wgmma.cu",
+    dict(file="csrc/mla_prefill_common.cuh",
          old="  return last_key < 0 ? 0 : last_key / kBN + 1;",
          new="  return last_key < 0 ? 0 : (last_key + 1) / kBN;",
          tests=[SELECTION], gpu=True,
@@ -44,7 +51,7 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="wrong GQA head: query heads interleaved over kv heads instead of grouped"),
     dict(file="csrc/mla_prefill_wgmma.cu",
-         old="    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows64(o, a_lo, a_hi);\n",
+         old="    if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) prefill::scale_rows64(o, a_lo, a_hi);\n",
          new="",
          tests=[SELECTION], gpu=True,
          why="no rescale of O when the running maximum grows: earlier tiles kept against the old maximum"),
@@ -59,7 +66,7 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="K's FP8 scale left out of the score scale (Q / K codes multiplied as if scale 1)"),
     # 8-13: the fp8 recipe's pre-pass in one launch and Q's codes in the kernel (branch wip/prefill-fp8-prepass)
-    dict(file="csrc/mla_prefill_wgmma.cu",
+    dict(file="csrc/qdq.cuh",
          old="    return (a > 464.f || a < 0x1p-20f) ? q0 : q;",
          new="    return a > 464.f ? q0 : q;",
          tests=[PREPASS_SELECTION], gpu=True,
@@ -90,6 +97,55 @@ MUTANTS = [
          new="        q_fmt = 0 if EXACT_DIV_FREE_RANGE[0] <= q_scale",
          tests=[PREPASS_SELECTION], gpu=True,
          why="Q's codes not made: the kernel multiplies raw Q while its factor is folded into the score scale"),
+    # 14-22: the fp8 recipe on FP8 wgmma (csrc/mla_prefill_fp8.cu, config {"mma": "fp8"})
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="  return (p & 32) + 8 * (2 * (q >> 4) + ((q >> 1) & 1)) + 2 * ((q >> 2) & 3) + (q & 1);",
+         new="  return (p & 32) + q;",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="V^T's keys in plain order: P's fragments (S's register order) pair keys with other keys' V"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="        const int e = 16 * ks + 8 * (i >> 1) + 2 * (i & 1);",
+         new="        const int e = 16 * ks + 4 * (i >> 1) + 2 * (i & 1);",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="P's A fragments a[2] / a[3] from the wrong S registers (keys 8 g + .. one group off)"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="    for (int ks = 0; ks < 2; ++ks) wgmma_pv8(ot, pa[ks], dv + static_cast<uint64_t>(ks * 2), ks > 0);",
+         new="    for (int ks = 0; ks < 2; ++ks) wgmma_pv8(ot, pa[ks], dv + static_cast<uint64_t>(ks * 2), 1);",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="the fresh P·V accumulator not zeroed: each tile adds the previous tiles' P·V again"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old="f32(v_scale) * p_scale,",
+         new="f32(v_scale),",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="P's FP8 scale dropped from O's factor in the FP8-wgmma config"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="return r * 64 + ((((b >> 4) ^ (r >> 1)) & 3) << 4) + (b & 15); }",
+         new="return r * 64 + (((b >> 4) & 3) << 4) + (b & 15); }",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="tile images and Q's codes written unswizzled while the descriptors read the 64-byte swizzle"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="__device__ __forceinline__ int first_slot(int start, int b) { return start / kBN + b; }",
+         new="__device__ __forceinline__ int first_slot(int start, int b) { return start / kBN; }",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="image slots without the per-sequence +1: a sequence starting inside a tile overwrites the previous "
+             "sequence's last tile"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="        bulk_copy(sstage + s * kImage, src + i * step, kImage, &full[s]);",
+         new="        bulk_copy(sstage + s * kImage, src + i * kImage, kImage, &full[s]);",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="the producer steps through kv heads instead of key tiles (the next slot is kv_heads images away)"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old="                       not (inside[0] and inside[3]))",
+         new="                       not (inside[0] or inside[3]))",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="the kernel's division-free quotient for Q with a factor outside its range (q_amax 1e-40: reciprocal "
+             "Inf, zero codes NaN)"),
+    dict(file="csrc/mla_prefill_fp8.cu",
+         old="    wv[u] = r < keys ? __ldg(",
+         new="    wv[u] = r < kBN ? __ldg(",
+         tests=[FP8_MMA_SELECTION], gpu=True,
+         why="a partial tile's V rows past the sequence's end not zeroed: the next sequence's V (or past the "
+             "tensor) enters V^T"),
 ]
 
 

@@ -26,13 +26,15 @@ from pathlib import Path
 import filelock
 
 ARCH = "sm_90a"
-"""The one target the kernels are written for: mla_decode_wgmma.cu, mla_sparse_wgmma.cu and mla_prefill_wgmma.cu need
-sm_90a's wgmma (they refuse to compile for anything else); the mma.sync kernel runs on it too."""
+"""The one target the kernels are written for: mla_decode_wgmma.cu, mla_sparse_wgmma.cu, mla_prefill_wgmma.cu and
+mla_prefill_fp8.cu need sm_90a's wgmma (they refuse to compile for anything else); the mma.sync kernel runs on it
+too."""
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 CXX_FLAGS = ("-O3",)
-SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "bindings.cpp")
-HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_sparse.h", "mla_prefill.h", "hopper.cuh",
-           "seesaw.cuh")
+SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu",
+           "bindings.cpp")
+HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh",
+           "hopper.cuh", "seesaw.cuh")
 LOCK_TIMEOUT_S = 900.0
 """Longest wait for another process's build (a cold build takes about a minute)."""
 

@@ -1,4 +1,5 @@
-"""Launcher of the CUDA varlen prefill (csrc/mla_prefill_wgmma.cu): what it covers, scales, buffers, the QDQ pre-pass.
+"""Launcher of the CUDA varlen prefill (csrc/mla_prefill_wgmma.cu, and csrc/mla_prefill_fp8.cu for the fp8 recipe on
+FP8 wgmma): what it covers, scales, buffers, the QDQ pre-passes.
 
 The kernel serves :func:`mla_core.mla_prefill` at MLA's prefill shapes: bf16 q / k [tokens, heads, 192] and v
 [tokens, kv_heads, 128], any batch of ``cu_seqlens`` (len_q and len_k per sequence free: causal is bottom-right,
@@ -10,6 +11,10 @@ kernel working on the codes with the per-tensor factors folded into the score sc
 definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
 :func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands, N:M sparsity, other dtypes and head dims are
 refused by :func:`why_not` (triton and the reference run them).
+
+The fp8 recipe has a second config, :data:`FP8_MMA`: a pre-pass writes each 64-key tile's K and V^T codes as one
+20 KB image of E4M3 bytes (``fp8_tile_images``) and the kernel (``prefill_fp8``) computes S and P·V on FP8 tensor
+cores, Q's and P's codes made in it; its LSE within :data:`mla_core.numerics.FP8_MMA_LSE_RTOL` (docs/numerics.md).
 
 Tensor maps are built per call from the tensors' strides; a view TMA cannot address (data or a token / head stride
 not a multiple of 16 bytes) is copied first. Nothing is read on the host: a call can be captured in a CUDA graph.
@@ -26,13 +31,27 @@ from mla_core.specs import PrefillCall
 from .launch_args import EXACT_DIV_FREE_RANGE, aligned, f32  # P's FP8 scales divided without a division too
 
 QK_DIM, V_DIM, P_TILE = 192, 128, 64
+FP8_TILE_IMAGE_BYTES = 20480
+"""Bytes of one 64-key tile of the FP8-wgmma kernel's pre-pass: K's [64 x 192] and V^T's [128 x 64] E4M3 codes
+(csrc/mla_prefill.h)."""
 QUANT = frozenset({None, "fp8"})
 """Q / K / V / P formats the kernel runs (the backend's prefill capability declares these constants)."""
 
 
+FP8_MMA = {"mma": "fp8"}
+"""The config of the fp8 recipe on FP8 wgmma (csrc/mla_prefill_fp8.cu): Q, K, V and P all ``"fp8"``; its S sums
+e4m3 products with the tensor cores' reduced precision, so it declares :data:`mla_core.numerics.FP8_MMA_LSE_RTOL`."""
+
+
+def fp8_mma_covers(problem) -> bool:
+    """Whether ``{"mma": "fp8"}`` runs ``problem``: the fp8 recipe (Q, K, V and P FP8) and no other quantization."""
+    return all(problem.get(name) == "fp8" for name in ("q_quant", "k_quant", "v_quant", "p_quant"))
+
+
 def configs(problem) -> list[dict]:
-    """One launch shape (128 query rows per CTA, 64-key tiles, 4 stages): nothing to tune."""
-    return [{}]
+    """The bf16-wgmma kernel (128 query rows per CTA, 64-key tiles, 4 stages) first; for the fp8 recipe also the
+    FP8-wgmma kernel (:data:`FP8_MMA`), which the autotuner times against it."""
+    return [{}, dict(FP8_MMA)] if fp8_mma_covers(problem) else [{}]
 
 
 def _f32_reciprocal(x: float) -> float:
@@ -65,8 +84,28 @@ def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _run_fp8_mma(module, call: PrefillCall, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """The fp8 recipe on FP8 wgmma: the tile-image pre-pass over K and V (one launch), then the kernel (Q's and P's
+    codes in it), the factors folded into the score scale and O's scale as :func:`run` folds them."""
+    q_scale, k_scale, v_scale, p_scale = (f32(numerics.fp8_scale(a)) for a in
+                                          (call.q_amax, call.k_amax, call.v_amax, call.p_amax))
+    inside = [EXACT_DIV_FREE_RANGE[0] <= s <= EXACT_DIV_FREE_RANGE[1] for s in (q_scale, k_scale, v_scale, p_scale)]
+    k, v = _tma_ready(call.k), _tma_ready(call.v)
+    batch = call.cu_seqlens_q.shape[0] - 1
+    cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
+    cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
+    images = torch.empty((module.fp8_tile_image_slots(k.shape[0], batch), k.shape[1], FP8_TILE_IMAGE_BYTES),
+                         dtype=torch.uint8, device=k.device)
+    module.fp8_tile_images(k, v, cu_k, images, k_scale, _f32_reciprocal(k_scale), v_scale, _f32_reciprocal(v_scale),
+                           not (inside[1] and inside[2]))
+    module.prefill_fp8(_tma_ready(call.q), images, cu_q, cu_k, call.max_seqlen_q, k.shape[0], out, lse, call.causal,
+                       f32(call.softmax_scale) * f32(q_scale * k_scale) * math.log2(math.e), f32(v_scale) * p_scale,
+                       q_scale, _f32_reciprocal(q_scale), p_scale, _f32_reciprocal(p_scale),
+                       not (inside[0] and inside[3]))
+
+
 def run(module, call: PrefillCall, config: dict):
-    """Prefill with the built extension ``module``.
+    """Prefill with the built extension ``module`` (``config``: ``{}`` or :data:`FP8_MMA`).
 
     Returns ``(out [total_q, heads, 128] bf16, lse [heads, total_q] float32 natural log, or None)``.
     """
@@ -88,6 +127,11 @@ def run(module, call: PrefillCall, config: dict):
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
+        return out, lse
+    if config.get("mma") == "fp8":
+        if not all(f == "fp8" for f in (call.q_quant, call.k_quant, call.v_quant, call.p_quant)):
+            raise ValueError("cuda prefill: the FP8-wgmma config runs the fp8 recipe only (Q, K, V and P FP8)")
+        _run_fp8_mma(module, call, out, lse)
         return out, lse
     q_fmt, q_scale = 0, 1.0
     if call.q_quant == "fp8":  # Q's codes are made in the kernel, once per CTA after its Q tile lands

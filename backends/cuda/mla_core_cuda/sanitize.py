@@ -13,7 +13,8 @@ Then the FP8 sparse decode
 (``sparse`` alone: only it), 576- and 656-byte rows, on a cache of NaN bytes except the rows valid slots name, with
 -1 slots, slots past each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto
 splits. Then the varlen prefill (``prefill`` alone: only it): ragged batches with empty and one-token sequences,
-len_q < len_k (a cached prefix) and equal, causal and not, GQA, bf16 and the fp8 recipe, q / k / v packed inside
+len_q < len_k (a cached prefix) and equal, causal and not, GQA, bf16 and the fp8 recipe (both configs: the bf16
+products and FP8 wgmma), q / k / v packed inside
 buffers whose rows past the last sequence hold NaN, LSE on.
 """
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _sparse_case(heads, q_len, lengths, top_k, splits, seed=0, ds_mla=False):
     return ok
 
 
-def _prefill_case(heads, kv_heads, lens_q, lens_k, causal, recipe, seed=0):
+def _prefill_case(heads, kv_heads, lens_q, lens_k, causal, recipe, seed=0, config=None):
     from mla_core.specs import validate_prefill
 
     from . import build, prefill
@@ -121,19 +122,22 @@ def _prefill_case(heads, kv_heads, lens_q, lens_k, causal, recipe, seed=0):
         q, k, v, cu_q, cu_k, max(lens_q), 192 ** -0.5, causal, True, q_quant=fmt, k_quant=fmt, p_quant=fmt,
         v_quant=fmt, q_amax=4.0, k_amax=4.0, p_amax=1.0, v_amax=4.0, sparsity_n=0, sparsity_m=4, dense_sink_tokens=0,
         dense_recent_tokens=64, block_m=64, block_n=64)
-    out, lse = prefill.run(build.build(), call, prefill.configs(problem)[0])
+    out, lse = prefill.run(build.build(), call, prefill.configs(problem)[0] if config is None else config)
     torch.cuda.synchronize()
     ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
     print(f"prefill heads={heads}/{kv_heads} lens_q={lens_q} lens_k={lens_k} causal={causal} {recipe}: "
-          f"{'ok' if ok else 'NaN'}", flush=True)
+          f"{'' if config is None else f'{config} '}{'ok' if ok else 'NaN'}", flush=True)
     return ok
 
 
 def _prefill_main() -> int:
+    from . import prefill
     ok = _prefill_case(128, 128, [0, 1, 70, 129], [0, 1, 70, 129], True, "bf16")
     ok &= _prefill_case(16, 2, [1, 65, 17], [300, 65, 200], True, "bf16")
     ok &= _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "fp8")
     ok &= _prefill_case(128, 128, [200, 1], [331, 1], True, "fp8")
+    ok &= _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "fp8", config=prefill.FP8_MMA)
+    ok &= _prefill_case(16, 2, [200, 1, 0, 70], [331, 1, 40, 64], True, "fp8", config=prefill.FP8_MMA)
     return 0 if ok else 1
 
 
