@@ -7,6 +7,7 @@ import torch
 import autotune_fakes as fakes
 import mla_core
 from mla_core import inputs
+from mla_core.accuracy import compare, output_dtype, tolerance
 from mla_core.autotune import tuner
 from mla_core.problem import Problem
 
@@ -55,7 +56,9 @@ def test_the_reference_on_the_sampled_heads_equals_the_full_reference_cut_to_the
     part = tuner._outputs(reference.run(sample.problem, sample.call, {}))
     cut = sample.take(full)
     assert [t.shape for t in cut] == [t.shape for t in part]
-    assert all(torch.equal(a, b) for a, b in zip(cut, part))  # bit-exact: heads are independent
+    # heads are independent, but not bitwise: the CPU's batched matmul may sum in another order for another head
+    # count (1 ulp seen on an AVX-512 CPU), so the rule the tuner judges by (a wrong head is an O(1) error)
+    assert compare(part, cut) < tolerance(output_dtype(part))
     if problem.op == "prefill" and problem["kv_heads"] != problem["heads"]:
         group = problem["heads"] // problem["kv_heads"]
         assert all(len([h for h in sample.heads if h // group == g]) in (0, group) for g in range(problem["kv_heads"]))

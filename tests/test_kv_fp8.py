@@ -102,7 +102,10 @@ def test_reference_matches_float64_math(q_dtype, page_size, splits, recipe):
     want, want_lse = fp8_decode_math(q, codes, KV_SCALE, table, lens, softmax_scale=48 ** -0.5, kv_lora_rank=32,
                                      num_kv_splits=splits, k_qdq=k, k_amax=amaxes["k_qdq_amax"], v_qdq=v,
                                      v_amax=amaxes["v_qdq_amax"], p_qdq=p)
-    assert rel_l2(out, want) < 1e-5
+    # float32 scores (the reference) and float64 ones (the oracle) can put a weight on opposite sides of a rounding
+    # boundary of P's 16-bit dtype: one such flip (fp16, 2^-11 of one weight) measured rel-L2 2.0e-5 on an AVX-512
+    # CPU whose matmul sums in another order; a dropped or misplaced key is ~1e-2, so 1e-4 still catches any bug
+    assert rel_l2(out, want) < 1e-4
     assert same_lse(lse, want_lse, 1e-4)
     assert (out[0] == 0).all() and (lse[0] == NEG_INF).all()  # length 0
 
