@@ -122,7 +122,7 @@ def test_priority_and_configs():
     assert 200 < backend.PRIORITY_PREFILL < 250  # above triton, below cuDNN's dense / capturable path
     assert backend.configs(_problem()) == [{}]
     assert backend.validate_config(_problem(), {}) == []
-    assert backend.configs(_problem(**FP8)) == [{}, {"mma": "fp8"}]  # the fp8 recipe: both kernels, bf16 first
+    assert backend.configs(_problem(**FP8)) == [{"mma": "fp8"}, {}]  # the fp8 recipe: both kernels, FP8 MMA first
     assert backend.validate_config(_problem(**FP8), {"mma": "fp8"}) == []
     for partial in (dict(p_quant="fp8"), dict(FP8, p_quant=None), dict(FP8, q_quant=None), dict(k_quant="fp8")):
         assert backend.configs(_problem(**partial)) == [{}]  # FP8 MMA only where every operand is FP8 codes
@@ -339,22 +339,35 @@ def test_gpu_cached_prefix_and_gqa(poisoned_outputs):
 
 
 @gpu
-@pytest.mark.parametrize("recipe", ["p_fp8", "fp8"])
+@pytest.mark.parametrize("recipe", ["p_fp8", "fp8", "fp8_bf16_mma"])
 def test_gpu_fp8(poisoned_outputs, recipe):
+    """P in FP8 alone, and the fp8 recipe: through dispatch (its default config is FP8 wgmma, the LSE within
+    FP8_MMA_LSE_RTOL) and on the bf16-wgmma config ``{}`` (the codes' products exact: the LSE at the exact bound)."""
     kw = dict(p_quant="fp8", p_amax=0.75) if recipe == "p_fp8" else dict(FP8, **AMAX)
     inputs = make_inputs([(129, 129), (64, 300), (1, 65), (0, 9)], 4, 2, seed=5)
-    out, ref = run_pair(inputs, causal=True, **kw)
-    check(out, ref)
+    if recipe == "fp8_bf16_mma":
+        ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference", **kw)
+        out = cuda_prefill.run(build.build(), _call(inputs, causal=True, **kw), {})
+        check(out, ref)
+    elif recipe == "fp8":
+        out, ref = run_pair(inputs, causal=True, **kw)
+        check_fp8_mma(out, ref)
+    else:
+        out, ref = run_pair(inputs, causal=True, **kw)
+        check(out, ref)
     plain = mla_core.mla_prefill(*inputs, causal=True, backend="cuda")
     assert rel_l2(out[0], plain) > 2e-2  # the rounding is there
 
 
 @gpu
 def test_gpu_mla_heads_and_lengths(poisoned_outputs):
-    """128 heads, a sequence of 1,100 keys, the fp8 recipe and bf16."""
+    """128 heads, a sequence of 1,100 keys, bf16 and the fp8 recipe (through dispatch: its FP8-wgmma default; on the
+    bf16-wgmma config ``{}`` at the exact LSE bound)."""
     inputs = make_inputs([(1100, 1100), (300, 700)], 128, 128, seed=6)
     check(*run_pair(inputs, causal=True))
-    check(*run_pair(inputs, causal=True, **FP8, **AMAX))
+    out, ref = run_pair(inputs, causal=True, **FP8, **AMAX)
+    check_fp8_mma(out, ref)
+    check(cuda_prefill.run(build.build(), _call(inputs, **FP8, **AMAX), {}), ref)
 
 
 @gpu
