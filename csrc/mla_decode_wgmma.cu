@@ -1026,6 +1026,21 @@ __device__ __forceinline__ void km_warp_max(float (&mx)[4], float* red, int wg, 
   nb_sync<128>(kBarT0 + wg);
 }
 
+// The step's new maxima of a keys-as-M consumer, after km_warp_max and the barrier: for head t_head(k, q) the max
+// over the 4 warps' (in `red`) and the running max m[k] (log2 domain); z[k] the new max (0 when -inf: exponents
+// stay finite), a[k] = 2^(m[k] - z[k]) the old terms' factor; m[k] becomes the new max.
+__device__ __forceinline__ void km_new_max(float (&m)[4], float (&a)[4], float (&z)[4], const float* red, int q) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
+    const float mn = fmaxf(m[k], mk);
+    z[k] = finite_or_zero(mn);
+    a[k] = ex2(m[k] - z[k]);
+    m[k] = mn;
+  }
+}
+
 // P of one step of a keys-as-M consumer: sc (S^T scaled to the log2 domain, element i of head (i / 4) * 2 + i % 2)
 // becomes 2^(sc - z[k]) and l[k], the running row sum, l[k] a[k] + the 2 new terms.
 __device__ __forceinline__ void km_exp(float (&sc)[8], const float (&z)[4], const float (&a)[4], float (&l)[4]) {
@@ -1172,15 +1187,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     }
     km_warp_max(mx, red, wg, w, g, q);  // the 4 warps' maxima in red
     float a[4], z[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int hk = t_head(k, q);
-      const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
-      const float mn = fmaxf(m[k], mk);
-      z[k] = finite_or_zero(mn);
-      a[k] = ex2(m[k] - z[k]);
-      m[k] = mn;
-    }
+    km_new_max(m, a, z, red, q);
     km_exp(sc, z, a, l);
     // P^T (f16, p_f16_bits): head row, logical key t_pkey(physical key)
 #pragma unroll
@@ -1443,15 +1450,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     }
     km_warp_max(mx, red, wg, w, g, q);  // the 4 warps' maxima in red
     float a[4], z[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int hk = t_head(k, q);
-      const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
-      const float mn = fmaxf(m[k], mk);
-      z[k] = finite_or_zero(mn);
-      a[k] = ex2(m[k] - z[k]);
-      m[k] = mn;
-    }
+    km_new_max(m, a, z, red, q);
     km_exp(sc, z, a, l);
     // P^T rounded to T (P enters P V in q's dtype): head row, key column 16 w + g (+ 8)
 #pragma unroll
