@@ -182,5 +182,25 @@ __device__ __forceinline__ bool cta_start(const P& p, int b0, Cta& c) {
   return true;
 }
 
+// Tile 0 of a prefill consumer warpgroup (both kernels; after its wait for tile 0's K): S(0) alone in the warpgroup's
+// first turn (named barriers my_turn / other_turn, 256 threads: the other warpgroup's turn follows unless this is
+// warpgroup 1 with a single tile), then the softmax of S(0) (O is 0: no rescale) and P's A fragments.
+// issue_s(j): S(j) into sc; softmax(j, a_lo, a_hi); pack_p(): the kernel's own.
+template <typename IssueS, typename Softmax, typename PackP>
+__device__ __forceinline__ void first_tile(float (&sc)[32], int my_turn, int other_turn, int wg, int n, IssueS& issue_s,
+                                           Softmax& softmax, PackP& pack_p) {
+  nb_sync<256>(my_turn);
+  wg_fence();
+  issue_s(0);
+  if (wg == 0 || n > 1) nb_arrive<256>(other_turn);
+  wg_wait<0>();
+  reg_fence(sc);
+  {
+    float a_lo, a_hi;
+    softmax(0, a_lo, a_hi);  // O is 0: no rescale
+  }
+  pack_p();
+}
+
 }  // namespace prefill
 }  // namespace mla_core_cuda

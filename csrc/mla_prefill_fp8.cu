@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
   if (!prefill::cta_start(p, b0, c)) return;
   const int tid = c.tid, warp = c.warp, lane = c.lane, t = c.t, wg = c.wg, h = c.h, b = c.b, hk = c.hk;
   const int q_begin_seq = c.q_begin_seq, len_q = c.len_q, k_begin_seq = c.k_begin_seq, len_k = c.len_k;
-  const int q0 = c.q0, n = c.n, row_lo = c.row_lo, qrow_lo = c.qrow_lo;
+  const int n = c.n, row_lo = c.row_lo, qrow_lo = c.qrow_lo;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
@@ -311,17 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
 
   // Tile 0: S alone in the first turn.
   mbar_wait(&full[0], 0);
-  nb_sync<kPairThreads>(my_turn);
-  wg_fence();
-  issue_s(0);
-  if (wg == 0 || n > 1) nb_arrive<kPairThreads>(other_turn);
-  wg_wait<0>();
-  reg_fence(sc);
-  {
-    float a_lo, a_hi;
-    softmax(0, a_lo, a_hi);  // O is 0: no rescale
-  }
-  pack_p();
+  prefill::first_tile(sc, my_turn, other_turn, wg, n, issue_s, softmax, pack_p);
 
   for (int j = 1; j < n; ++j) {
     mbar_wait(&full[j % kStages], (j / kStages) & 1);

@@ -201,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   prefill::Cta c;
   if (!prefill::cta_start(p, b0, c)) return;
-  const int tid = c.tid, warp = c.warp, lane = c.lane, t = c.t, wg = c.wg, h = c.h, b = c.b, hk = c.hk;
+  const int tid = c.tid, warp = c.warp, lane = c.lane, t = c.t, wg = c.wg, h = c.h, hk = c.hk;
   const int q_begin_seq = c.q_begin_seq, len_q = c.len_q, k_begin_seq = c.k_begin_seq, len_k = c.len_k;
-  const int q0 = c.q0, n = c.n, row_lo = c.row_lo, qrow_lo = c.qrow_lo;
+  const int q0 = c.q0, n = c.n, qrow_lo = c.qrow_lo;
   const int tail_keys = len_k - (n - 1) * kBN;  // keys of the CTA's last tile that exist (< 64: V rows to zero)
   if (tid == 0) {
     mbar_init(full_q, 1);
@@ -320,17 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     nb_sync<kWgThreads>(kBarQCodes0 + wg);    // every thread's chunks written before the warpgroup's first S
   }
   mbar_wait(&full_k[0], 0);
-  nb_sync<kPairThreads>(my_turn);
-  wg_fence();
-  issue_s(0);
-  if (wg == 0 || n > 1) nb_arrive<kPairThreads>(other_turn);
-  wg_wait<0>();
-  reg_fence(sc);
-  {
-    float a_lo, a_hi;
-    softmax(0, a_lo, a_hi);  // O is 0: no rescale
-  }
-  pack_p();
+  prefill::first_tile(sc, my_turn, other_turn, wg, n, issue_s, softmax, pack_p);
 
   for (int j = 1; j < n; ++j) {
     const int s = j % kStages, sp = (j - 1) % kStages;
