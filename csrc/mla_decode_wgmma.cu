@@ -1010,6 +1010,21 @@ __device__ __forceinline__ void km_init(float (&o)[64], float (&m)[4], float (&l
   }
 }
 
+// A keys-as-M consumer's S^T of one step to the log2 domain: element i (keys 16 w + g when i % 4 < 2, else + 8;
+// head k = (i / 4) * 2 + i % 2, i.e. t_head(k, q)) becomes score(i, k) * qk_scale_log2, or -inf for a key that does
+// not exist (ok_lo / ok_hi); mx[k] the thread's max of head k over its 2 keys.
+template <typename Score>
+__device__ __forceinline__ void km_scores(float (&sc)[8], float (&mx)[4], Score score, bool ok_lo, bool ok_hi,
+                                          float qk_scale_log2) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int k = (i >> 2) * 2 + (i & 1);
+    const float x = ((i & 2) ? ok_hi : ok_lo) ? score(i, k) * qk_scale_log2 : -INFINITY;
+    sc[i] = x;
+    mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
+  }
+}
+
 // The maxima of one step of a keys-as-M consumer (decode_t_kernel, decode_km_kernel): mx[k], this thread's max of
 // head t_head(k, q) over its 2 keys (log2 domain), over the 8 lanes of one q (shuffles), then written to `red`
 // ([4 warps][16 heads] floats) by lane g 0, before the warpgroup's named barrier kBarT0 + wg (which also orders every
@@ -1176,15 +1191,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     const uint32_t vb = s_valid[4 * s + w];
     const bool ok_lo = (vb >> g) & 1u, ok_hi = (vb >> (g + 8)) & 1u;
     float mx[4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int k = (i >> 2) * 2 + (i & 1);
-      float y = sc[i];
-      if constexpr (!std::is_same_v<T, __half>) y *= hs[k];  // exact: back to q's scale
-      const float x = ((i & 2) ? ok_hi : ok_lo) ? y * p.qk_scale_log2 : -INFINITY;
-      sc[i] = x;
-      mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
-    }
+    km_scores(
+        sc, mx,
+        [&](int i, int k) {
+          float y = sc[i];
+          if constexpr (!std::is_same_v<T, __half>) y *= hs[k];  // exact: back to q's scale
+          return y;
+        },
+        ok_lo, ok_hi, p.qk_scale_log2);
     km_warp_max(mx, red, wg, w, g, q);  // the 4 warps' maxima in red
     float a[4], z[4];
     km_new_max(m, a, z, red, q);
@@ -1441,13 +1455,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     const uint32_t vb = s_valid[4 * wg + w] >> g;  // this warp's 16 keys' validity bits from key g
     const bool ok_lo = vb & 1u, ok_hi = (vb >> 8) & 1u;
     float mx[4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int k = (i >> 2) * 2 + (i & 1);
-      const float x = ((i & 2) ? ok_hi : ok_lo) ? (sc[i] + s1[i]) * p.qk_scale_log2 : -INFINITY;
-      sc[i] = x;
-      mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
-    }
+    km_scores(sc, mx, [&](int i, int) { return sc[i] + s1[i]; }, ok_lo, ok_hi, p.qk_scale_log2);
     km_warp_max(mx, red, wg, w, g, q);  // the 4 warps' maxima in red
     float a[4], z[4];
     km_new_max(m, a, z, red, q);
