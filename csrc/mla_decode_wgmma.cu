@@ -998,6 +998,86 @@ __device__ __forceinline__ bool km_merge(const DecodeParams& p, float (&o)[64], 
   return true;
 }
 
+// The keys-as-M consumers' state (decode_t_kernel, decode_km_kernel) before the first step: O^T (64 floats, 8 per
+// M tile) zero; m (running max, log2 domain) -inf and l (row sums) 0 for this thread's 4 heads t_head(k, q).
+__device__ __forceinline__ void km_init(float (&o)[64], float (&m)[4], float (&l)[4]) {
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.f;
+  }
+}
+
+// A keys-as-M consumer's S^T of one step to the log2 domain: element i (keys 16 w + g when i % 4 < 2, else + 8;
+// head k = (i / 4) * 2 + i % 2, i.e. t_head(k, q)) becomes score(i, k) * qk_scale_log2, or -inf for a key that does
+// not exist (ok_lo / ok_hi); mx[k] the thread's max of head k over its 2 keys.
+template <typename Score>
+__device__ __forceinline__ void km_scores(float (&sc)[8], float (&mx)[4], Score score, bool ok_lo, bool ok_hi,
+                                          float qk_scale_log2) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int k = (i >> 2) * 2 + (i & 1);
+    const float x = ((i & 2) ? ok_hi : ok_lo) ? score(i, k) * qk_scale_log2 : -INFINITY;
+    sc[i] = x;
+    mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
+  }
+}
+
+// The maxima of one step of a keys-as-M consumer (decode_t_kernel, decode_km_kernel): mx[k], this thread's max of
+// head t_head(k, q) over its 2 keys (log2 domain), over the 8 lanes of one q (shuffles), then written to `red`
+// ([4 warps][16 heads] floats) by lane g 0, before the warpgroup's named barrier kBarT0 + wg (which also orders every
+// warp's previous P V product before this step's P^T is written).
+__device__ __forceinline__ void km_warp_max(float (&mx)[4], float* red, int wg, int w, int g, int q) {
+#pragma unroll
+  for (int d = 4; d <= 16; d <<= 1)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], d));
+  if (g == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) red[w * kHeadsT + t_head(k, q)] = mx[k];
+  }
+  nb_sync<128>(kBarT0 + wg);
+}
+
+// The step's new maxima of a keys-as-M consumer, after km_warp_max and the barrier: for head t_head(k, q) the max
+// over the 4 warps' (in `red`) and the running max m[k] (log2 domain); z[k] the new max (0 when -inf: exponents
+// stay finite), a[k] = 2^(m[k] - z[k]) the old terms' factor; m[k] becomes the new max.
+__device__ __forceinline__ void km_new_max(float (&m)[4], float (&a)[4], float (&z)[4], const float* red, int q) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int hk = t_head(k, q);
+    const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
+    const float mn = fmaxf(m[k], mk);
+    z[k] = finite_or_zero(mn);
+    a[k] = ex2(m[k] - z[k]);
+    m[k] = mn;
+  }
+}
+
+// P of one step of a keys-as-M consumer: sc (S^T scaled to the log2 domain, element i of head (i / 4) * 2 + i % 2)
+// becomes 2^(sc - z[k]) and l[k], the running row sum, l[k] a[k] + the 2 new terms.
+__device__ __forceinline__ void km_exp(float (&sc)[8], const float (&z)[4], const float (&a)[4], float (&l)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int ilo = (k >> 1) * 4 + (k & 1);
+    const float plo = ex2(sc[ilo] - z[k]), phi = ex2(sc[ilo + 2] - z[k]);
+    sc[ilo] = plo;
+    sc[ilo + 2] = phi;
+    l[k] = l[k] * a[k] + (plo + phi);
+  }
+}
+
+// O^T (64 floats: element j's head t_head((j % 8 / 4) * 2 + j % 2, q)) times the step's factors a, skipped when
+// every lane's 4 factors are 1.
+__device__ __forceinline__ void km_rescale(float (&o)[64], const float (&a)[4]) {
+  if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -1093,15 +1173,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     nb_sync<kConsumerThreads>(kBarAll);
   }
 
-  float o[64];
-#pragma unroll
-  for (int j = 0; j < 64; ++j) o[j] = 0.f;
-  float m[4], l[4];  // running max (log2 domain) of this thread's heads t_head(k, q); row sums of its keys
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    m[k] = -INFINITY;
-    l[k] = 0.f;
-  }
+  float o[64], m[4], l[4];
+  km_init(o, m, l);
   uint8_t* my_pt = spt + wg * kSlabT;
   float* red = sred + wg * 4 * kHeadsT;
   for (int it = wg; it < steps; it += 2) {
@@ -1118,52 +1191,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParam
     const uint32_t vb = s_valid[4 * s + w];
     const bool ok_lo = (vb >> g) & 1u, ok_hi = (vb >> (g + 8)) & 1u;
     float mx[4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int k = (i >> 2) * 2 + (i & 1);
-      float y = sc[i];
-      if constexpr (!std::is_same_v<T, __half>) y *= hs[k];  // exact: back to q's scale
-      const float x = ((i & 2) ? ok_hi : ok_lo) ? y * p.qk_scale_log2 : -INFINITY;
-      sc[i] = x;
-      mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
-    }
-#pragma unroll
-    for (int d = 4; d <= 16; d <<= 1)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], d));
-    if (g == 0) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) red[w * kHeadsT + t_head(k, q)] = mx[k];
-    }
-    nb_sync<128>(kBarT0 + wg);  // the 4 warps' maxima (and every warp's previous P^T V^T done)
+    km_scores(
+        sc, mx,
+        [&](int i, int k) {
+          float y = sc[i];
+          if constexpr (!std::is_same_v<T, __half>) y *= hs[k];  // exact: back to q's scale
+          return y;
+        },
+        ok_lo, ok_hi, p.qk_scale_log2);
+    km_warp_max(mx, red, wg, w, g, q);  // the 4 warps' maxima in red
     float a[4], z[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int hk = t_head(k, q);
-      const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
-      const float mn = fmaxf(m[k], mk);
-      z[k] = finite_or_zero(mn);
-      a[k] = ex2(m[k] - z[k]);
-      m[k] = mn;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int ilo = (k >> 1) * 4 + (k & 1);
-      const float plo = ex2(sc[ilo] - z[k]), phi = ex2(sc[ilo + 2] - z[k]);
-      sc[ilo] = plo;
-      sc[ilo + 2] = phi;
-      l[k] = l[k] * a[k] + (plo + phi);
-    }
+    km_new_max(m, a, z, red, q);
+    km_exp(sc, z, a, l);
     // P^T (f16, p_f16_bits): head row, logical key t_pkey(physical key)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int pk = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
       *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * t_pkey(pk))) = p_f16_bits<T>(sc[i]);
     }
-    if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 64; ++j) o[j] *= a[((j & 7) >> 2) * 2 + (j & 1)];
-    }
+    km_rescale(o, a);
     uint4 v[4];  // P·V's first code rows, loaded before the barrier
     const uint32_t pv_base = st + 16 * (8 * w + g) + 4 * q * kDim, pv_flip = (q & 1) ? kDim : 0u;
     pv_t_load(v, pv_base + pv_flip, pv_base - pv_flip, 0);
@@ -1384,15 +1430,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     nb_sync<kConsumerThreads>(kBarAll);
   }
 
-  float o[64];  // O^T: M tile mt's 8 (km_store's layout)
-#pragma unroll
-  for (int j = 0; j < 64; ++j) o[j] = 0.f;
-  float m[4], l[4];  // running max (log2 domain) of this thread's heads t_head(k, q); row sums of its keys
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    m[k] = -INFINITY;
-    l[k] = 0.f;
-  }
+  float o[64], m[4], l[4];  // O^T: M tile mt's 8 (km_store's layout)
+  km_init(o, m, l);
   uint8_t* my_pt = spt + wg * kSlabT;
   float* red = sred + wg * 4 * kHeadsT;
   const uint8_t* sk = sk0 + wg * kTileBytes;  // this warpgroup's stage
@@ -1416,50 +1455,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodePara
     const uint32_t vb = s_valid[4 * wg + w] >> g;  // this warp's 16 keys' validity bits from key g
     const bool ok_lo = vb & 1u, ok_hi = (vb >> 8) & 1u;
     float mx[4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int k = (i >> 2) * 2 + (i & 1);
-      const float x = ((i & 2) ? ok_hi : ok_lo) ? (sc[i] + s1[i]) * p.qk_scale_log2 : -INFINITY;
-      sc[i] = x;
-      mx[k] = (i & 2) ? fmaxf(mx[k], x) : x;
-    }
-#pragma unroll
-    for (int d = 4; d <= 16; d <<= 1)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], d));
-    if (g == 0) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) red[w * kHeadsT + t_head(k, q)] = mx[k];
-    }
-    nb_sync<128>(kBarT0 + wg);  // the 4 warps' maxima (and every warp's previous V^T P^T done)
+    km_scores(sc, mx, [&](int i, int) { return sc[i] + s1[i]; }, ok_lo, ok_hi, p.qk_scale_log2);
+    km_warp_max(mx, red, wg, w, g, q);  // the 4 warps' maxima in red
     float a[4], z[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int hk = t_head(k, q);
-      const float mk = fmaxf(fmaxf(red[hk], red[kHeadsT + hk]), fmaxf(red[2 * kHeadsT + hk], red[3 * kHeadsT + hk]));
-      const float mn = fmaxf(m[k], mk);
-      z[k] = finite_or_zero(mn);
-      a[k] = ex2(m[k] - z[k]);
-      m[k] = mn;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int ilo = (k >> 1) * 4 + (k & 1);
-      const float plo = ex2(sc[ilo] - z[k]), phi = ex2(sc[ilo + 2] - z[k]);
-      sc[ilo] = plo;
-      sc[ilo + 2] = phi;
-      l[k] = l[k] * a[k] + (plo + phi);
-    }
+    km_new_max(m, a, z, red, q);
+    km_exp(sc, z, a, l);
     // P^T rounded to T (P enters P V in q's dtype): head row, key column 16 w + g (+ 8)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int key = 16 * w + g + ((i & 2) ? 8 : 0), hk = t_head((i >> 2) * 2 + (i & 1), q);
       *reinterpret_cast<uint16_t*>(my_pt + t_off(hk, 2 * key)) = static_cast<uint16_t>(Wgmma<T>::pack(sc[i], 0.f));
     }
-    if (__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f || a[2] != 1.f || a[3] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 64; ++j) o[j] *= a[((j >> 1) & 2) | (j & 1)];  // element j % 8's head (t_head)
-    }
+    km_rescale(o, a);
     fence_proxy_async();
     nb_sync<128>(kBarT0 + wg);  // P^T complete
     wg_fence();

@@ -146,5 +146,61 @@ __device__ __forceinline__ void store_empty_rows(uint16_t* out, float* lse, int6
   }
 }
 
+// Where a prefill CTA stands (mla_prefill_wgmma.cu, mla_prefill_fp8.cu; grid x = the 128-row query block counted from
+// the last, y = head, z = sequence - b0; 384 threads: consumer warpgroups 0, 1 and the producer's).
+struct Cta {
+  int tid, warp, lane, t, wg;                  // thread, warp (uniform), lane; thread t of warpgroup wg
+  int h, b, hk;                                // head, sequence, the head's kv head
+  int q_begin_seq, len_q, k_begin_seq, len_k;  // the sequence's first token and length in q and in k
+  int q0, n;                                   // the block's first row (in the sequence), its key tiles (64 keys)
+  int first_row;                               // the warpgroup's first row (in the sequence)
+  int row_lo, qrow_lo;  // this thread's rows: row_lo, row_lo + 8 of its warpgroup; qrow_lo: position in the sequence
+};
+
+// The start of a prefill kernel: false when the CTA has no work (a block past the sequence's end; a block that sees
+// no key, whose consumer rows it stores here as 0 with LSE -inf). P: PrefillParams or PrefillFp8Params.
+template <typename P>
+__device__ __forceinline__ bool cta_start(const P& p, int b0, Cta& c) {
+  c.tid = threadIdx.x;
+  c.warp = __shfl_sync(0xffffffffu, c.tid >> 5, 0);
+  c.h = blockIdx.y, c.b = b0 + blockIdx.z;
+  c.hk = c.h / (p.heads / p.kv_heads);
+  const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+  seq_range(p.cu_q, c.b, p.total_q, c.q_begin_seq, c.len_q);
+  seq_range(p.cu_k, c.b, p.total_k, c.k_begin_seq, c.len_k);
+  c.q0 = mb * kBM;
+  if (c.q0 >= c.len_q) return false;
+  c.n = cta_tiles(c.q0, c.len_q, c.len_k, p.causal);
+  c.t = c.tid & 127, c.wg = c.warp >> 2, c.lane = c.tid & 31;
+  c.row_lo = 16 * (c.t >> 5) + ((c.t & 31) >> 2);
+  c.first_row = c.q0 + 64 * c.wg;
+  c.qrow_lo = c.first_row + c.row_lo;
+  if (c.n == 0) {  // no visible key for any row of the block: output 0, LSE -inf
+    if (c.wg < 2) store_empty_rows(p.out, p.lse, p.total_q, p.heads, c.h, c.q_begin_seq, c.qrow_lo, c.len_q, c.t);
+    return false;
+  }
+  return true;
+}
+
+// Tile 0 of a prefill consumer warpgroup (both kernels; after its wait for tile 0's K): S(0) alone in the warpgroup's
+// first turn (named barriers my_turn / other_turn, 256 threads: the other warpgroup's turn follows unless this is
+// warpgroup 1 with a single tile), then the softmax of S(0) (O is 0: no rescale) and P's A fragments.
+// issue_s(j): S(j) into sc; softmax(j, a_lo, a_hi); pack_p(): the kernel's own.
+template <typename IssueS, typename Softmax, typename PackP>
+__device__ __forceinline__ void first_tile(float (&sc)[32], int my_turn, int other_turn, int wg, int n, IssueS& issue_s,
+                                           Softmax& softmax, PackP& pack_p) {
+  nb_sync<256>(my_turn);
+  wg_fence();
+  issue_s(0);
+  if (wg == 0 || n > 1) nb_arrive<256>(other_turn);
+  wg_wait<0>();
+  reg_fence(sc);
+  {
+    float a_lo, a_hi;
+    softmax(0, a_lo, a_hi);  // O is 0: no rescale
+  }
+  pack_p();
+}
+
 }  // namespace prefill
 }  // namespace mla_core_cuda

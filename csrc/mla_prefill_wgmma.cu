@@ -199,24 +199,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty = full_v + kStages;
 
-  const int tid = threadIdx.x;
-  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-  const int h = blockIdx.y, b = b0 + blockIdx.z;
-  const int hk = h / (p.heads / p.kv_heads);
-  const int mb = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
-  int q_begin_seq, len_q, k_begin_seq, len_k;
-  prefill::seq_range(p.cu_q, b, p.total_q, q_begin_seq, len_q);
-  prefill::seq_range(p.cu_k, b, p.total_k, k_begin_seq, len_k);
-  const int q0 = mb * kBM;
-  if (q0 >= len_q) return;
-  const int n = prefill::cta_tiles(q0, len_q, len_k, p.causal);
-  const int t = tid & 127, wg = warp >> 2, lane = tid & 31;
-  const int row_lo = 16 * (t >> 5) + ((t & 31) >> 2);  // this thread's rows: row_lo, row_lo + 8 of its warpgroup
-  const int qrow_lo = q0 + 64 * wg + row_lo;           // position in the sequence
-  if (n == 0) {  // no visible key for any row of the block: output 0, LSE -inf
-    if (wg < 2) prefill::store_empty_rows(p.out, p.lse, p.total_q, p.heads, h, q_begin_seq, qrow_lo, len_q, t);
-    return;
-  }
+  prefill::Cta c;
+  if (!prefill::cta_start(p, b0, c)) return;
+  const int tid = c.tid, warp = c.warp, lane = c.lane, t = c.t, wg = c.wg, h = c.h, hk = c.hk;
+  const int q_begin_seq = c.q_begin_seq, len_q = c.len_q, k_begin_seq = c.k_begin_seq, len_k = c.len_k;
+  const int q0 = c.q0, n = c.n, qrow_lo = c.qrow_lo;
   const int tail_keys = len_k - (n - 1) * kBN;  // keys of the CTA's last tile that exist (< 64: V rows to zero)
   if (tid == 0) {
     mbar_init(full_q, 1);
@@ -273,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint8_t* sqw = sq + wg * kQWgBytes;
   const int my_turn = wg == 0 ? kBarTurn0 : kBarTurn1, other_turn = wg == 0 ? kBarTurn1 : kBarTurn0;
   const int off = len_k - len_q;       // causal: row qr sees keys <= qr + off
-  const int first_row = q0 + 64 * wg;  // the warpgroup's first row: a tile needs a mask past its limit
+  const int first_row = c.first_row;  // the warpgroup's first row: a tile needs a mask past its limit
   float o[64];
 #pragma unroll
   for (int j = 0; j < 64; ++j) o[j] = 0.f;
@@ -333,17 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     nb_sync<kWgThreads>(kBarQCodes0 + wg);    // every thread's chunks written before the warpgroup's first S
   }
   mbar_wait(&full_k[0], 0);
-  nb_sync<kPairThreads>(my_turn);
-  wg_fence();
-  issue_s(0);
-  if (wg == 0 || n > 1) nb_arrive<kPairThreads>(other_turn);
-  wg_wait<0>();
-  reg_fence(sc);
-  {
-    float a_lo, a_hi;
-    softmax(0, a_lo, a_hi);  // O is 0: no rescale
-  }
-  pack_p();
+  prefill::first_tile(sc, my_turn, other_turn, wg, n, issue_s, softmax, pack_p);
 
   for (int j = 1; j < n; ++j) {
     const int s = j % kStages, sp = (j - 1) % kStages;
