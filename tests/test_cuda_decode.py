@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import mla_core
+from mla_core import numerics
 from mla_core.testing.shapes import boundary_lengths
 from paged_inputs import paged_decode_inputs
 
@@ -429,7 +430,6 @@ def test_fp8_cache_codes_exact(q_dtype, heads, kernels):
     (every producer warp, row group and lane converts them), so every key scores the same, P = 1, l = 64, and the
     float32 output is (64 code) * (kv_scale / 64) = float32(code * kv_scale), the cache's value, bit for bit; the
     254 finite codes in a different order per request fill the 512 V columns (rope: the random tests)."""
-    from mla_core import numerics
     g = torch.Generator().manual_seed(3)
     finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
     rows = []
@@ -491,10 +491,6 @@ def test_fp8_cache_few_heads(heads, kernels):
 
 # ------------------------------------------------------------------ keys-as-M on a bf16 / fp16 cache (<= 16 heads)
 
-KEYS_M_F32_TOL = {torch.bfloat16: 3e-3, torch.float16: 1e-3}
-"""float32-output tolerance of the keys-as-M kernel: its two warpgroups keep their own running maxima, so P of the
-one that did not see a row's maximum is rounded to q's dtype at another scale than the reference's (independent
-roundings over about half the keys: 1.3-1.9e-3 rel L2 in a float64 emulation with bf16 P, 0 with one shared max)."""
 
 @pytest.fixture
 def keys_m(monkeypatch):
@@ -536,7 +532,7 @@ def test_keys_m(heads, page_size, keys_m):
     inputs = _inputs(tuple(LENGTHS), heads, page_size)
     for splits in (1, 3, 32, "auto"):
         check(inputs, num_kv_splits=splits)
-    check(inputs, tol=KEYS_M_F32_TOL[torch.bfloat16], num_kv_splits=5, out_dtype=torch.float32)
+    check(inputs, tol=numerics.KEYS_AS_M_F32_RTOL[torch.bfloat16], num_kv_splits=5, out_dtype=torch.float32)
     assert keys_m == ["keys_m"] * 5
 
 
@@ -546,7 +542,7 @@ def test_keys_m_fp16_and_odd_steps(heads, keys_m):
     for dtype in (torch.float16, torch.bfloat16):
         inputs = _inputs((4097, 129, 64, 63, 0, 192, 700), heads, 48, dtype)
         for splits in (1, 5, 32):
-            check(inputs, tol=KEYS_M_F32_TOL[dtype], num_kv_splits=splits, out_dtype=torch.float32)
+            check(inputs, tol=numerics.KEYS_AS_M_F32_RTOL[dtype], num_kv_splits=splits, out_dtype=torch.float32)
         out, _ = check(inputs, num_kv_splits=2)
         assert out.dtype == dtype
     assert keys_m == ["keys_m"] * 8
@@ -555,8 +551,8 @@ def test_keys_m_fp16_and_odd_steps(heads, keys_m):
 @pytest.mark.parametrize("heads", [8, 16])
 def test_keys_m_agrees_with_wgmma(heads):
     """The keys-as-M config and the default WGMMA one (schedule Q1) compute the same function: float32 outputs
-    within the sums' reordering and P's rounding against each warpgroup's own max (KEYS_M_F32_TOL; not bit-equal),
-    LSE within 1e-4 (row sums from the float32 P)."""
+    within the sums' reordering and P's rounding against each warpgroup's own max (numerics.KEYS_AS_M_F32_RTOL;
+    not bit-equal), LSE within 1e-4 (row sums from the float32 P)."""
     from mla_core.specs import validate_decode
     from mla_core_cuda import build, decode as launcher
     inputs = _inputs((1000, 63, 64, 65, 129, 0, 2049), heads, 16)
@@ -572,7 +568,7 @@ def test_keys_m_agrees_with_wgmma(heads):
     lens = inputs[3]
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert (out[lens == 0] == 0).all() and (lse[lens == 0] == float("-inf")).all()
-    assert rel_l2(out[lens > 0], want[lens > 0]) < KEYS_M_F32_TOL[torch.bfloat16]
+    assert rel_l2(out[lens > 0], want[lens > 0]) < numerics.KEYS_AS_M_F32_RTOL[torch.bfloat16]
     assert (lse[lens > 0] - want_lse[lens > 0]).abs().max().item() < 1e-4
 
 
