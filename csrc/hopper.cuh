@@ -2,7 +2,7 @@
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
 // descriptors (128- and 64-byte swizzle), the wgmma fence / commit / wait and register fence, setmaxnreg, cp.async,
 // bulk copies, mbarriers (with expected transactions) and named
-// barriers, 1024-byte alignment, 2^x, E4M3 codes to bf16, two floats packed as bf16, and the scaling of m64n256
+// barriers, 1024-byte alignment, 2^x, E4M3 codes to bf16 or f16, two floats packed as bf16, and the scaling of m64n256
 // accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
 // Inline PTX only; a wgmma instruction compiles only where the target is sm_90a. What only the two seesaw decode
 // kernels share: seesaw.cuh.
@@ -180,6 +180,20 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4
   e4m3x4_to_bf16(w.y, lo.z, lo.w);
   e4m3x4_to_bf16(w.z, hi.x, hi.y);
   e4m3x4_to_bf16(w.w, hi.z, hi.w);
+}
+
+// 16 codes as 32 bytes of f16, exactly (every E4M3 value is an f16 normal or zero): one hardware conversion per
+// code pair, lo = codes 0-7, hi = codes 8-15 (8 conversions against e4m3x16_to_bf16's 8 + 8 shift / mask / or +
+// 8 bf16x2 multiplies).
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4& w, uint4& lo, uint4& hi) {
+  const uint32_t in[4] = {w.x, w.y, w.z, w.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+        : "=r"(out[2 * i]), "=r"(out[2 * i + 1]) : "r"(in[i]));
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // Two floats rounded to bf16 (nearest even) and packed, lo in the low half: a wgmma A-fragment register, or two

@@ -4,27 +4,31 @@
 // lengths per request. Numerics: docs/sparse.md (the reference backend's definition), up to float32 summation order.
 //
 // One CTA of three warpgroups per (query token and group of 64 heads, split) walks its split's valid slots in
-// tiles of 64 (a split is a run of whole tiles; tile i in bf16 stage i % 2) in the decode kernel's seesaw
+// tiles of 64 (a split is a run of whole tiles; tile i in stage i % 2, a [64 x 576] 16-bit operand) in the decode
+// kernel's seesaw
 // (csrc/seesaw.cuh: its comment gives the consumers' step, the mbarrier ring and the named barriers), over E4M3 codes:
 //   - the producer warpgroup (warps 8-11; setmaxnreg 56, the consumers 224) gathers each tile's 64 rows of codes
-//     by cp.async through the index list into the upper half of the freed bf16 stage (bytes 36,864..73,727, free
+//     by cp.async through the index list into the upper half of the freed stage (bytes 36,864..73,727, free
 //     until converted) as 9 code blocks: block k = code chunks 4k..4k+3 of every row, 4,096 B at kCodeOff +
 //     4,096 k, row r at 64 r. A slot past the split's end, with index < 0 or >= rows, is zero-filled, never read,
 //     and flagged invalid. The next tile's indices are read while a tile's copies fly. It then converts the tile
-//     in place into the slab layout (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is a bf16):
+//     in place into the slab layout as f16 (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is an
+//     f16, one cvt.rn.f16x2.e4m3x2 per code pair):
 //     slabs 0-3 lie below the codes, slab 4 overlaps block 0, slab 5 blocks 1-2, slab 6 blocks 3-4, slab 7
 //     blocks 5-6, slab 8 blocks 7-8. So every producer thread reads block 4 before a PROD barrier that precedes
 //     the stores of slab 4 (blocks 0-4 then read by all: slabs 4-6 are safe), and blocks 7 and 8 before a PROD
 //     barrier that precedes the stores of slabs 7 and 8;
-//   - consumer warpgroup w computes S for keys 32w..32w+31 of the tile (36 x m64n32k16 from shared memory;
-//     Q was converted to bf16 slabs once), masked by the stage's flags (-inf), and owns output columns
-//     256w..256w+255; per tile seesaw.cuh's step with a1 = 2^(m - m1), a2 = 2^(m1 - m2) (1 while the target max
-//     is -inf: no key yet), P0 = bf16(2^(S0 - m1)), P1 = bf16(2^(S1 - m2)) (against 0 while the max is -inf),
-//     row sums from the float32 P.
+//   - consumer warpgroup w computes S for keys 32w..32w+31 of the tile (36 x f16 m64n32k16 from shared memory;
+//     Q was converted to f16 slabs once: exact products), masked by the stage's flags (-inf), and owns output
+//     columns 256w..256w+255; per tile seesaw.cuh's step with a1 = 2^(m - m1), a2 = 2^(m1 - m2) (1 while the
+//     target max is -inf: no key yet), P0 = f16(2^(S0 - m1)), P1 = f16(2^(S1 - m2)) (against 0 while the max is
+//     -inf; f16 keeps 2^-11 relative down to 2^-14 and subnormals below, a P <= 2^-25 becomes 0: docs/sparse.md),
+//     row sums from the float32 P. The operand type is Elem<kDs> (below).
 //
 // fp8_ds_mla (the kernel's kDs variant; FlashMLA's / vLLM's 656-byte rows: bytes 0..511 E4M3 codes, 512..527 four
 // float32 scales, scale j for values 128j..128j+127, 528..655 the 64 RoPE values in bf16; bf16 query), the same
 // schedule and protocol with these differences:
+//   - the wgmma operands are bf16 (the bf16 query and RoPE values are not exact in f16): codes, Q and P in bf16;
 //   - the producer gathers each row's 32 code chunks as 8 code blocks at kCodeOffDs (slabs 4-7's bytes) and
 //     converts them in place (slab 4 overlaps blocks 0-1, 5 blocks 2-3, 6 blocks 4-5, 7 blocks 6-7: PROD barriers
 //     after blocks 4-5 and after blocks 6-7 are read), copies the 8 RoPE chunks straight into slab 8 and the 16
@@ -60,9 +64,11 @@
 #include "seesaw.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "mla_sparse_wgmma.cu is written for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
@@ -75,7 +81,7 @@ namespace {
 constexpr int kRowDs = 656;                // bytes of an fp8_ds_mla cache row (MATE's rows: kDim codes)
 constexpr int kDsScales = 512, kDsRope = 528;  // fp8_ds_mla: byte offsets of the 4 float32 scales, the bf16 RoPE
 constexpr int kChunks = kDim / 16;         // 16-byte chunks of codes per 576-byte row
-constexpr int kTileBytes = 9 * kSlab;      // a [64 x 576] bf16 operand: 9 slabs (Q, a stage)
+constexpr int kTileBytes = 9 * kSlab;      // a [64 x 576] 16-bit operand: 9 slabs (Q, a stage)
 constexpr int kCodeBlock = kKeys * 64;     // a code block: 4 chunks of every row
 constexpr int kCodeOff = kTileBytes - kKeys * kDim;  // the codes' place in a stage: its upper 36,864 B
 constexpr int kCodeOffDs = 4 * kSlab;      // fp8_ds_mla: 8 code blocks over slabs 4-7 (the RoPE goes to slab 8)
@@ -99,11 +105,15 @@ static_assert(kOffBar % 8 == 0 && kProducerThreads == 2 * kKeys && kChunks == 4 
 __device__ __forceinline__ uint8_t* shared_align1024(uint8_t* p) {
   return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
 }
-using Mma = Wgmma<__nv_bfloat16>;  // the wgmma products (seesaw.cuh): bf16 operands (Q, the converted codes, P)
-
 // kDs: the fp8_ds_mla variant (656-byte rows, bf16 query); else MATE's 576-byte rows and an E4M3 query.
 template <bool kDs>
 constexpr int kRowBytes = kDs ? kRowDs : kDim;
+// The wgmma operands' type (Q's slabs, the converted codes, P; seesaw.cuh's Wgmma<T>): f16 on MATE's rows (E4M3
+// query and codes are exact in f16, converted by one instruction per pair), bf16 for fp8_ds_mla (its bf16 query
+// and RoPE values are not exact in f16).
+template <bool kDs>
+using Elem = std::conditional_t<kDs, __nv_bfloat16, __half>;
+using MmaDs = Wgmma<Elem<true>>;  // fp8_ds_mla's own products (s_rs, s_half per block, pv128_rs)
 
 // The byte offset of slot `slot`'s cache row, or -1 when the slot is not a key: at or past `end`, index < 0 or
 // >= the cache's row count.
@@ -151,24 +161,35 @@ __device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, int64_t
   cp_async_commit();
 }
 
-// 16 codes (chunk q of a code block, row `row`) as bf16 into `slab`: bf16 bytes 32 q .. 32 q + 31 of the row,
-// 16-byte positions 2q and 2q + 1 swizzled by the row.
-__device__ __forceinline__ void store_bf16_chunk(uint8_t* slab, int row, int q, const uint4& w) {
+// 16 E4M3 codes as 32 bytes of T (bf16 or f16), exactly (hopper.cuh).
+template <typename T>
+__device__ __forceinline__ void e4m3x16_to(const uint4& w, uint4& lo, uint4& hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    e4m3x16_to_f16(w, lo, hi);
+  } else {
+    e4m3x16_to_bf16(w, lo, hi);
+  }
+}
+// 16 codes (chunk q of a code block, row `row`) as T into `slab`: T bytes 32 q .. 32 q + 31 of the row, 16-byte
+// positions 2q and 2q + 1 swizzled by the row.
+template <typename T>
+__device__ __forceinline__ void store_chunk(uint8_t* slab, int row, int q, const uint4& w) {
   uint4 lo, hi;
-  e4m3x16_to_bf16(w, lo, hi);
+  e4m3x16_to<T>(w, lo, hi);
   uint8_t* d = slab + row * 128;
   *reinterpret_cast<uint4*>(d + (((2 * q) ^ (row & 7)) << 4)) = lo;
   *reinterpret_cast<uint4*>(d + (((2 * q + 1) ^ (row & 7)) << 4)) = hi;
 }
 
-// Producer thread u (0..127) converts the stage's landed codes in place (block k -> slab k): rows u / 4 and
-// u / 4 + 32, chunk u % 4 of every block. The caller's PROD barrier after the copies landed comes first; the two
-// here order the reads of the blocks a slab overlaps before its stores (header comment).
+// Producer thread u (0..127) converts the stage's landed codes in place to Elem<kDs> (block k -> slab k): rows
+// u / 4 and u / 4 + 32, chunk u % 4 of every block. The caller's PROD barrier after the copies landed comes first;
+// the two here order the reads of the blocks a slab overlaps before its stores (header comment).
 // fp8_ds_mla (kDs): 8 blocks at kCodeOffDs (slabs 4-7's bytes; the RoPE slab is already in place): slab 4 overlaps
 // blocks 0-1, slab 5 blocks 2-3, slab 6 blocks 4-5, slab 7 blocks 6-7, so blocks 4-5 are read before a PROD barrier
 // that precedes slabs 4-5 (blocks 0-5 then read by all: slab 6 is safe), blocks 6-7 before one that precedes slab 7.
 template <bool kDs>
 __device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
+  using T = Elem<kDs>;
   const int r = u >> 2, q = u & 3;
   const uint8_t* code = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * r + 16 * q;  // block 0, row r; r + 32: +2,048 B
   const auto load = [code](int k, int half) {
@@ -177,43 +198,44 @@ __device__ __forceinline__ void convert_in_place(uint8_t* stage, int u) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {  // slabs 0-3: below the codes
     const uint4 w0 = load(k, 0), w1 = load(k, 1);
-    store_bf16_chunk(stage + kSlab * k, r, q, w0);
-    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+    store_chunk<T>(stage + kSlab * k, r, q, w0);
+    store_chunk<T>(stage + kSlab * k, r + 32, q, w1);
   }
   if constexpr (kDs) {
     const uint4 w40 = load(4, 0), w41 = load(4, 1), w50 = load(5, 0), w51 = load(5, 1);
     nb_sync<kProducerThreads>(kBarProd);  // blocks 0-5 read by every producer thread: slabs 4-6 may overwrite them
-    store_bf16_chunk(stage + kSlab * 4, r, q, w40);
-    store_bf16_chunk(stage + kSlab * 4, r + 32, q, w41);
-    store_bf16_chunk(stage + kSlab * 5, r, q, w50);
-    store_bf16_chunk(stage + kSlab * 5, r + 32, q, w51);
+    store_chunk<T>(stage + kSlab * 4, r, q, w40);
+    store_chunk<T>(stage + kSlab * 4, r + 32, q, w41);
+    store_chunk<T>(stage + kSlab * 5, r, q, w50);
+    store_chunk<T>(stage + kSlab * 5, r + 32, q, w51);
     const uint4 w60 = load(6, 0), w61 = load(6, 1), w70 = load(7, 0), w71 = load(7, 1);
-    store_bf16_chunk(stage + kSlab * 6, r, q, w60);
-    store_bf16_chunk(stage + kSlab * 6, r + 32, q, w61);
+    store_chunk<T>(stage + kSlab * 6, r, q, w60);
+    store_chunk<T>(stage + kSlab * 6, r + 32, q, w61);
     nb_sync<kProducerThreads>(kBarProd);  // blocks 6-7 read by every producer thread: slab 7 may overwrite them
-    store_bf16_chunk(stage + kSlab * 7, r, q, w70);
-    store_bf16_chunk(stage + kSlab * 7, r + 32, q, w71);
+    store_chunk<T>(stage + kSlab * 7, r, q, w70);
+    store_chunk<T>(stage + kSlab * 7, r + 32, q, w71);
     return;
   }
   const uint4 w40 = load(4, 0), w41 = load(4, 1);
   nb_sync<kProducerThreads>(kBarProd);  // blocks 0-4 read by every producer thread: slabs 4-6 may overwrite them
-  store_bf16_chunk(stage + kSlab * 4, r, q, w40);
-  store_bf16_chunk(stage + kSlab * 4, r + 32, q, w41);
+  store_chunk<T>(stage + kSlab * 4, r, q, w40);
+  store_chunk<T>(stage + kSlab * 4, r + 32, q, w41);
 #pragma unroll
   for (int k = 5; k < 7; ++k) {
     const uint4 w0 = load(k, 0), w1 = load(k, 1);
-    store_bf16_chunk(stage + kSlab * k, r, q, w0);
-    store_bf16_chunk(stage + kSlab * k, r + 32, q, w1);
+    store_chunk<T>(stage + kSlab * k, r, q, w0);
+    store_chunk<T>(stage + kSlab * k, r + 32, q, w1);
   }
   const uint4 w70 = load(7, 0), w71 = load(7, 1), w80 = load(8, 0), w81 = load(8, 1);
   nb_sync<kProducerThreads>(kBarProd);  // blocks 5-8 read by every producer thread: slabs 7-8 may overwrite them
-  store_bf16_chunk(stage + kSlab * 7, r, q, w70);
-  store_bf16_chunk(stage + kSlab * 7, r + 32, q, w71);
-  store_bf16_chunk(stage + kSlab * 8, r, q, w80);
-  store_bf16_chunk(stage + kSlab * 8, r + 32, q, w81);
+  store_chunk<T>(stage + kSlab * 7, r, q, w70);
+  store_chunk<T>(stage + kSlab * 7, r + 32, q, w71);
+  store_chunk<T>(stage + kSlab * 8, r, q, w80);
+  store_chunk<T>(stage + kSlab * 8, r + 32, q, w81);
 }
 
-// The CTA's 64 query rows (heads h0..h0+63 of token `tok`) as bf16 slabs, by 16-byte loads (consumer threads).
+// The CTA's 64 query rows (heads h0..h0+63 of token `tok`) as Elem<kDs> slabs (576-byte rows: the E4M3 query
+// converted to f16), by 16-byte loads (consumer threads).
 // fp8_ds_mla (kDs): the bf16 query's 512 latent values copied into slabs 0-7 (its RoPE values: load_qrope).
 template <bool kDs>
 __device__ __forceinline__ void load_query(uint8_t* sq, const SparseDecodeParams& p, int64_t tok, int h0) {
@@ -229,7 +251,7 @@ __device__ __forceinline__ void load_query(uint8_t* sq, const SparseDecodeParams
   for (int i = threadIdx.x; i < kHeads * kChunks; i += kConsumerThreads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 lo, hi;
-    e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(src + r * kDim + 16 * c), lo, hi);
+    e4m3x16_to<Elem<kDs>>(*reinterpret_cast<const uint4*>(src + r * kDim + 16 * c), lo, hi);
     *reinterpret_cast<uint4*>(sq + slab_off(r, 32 * c)) = lo;
     *reinterpret_cast<uint4*>(sq + slab_off(r, 32 * c + 16)) = hi;
   }
@@ -337,10 +359,10 @@ __device__ __forceinline__ void load_p32(const uint8_t* src, float (&e)[16], int
 // P V over this warpgroup's two scale blocks for keys k0..k0 + 31 (two k16 steps): a[b] = P times block 2w + b's
 // scales, V's columns 128b.. of the warpgroup's slabs (o[64 b ..]).
 __device__ __forceinline__ void pv_scaled(float (&o)[128], const uint32_t (&a)[2][2][4], const uint8_t* sv, int k0) {
-  Mma::pv128_rs<0>(o, a[0][0], mnmajor_desc(sv, k0));
-  Mma::pv128_rs<0>(o, a[0][1], mnmajor_desc(sv, k0 + 16));
-  Mma::pv128_rs<64>(o, a[1][0], mnmajor_desc(sv + 2 * kSlab, k0));
-  Mma::pv128_rs<64>(o, a[1][1], mnmajor_desc(sv + 2 * kSlab, k0 + 16));
+  MmaDs::pv128_rs<0>(o, a[0][0], mnmajor_desc(sv, k0));
+  MmaDs::pv128_rs<0>(o, a[0][1], mnmajor_desc(sv, k0 + 16));
+  MmaDs::pv128_rs<64>(o, a[1][0], mnmajor_desc(sv + 2 * kSlab, k0));
+  MmaDs::pv128_rs<64>(o, a[1][1], mnmajor_desc(sv + 2 * kSlab, k0 + 16));
 }
 
 template <bool kDs>
@@ -422,13 +444,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       // acc[j % 2], each block added with its scale once its group completed while the next one runs.
       float acc[2][16];
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) Mma::s_rs(sc, qr[ks], kmajor_desc(kw, kNope * 2 + 32 * ks), ks > 0);
+      for (int ks = 0; ks < 4; ++ks) MmaDs::s_rs(sc, qr[ks], kmajor_desc(kw, kNope * 2 + 32 * ks), ks > 0);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (j > 0) wg_fence();  // acc[j % 2] was read by add_scaled
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks)
-          Mma::s_half(acc[j & 1], kmajor_desc(sq, 256 * j + 32 * ks), kmajor_desc(kw, 256 * j + 32 * ks), ks > 0);
+          MmaDs::s_half(acc[j & 1], kmajor_desc(sq, 256 * j + 32 * ks), kmajor_desc(kw, 256 * j + 32 * ks), ks > 0);
         wg_commit();
         if (j > 0) {
           wg_wait<1>();
@@ -442,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       reg_fence(acc[1]);
       add_scaled(sc, acc[1], ssc, 32 * wg, 3, t);
     } else {
-      s_product<__nv_bfloat16>(sc, sq, kw);
+      s_product<Elem<kDs>>(sc, sq, kw);
     }
 
     const uint8_t* flag = sval + kKeys * s + 32 * wg;
@@ -469,7 +491,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         scaled_fragments(sc, ssc, 0, 0, t, a[0]);
         scaled_fragments(sc, ssc, 0, 1, t, a[1]);
       } else {
-        p_fragments<__nv_bfloat16>(sc, a[0]);
+        p_fragments<Elem<kDs>>(sc, a[0]);
       }
       if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1's P0 V0 of the previous tile read the slab
       if constexpr (kDs) {
@@ -484,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 0);
       } else {
-        pv_regs<__nv_bfloat16>(o, a[0], sv, 0);
+        pv_regs<Elem<kDs>>(o, a[0], sv, 0);
       }
       wg_commit();
       nb_sync<kConsumerThreads>(kBarH1Full);  // WG1's P1 and half 1's maxima
@@ -507,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 32);
       } else {
-        pv_slab<__nv_bfloat16>(o, sp, sv, 32);
+        pv_slab<Elem<kDs>>(o, sp, sv, 32);
       }
       wg_commit();
       wg_wait<0>();
@@ -526,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         store_p32(sk + 8 * kSlab, sc, t);  // float32 P1 over the RoPE slab, which both S products have read
       } else {
-        p_fragments<__nv_bfloat16>(sc, a[0]);
+        p_fragments<Elem<kDs>>(sc, a[0]);
         store_p(sp, a[0], row_lo, 32, t);
       }
       store_row_pair(smx1, row_lo, t, mx_lo, mx_hi);
@@ -547,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
         reg_fence(o);
       } else {
         wg_fence();
-        pv_slab<__nv_bfloat16>(o, sp, sv, 0);
+        pv_slab<Elem<kDs>>(o, sp, sv, 0);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -564,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
       if constexpr (kDs) {
         pv_scaled(o, a, sv, 32);
       } else {
-        pv_regs<__nv_bfloat16>(o, a[0], sv, 32);
+        pv_regs<Elem<kDs>>(o, a[0], sv, 32);
       }
       wg_commit();
       wg_wait<0>();

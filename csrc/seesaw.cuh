@@ -1,6 +1,6 @@
 // seesaw.cuh: what the two "seesaw" WGMMA decode kernels share, one definition: mla_decode_wgmma.cu (paged bf16 /
-// fp16 rows) and mla_sparse_wgmma.cu (top-k FP8 rows, converted to bf16 by the producer). Both run one CTA of three
-// warpgroups per (group of 64 heads, split) over 64-key steps in a 2-stage ring of [64 rows x 128 B] slabs: a
+// fp16 rows) and mla_sparse_wgmma.cu (top-k FP8 rows, converted to f16 / bf16 by the producer). Both run one CTA of
+// three warpgroups per (group of 64 heads, split) over 64-key steps in a 2-stage ring of [64 rows x 128 B] slabs: a
 // producer warpgroup (warps 8-11) fills the ring, two consumer warpgroups (warps 0-3, 4-7) compute S for keys
 // 32w..32w+31, own output columns 256w..256w+255 and meet only on named barriers. Per step, with half h's row max
 // mx_h: m1 = max(m, mx_0), m2 = max(m1, mx_1), a1 = 2^(m - m1), a2 = 2^(m1 - m2), P0 = 2^(S0 - m1),

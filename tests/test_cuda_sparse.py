@@ -6,7 +6,8 @@ the musa_fp8 tests' tolerances (out rel-L2 < 1e-2, LSE rel-L2 < 1e-5 over finite
 -inf), outputs in NaN-filled buffers; cache rows no valid slot names hold NaN codes and the slot just past each
 length names one (tests/musa_fp8_inputs.py), so a kernel that reads a slot it must not fails. Shapes: lengths 0, 1,
 63, 64, 65, top_k; -1 holes over whole and half tiles; indices past the cache; q_len 1..4; 64 / 128 / 192 heads;
-both cache shapes; every split count (including splits left empty); both LSE layouts; misaligned views. Both row
+both cache shapes; every split count (including splits left empty); both LSE layouts; misaligned views; weights
+of 2^-20 and 2^-24 of a row's max (576-byte rows: P in f16, subnormal there). Both row
 layouts: MATE's 576-byte rows (FP8 query) and fp8_ds_mla's 656-byte rows (bf16 query, per-block scales spread over
 1e-2..1e2, so a scale applied to the wrong block, key or product moves the result far past the tolerances).
 """
@@ -213,6 +214,32 @@ def test_gpu_deepseek_size(bmm1, bmm2, layout):
     _check(case, _run_cuda(case, bmm1, bmm2), bmm1, bmm2)
     case = _case(2, 1, 192, 512, [512, 300], rows=8192, seed=4, layout=layout)
     _check(case, _run_cuda(case, bmm1, bmm2, lse_flat=False), bmm1, bmm2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slot", [1, 40])
+@pytest.mark.parametrize("exponent", [20, 24])
+def test_gpu_tiny_weights_are_kept(exponent, slot):
+    """576-byte rows enter P·V with P rounded to f16: a weight of 2^-20 (f16 subnormal) or 2^-24 (f16's smallest)
+    of the row's max still carries its value. q is 1 on the RoPE values and 0 on the latent ones; key 0's RoPE
+    values are 1, every other key's 0, so with bmm1 = exponent ln 2 / 64 key 0 weighs 1 and the other 63 keys
+    2^-exponent each; only key `slot`'s latent values (V) are nonzero, 448 (E4M3's largest), in warpgroup 0's half
+    (1) or warpgroup 1's (40). Every output is 448 2^-e / (1 + 63 2^-e); a P flushed to 0 gives 0 (rel-L2 1)."""
+    heads, rows = 64, 64
+    query = torch.zeros(1, 1, heads, 576)
+    query[..., 512:] = 1.0
+    cache = torch.zeros(rows, 576)
+    cache[0, 512:] = 1.0
+    cache[slot, :512] = 448.0
+    fp8 = torch.float8_e4m3fn
+    case = dict(query=query.to(fp8).cuda(), kv_cache=cache.to(fp8).view(1, rows, 576).cuda(),
+                indices=torch.arange(64, dtype=torch.int32).view(1, 1, 64).cuda(),
+                seq_lens=torch.tensor([64], dtype=torch.int32).cuda(), rows=rows, top_k=64)
+    bmm1 = exponent * math.log(2) / 64
+    got = _run_cuda(case, bmm1)
+    _check(case, got, bmm1)
+    want = 448 * 2.0 ** -exponent / (1 + 63 * 2.0 ** -exponent)
+    assert torch.allclose(got[0].float(), torch.full_like(got[0].float(), want), rtol=1e-2, atol=0)
 
 
 @pytest.mark.gpu

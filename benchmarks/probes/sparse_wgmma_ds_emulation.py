@@ -216,7 +216,7 @@ def check_producer_bytes(code_off=CODE_OFF, rope_swizzle=True, scale_row_b_from_
                         if regs[u][op[1]] != want:
                             errors.append(f"stage {st} thread {u} block {k} row {r}: loads "
                                           f"{regs[u][op[1]][0]}.. not its code {want[0]}..")
-                    else:  # store_bf16_chunk: codes 0-7 -> 16-byte position 2q, 8-15 -> 2q + 1, swizzled by row
+                    else:  # store_chunk<bf16>: codes 0-7 -> 16-byte position 2q, 8-15 -> 2q + 1, swizzled by row
                         _, k, row, q, reg = op
                         w = regs[u][reg]
                         for e in range(16):
@@ -718,7 +718,7 @@ def specialize_kds(text):
 
 
 TOKENS = [  # (regex, token) in priority order
-    (r"mbar_wait\(&full|begin_step\(", "mwait full"), (r"mbar_wait\(&empty", "mwait empty"), (r"Mma::s_rs\(", "S"),
+    (r"mbar_wait\(&full|begin_step\(", "mwait full"), (r"mbar_wait\(&empty", "mwait empty"), (r"MmaDs::s_rs\(", "S"),
     (r"add_scaled\(|scaled_fragments\(", "sc"), (r"flag\[", "flags"),
     (r"smx0\[row_lo[^\]]*\] =|store_row_pair\(smx0", "w mx0"), (r"smx0\[row_lo", "r mx0"),
     (r"smx1\[row_lo[^\]]*\] =|store_row_pair\(smx1", "w mx1"), (r"smx1\[row_lo", "r mx1"),
@@ -801,7 +801,7 @@ def check_against_source(path=SRC):
     ds = conv[conv.index("if constexpr (kDs) {"):]
     ds = ds[:_block_end(ds, ds.index("{"))]
     got = []
-    for mt in re.finditer(r"(w\d\d) = load\((\d), (\d)\)|nb_sync|store_bf16_chunk\(stage \+ kSlab \* (\d), "
+    for mt in re.finditer(r"(w\d\d) = load\((\d), (\d)\)|nb_sync|store_chunk<T>\(stage \+ kSlab \* (\d), "
                           r"r( \+ 32)?, q, (w\d\d)\)", ds):
         if mt.group(1):
             got.append(("ld", (int(mt.group(2)), int(mt.group(3)))))
@@ -814,8 +814,8 @@ def check_against_source(path=SRC):
     for op in convert_ops(0)[16:]:
         want.append(op[:2] if op[0] == "ld" else op if op[0] == "bar" else ("st", op[1], op[2] // 32, op[4]))
     if got != want or not re.search(r"for \(int k = 0; k < 4; \+\+k\) \{\s*const uint4 w0 = load\(k, 0\), "
-                                     r"w1 = load\(k, 1\);\s*store_bf16_chunk\(stage \+ kSlab \* k, r, q, w0\);"
-                                     r"\s*store_bf16_chunk\(stage \+ kSlab \* k, r \+ 32, q, w1\);", conv):
+                                     r"w1 = load\(k, 1\);\s*store_chunk<T>\(stage \+ kSlab \* k, r, q, w0\);"
+                                     r"\s*store_chunk<T>\(stage \+ kSlab \* k, r \+ 32, q, w1\);", conv):
         errors.append(f"convert_in_place<true>: kernel {got} != model {want}")
     return errors
 

@@ -103,6 +103,22 @@ MUTANTS = [
          new="reinterpret_cast<const float*>(sscale);",
          tests=[DS_SELECTION], gpu=True, ds=True,
          why="consumers read stage 0's scales for every tile: odd tiles use their predecessor's"),
+    # 576-byte rows on f16 operands: every producer of an operand must write the type the wgmma reads
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="  e4m3x16_to<T>(w, lo, hi);",
+         new="  e4m3x16_to<__nv_bfloat16>(w, lo, hi);",
+         tests=[SELECTION], gpu=True,
+         why="type mismatch: the in-place conversion writes bf16 bits that the f16 wgmma reads as f16 (K and V)"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="    e4m3x16_to<Elem<kDs>>(*reinterpret_cast<const uint4*>(src + r * kDim + 16 * c), lo, hi);",
+         new="    e4m3x16_to<__nv_bfloat16>(*reinterpret_cast<const uint4*>(src + r * kDim + 16 * c), lo, hi);",
+         tests=[SELECTION], gpu=True,
+         why="Q left in bf16: the query's slabs hold bf16 bits while S runs on f16"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="        p_fragments<Elem<kDs>>(sc, a[0]);\n        store_p(sp, a[0], row_lo, 32, t);",
+         new="        p_fragments<__nv_bfloat16>(sc, a[0]);\n        store_p(sp, a[0], row_lo, 32, t);",
+         tests=[SELECTION], gpu=True,
+         why="P1 rounded to bf16 bits while P V reads f16 (warpgroup 1's half of every tile)"),
 ]
 
 
