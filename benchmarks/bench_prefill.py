@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import device_info, measure_ceilings, print_table, time_eager, time_graph, write_json  # noqa: E402
 
 import mla_core  # noqa: E402
-from mla_core import dispatch, specs  # noqa: E402
+from mla_core import dispatch, numerics, specs  # noqa: E402
 
 HEADS, QK_DIM, V_DIM = 128, 192, 128
 RAGGED16 = [round(128 * 64 ** (i / 15)) for i in range(16)]
@@ -48,7 +48,7 @@ CASES = {
     "chunk4k+12k": [(4096, 16384)],
 }
 ENGINE_CHUNK = 8192
-RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
+RECIPES = numerics.QUANT_RECIPES
 
 
 def visible_pairs(seqs) -> int:
@@ -73,8 +73,7 @@ def make_inputs(seqs, seed: int = 0):
 
 
 def recipe_kwargs(recipe: str) -> dict:
-    fmt = RECIPES[recipe]
-    return dict(q_quant=fmt, k_quant=fmt, p_quant=fmt, v_quant=fmt)
+    return numerics.recipe_quant(recipe, "prefill")
 
 
 def sdpa_cudnn(inputs, seqs):

@@ -24,13 +24,13 @@ from typing import Any, Callable
 
 import torch
 
-from . import specs
+from . import numerics, specs
 
 _FLUSH_BYTES = 256 << 20
 _flush_buf: torch.Tensor | None = None
 
-RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
-"""Quant recipe -> format of K, V and P (decode) / K, P, V (prefill); Q stays unquantized."""
+RECIPES = numerics.QUANT_RECIPES
+"""Quant recipe -> format; numerics.recipe_quant says which tensors each op quantizes (prefill: Q too)."""
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -219,10 +219,11 @@ class _Tensors:
         return torch.tensor(values, dtype=dtype, device=self.device)
 
 
-def _recipe(recipe: str) -> str | None:
+def _recipe(recipe: str, op: str) -> dict[str, str | None]:
+    """``op``'s fake-quantization keywords under ``recipe`` (an unknown recipe: MLAInputError)."""
     if recipe not in RECIPES:
         raise specs.MLAInputError(f"recipe: got {recipe!r}, needs one of {', '.join(RECIPES)}")
-    return RECIPES[recipe]
+    return numerics.recipe_quant(recipe, op)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -235,7 +236,7 @@ def decode_workload(t: _Tensors, batch: int, heads: int, length: int, page_size:
                     num_kv_splits: int | str = 32, dtype: str = "bf16", kv_lora_rank: int = 512,
                     rope_dim: int = 64) -> Workload:
     """Absorbed decode: ``batch`` requests of ``length`` cached tokens each, pages shuffled across the cache."""
-    fmt, dt = _recipe(recipe), _dtype(dtype)
+    quant, dt = _recipe(recipe, "decode"), _dtype(dtype)
     dim = kv_lora_rank + rope_dim
     pages = max(1, math.ceil(length / page_size))
     if t.materialize:
@@ -247,7 +248,7 @@ def decode_workload(t: _Tensors, batch: int, heads: int, length: int, page_size:
     kwargs = dict(q=t.normal((batch, heads, dim), dt), latent_cache=cache, block_table=table,
                   b_seq_len=t.tensor([length] * batch, torch.int32), softmax_scale=(128 + rope_dim) ** -0.5,
                   kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope_dim, num_kv_splits=num_kv_splits,
-                  k_qdq=fmt, v_qdq=fmt, p_qdq=fmt)
+                  **quant)
     itemsize = dt.itemsize
     return Workload("decode", f"decode B={batch} H={heads} L={length} {recipe}", kwargs,
                     flops=2.0 * batch * heads * length * (dim + kv_lora_rank),
@@ -267,14 +268,14 @@ def prefill_workload(t: _Tensors, batch: int, heads: int, length: int, kv_length
                      kv_heads: int | None = None, qk_dim: int = 192, v_dim: int = 128, causal: bool = True,
                      recipe: str = "bf16", dtype: str = "bf16") -> Workload:
     """Varlen prefill: ``batch`` sequences of ``length`` queries over ``kv_length`` keys (default: ``length``)."""
-    fmt, dt = _recipe(recipe), _dtype(dtype)
+    quant, dt = _recipe(recipe, "prefill"), _dtype(dtype)
     kv_length = length if kv_length is None else kv_length
     kv_heads = heads if kv_heads is None else kv_heads
     cu_q = t.tensor([i * length for i in range(batch + 1)], torch.int32)
     cu_k = t.tensor([i * kv_length for i in range(batch + 1)], torch.int32)
     kwargs = dict(q=t.normal((batch * length, heads, qk_dim), dt), k=t.normal((batch * kv_length, kv_heads, qk_dim), dt),
                   v=t.normal((batch * kv_length, kv_heads, v_dim), dt), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                  max_seqlen_q=length, causal=causal, q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt)
+                  max_seqlen_q=length, causal=causal, **quant)
     itemsize = dt.itemsize
     pairs = batch * causal_pairs(length, kv_length, causal)
     elems = batch * (length * heads * (qk_dim + v_dim) + kv_length * kv_heads * (qk_dim + v_dim))

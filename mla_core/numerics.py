@@ -25,6 +25,9 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 NVFP4_BLOCK = 16
 """Elements per NVFP4 block (along the quantized axis)."""
 
+QUANT_RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
+"""Quant recipe (the CLI's, warm-up's and benchmarks' name) -> the format it fake-quantizes (see recipe_quant)."""
+
 DECODE_P_TILE = 32
 """Keys per P tile in decode: the running max is updated once per 32-key tile at absolute positions."""
 DEFAULT_PREFILL_BLOCK_N = 64
@@ -50,6 +53,18 @@ def check_format(fmt: str | None) -> None:
     """Raise ValueError unless ``fmt`` is None or one of :data:`QUANT_FORMATS`."""
     if fmt is not None and fmt not in QUANT_FORMATS:
         raise ValueError(f"unknown quant format {fmt!r} (supported: None, 'fp8', 'nvfp4')")
+
+
+def recipe_quant(recipe: str, op: str) -> dict[str, str | None]:
+    """The fake-quantization keywords of ``op`` under ``recipe`` (a QUANT_RECIPES name), as the op and its problem
+    key name them: decode quantizes K, V and P (``k_qdq`` ...; the absorbed query is not quantized by the op),
+    prefill Q, K, V and P (``q_quant`` ...; FP8 attention kernels take Q, K and V in FP8 alike)."""
+    fmt = QUANT_RECIPES[recipe]
+    if op == "decode":
+        return {"k_qdq": fmt, "v_qdq": fmt, "p_qdq": fmt}
+    if op == "prefill":
+        return {"q_quant": fmt, "k_quant": fmt, "v_quant": fmt, "p_quant": fmt}
+    raise ValueError(f"op: quant recipes apply to decode and prefill, not {op!r}")
 
 
 def fp8_scale(amax: float | None) -> float:

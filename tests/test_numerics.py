@@ -343,6 +343,18 @@ def test_division_is_correctly_rounded_at_a_tie():
     assert numerics.nvfp4_block_scales(_tie_block(), 4.9375).item() == torch.tensor(320.0 * g32).item()
 
 
+def test_recipe_quant_names_each_ops_quantized_tensors():
+    """One definition of a recipe: decode's K, V, P (its keyword names), prefill's Q, K, V, P; bf16 quantizes none."""
+    assert numerics.recipe_quant("fp8", "decode") == {"k_qdq": "fp8", "v_qdq": "fp8", "p_qdq": "fp8"}
+    assert numerics.recipe_quant("nvfp4", "prefill") == dict.fromkeys(("q_quant", "k_quant", "v_quant", "p_quant"),
+                                                                      "nvfp4")
+    assert set(numerics.recipe_quant("bf16", "prefill").values()) == {None}
+    with pytest.raises(ValueError, match="merge"):
+        numerics.recipe_quant("fp8", "merge")
+    with pytest.raises(KeyError):
+        numerics.recipe_quant("int8", "decode")
+
+
 @pytest.mark.gpu
 def test_numerics_on_cuda_equal_cpu_at_division_ties():
     cpu = numerics.qdq_nvfp4(_tie_block(), 4.9375)

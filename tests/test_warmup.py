@@ -38,7 +38,10 @@ def test_presets_cover_tp_sizes_recipes_and_grids():
     assert {(p["k_qdq"], p["v_qdq"], p["p_qdq"]) for p in decode} == {(None,) * 3, ("fp8",) * 3, ("nvfp4",) * 3}
     assert {p["num_kv_splits"] for p in decode} == {32} and all(p["kv_lora_rank"] == 512 for p in decode)
     prefill = [p for p in default if p.op == "prefill"]
-    assert {(p["qk_dim"], p["v_dim"], p["q_quant"]) for p in prefill} == {(192, 128, None)}
+    assert {(p["qk_dim"], p["v_dim"]) for p in prefill} == {(192, 128)}
+    # a prefill recipe quantizes Q, K, V and P alike (decode's quantizes no query: the op has none to quantize)
+    assert {(p["q_quant"], p["k_quant"], p["v_quant"], p["p_quant"]) for p in prefill} == {
+        (None,) * 4, ("fp8",) * 4, ("nvfp4",) * 4}
     # fresh prompts of 1k..16k tokens and chunks over a cached prefix of 12,288 tokens, with and without LSE
     assert {(p["max_seqlen_q"], p["total_k"]) for p in prefill} == {
         (1024, 1024), (4096, 4096), (16384, 16384), (1024, 16384), (4096, 16384), (16384, 32768)}

@@ -2,7 +2,7 @@
 
 A preset lists a model's problem keys (:func:`preset_problems`): decode over a grid of batch sizes and
 KV lengths, prefill over a grid of lengths, and the merge of prefill chunks, for each quant recipe
-(``bf16``: none; ``fp8``: K, V and P FP8; ``nvfp4``: K, V and P NVFP4). :func:`run` tunes each key
+(``bf16``: none; ``fp8``: FP8; ``nvfp4``: NVFP4; of K, V and P in decode, of Q, K, V and P in prefill). :func:`run` tunes each key
 missing from the cache (:func:`mla_core.autotune.tune`; a key only one ``(backend, config)`` can run is
 recorded without timing), records it and returns one row per problem for the summary table; each shape's
 memory goes back to the device before the next one is tuned (:func:`mla_core.autotune.tuner.release_memory`).
@@ -21,8 +21,8 @@ from .. import numerics
 from ..problem import Problem
 from . import cache, precompile, tuner
 
-RECIPES = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}
-"""Quant recipe name -> the format of K, V and P (Q stays unquantized)."""
+RECIPES = numerics.QUANT_RECIPES
+"""Quant recipe name -> format; numerics.recipe_quant says which tensors each op quantizes."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,6 @@ def preset_problems(grid: Grid) -> list[Problem]:
     out: list[Problem] = []
     for heads in heads_list:
         for recipe in grid.recipes:
-            fmt = RECIPES[recipe]
             if "decode" in grid.ops:
                 for batch in _buckets(grid.batches or shape.decode_batches):
                     for length in _buckets(grid.lengths or shape.decode_lengths):
@@ -99,7 +98,7 @@ def preset_problems(grid: Grid) -> list[Problem]:
                             out.append(Problem.make(
                                 "decode", grid.device, {"lse"}, dtype=dtype, q_dtype=dtype, out_dtype=dtype,
                                 heads=heads, kv_lora_rank=shape.kv_lora_rank, rope_dim=shape.rope_dim,
-                                page_size=page, num_kv_splits=splits, k_qdq=fmt, v_qdq=fmt, p_qdq=fmt,
+                                page_size=page, num_kv_splits=splits, **numerics.recipe_quant(recipe, "decode"),
                                 batch=batch, max_len=max(length, page)))
             if "prefill" in grid.ops:
                 for length in _buckets(grid.prefill_lengths or shape.prefill_lengths):
@@ -108,7 +107,7 @@ def preset_problems(grid: Grid) -> list[Problem]:
                             out.append(Problem.make(
                                 "prefill", grid.device, features, dtype=dtype, heads=heads, kv_heads=heads,
                                 qk_dim=shape.qk_nope_dim + shape.rope_dim, v_dim=shape.v_head_dim, causal=1,
-                                q_quant=None, k_quant=fmt, p_quant=fmt, v_quant=fmt,
+                                **numerics.recipe_quant(recipe, "prefill"),
                                 block_n=numerics.DEFAULT_PREFILL_BLOCK_N, sparsity_m=0, batch=1, dense_batch=1,
                                 max_seqlen_q=length, total_k=numerics.bucket_pow2(length + cached)))
         if "merge" in grid.ops:
@@ -139,7 +138,7 @@ def describe(problem: Problem) -> str:
         splits = "" if p["num_kv_splits"] == 32 else f" splits={p['num_kv_splits']}"
         return f"decode b={p['batch']} L={p['max_len']} h={p['heads']} {quant}{splits}"
     if p.op == "prefill":
-        same = p["q_quant"] is None and p["k_quant"] == p["v_quant"] == p["p_quant"]
+        same = p["q_quant"] == p["k_quant"] == p["v_quant"] == p["p_quant"]
         quant = (p["k_quant"] or "bf16") if same else "mixed quant"
         lse = " lse" if "lse" in p.features else ""
         keys = f" kv={p['total_k']}" if p["total_k"] > p["max_seqlen_q"] else ""

@@ -267,7 +267,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--tp", type=int_list, default=(8,), help="tensor-parallel sizes, e.g. 8 or 1,2,4,8 (heads = 128/tp)")
     p.add_argument("--heads", type=int_list, help="explicit head counts (instead of --tp)")
     p.add_argument("--recipes", type=name_list(tuple(warmup.RECIPES)), default=tuple(warmup.RECIPES),
-                   help="quant recipes: bf16, fp8 (K/V/P FP8), nvfp4 (K/V/P NVFP4); default all")
+                   help="quant recipes: bf16, fp8, nvfp4 (decode: K/V/P fake-quantized; prefill: Q/K/V/P); default all")
     p.add_argument("--ops", type=name_list(warmup.OPS), default=warmup.OPS, help="ops to tune (default decode,prefill,merge)")
     p.add_argument("--batch", type=int_list, help="decode batch sizes (default: the preset's grid)")
     p.add_argument("--lengths", type=int_list, help="decode KV lengths (default: the preset's grid)")

@@ -17,7 +17,7 @@ SHAPE_OPTIONS: dict[str, tuple[str, list[tuple[str, str, Any, Any, str]]]] = {}
 
 
 _RECIPE = ("--recipe", "recipe", name_list(tuple(bench.RECIPES)), ("bf16",),
-           "quant recipe(s): bf16 (none), fp8 or nvfp4 (K, V and P fake-quantized; Q not)")
+           "quant recipe(s): bf16 (none), fp8 or nvfp4 (decode: K, V and P fake-quantized; prefill: Q too)")
 _DTYPE = ("--dtype", "dtype", name_list(tuple(bench.DTYPES)), ("bf16",), "input dtype(s): bf16, fp16, fp32")
 
 SHAPE_OPTIONS.update({
