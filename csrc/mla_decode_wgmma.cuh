@@ -1,3 +1,9 @@
+// The WGMMA decode's kernels and their launchers, included by the translation units that instantiate them (one
+// (dtype, K / V operand) each: mla_decode_wgmma_{bf16,fp16}_{kv,kv_fp8,cache_fp8}.cu; the keys-as-M kernels and
+// the dispatch in mla_decode_wgmma.cu), so the build compiles the 22 kernels in parallel. Everything here but the
+// launchers' declarations at the end is in an anonymous namespace: a translation unit compiles only the instances
+// it uses, and the kernels keep their names (and machine code) whichever file instantiates them.
+//
 // Paged MLA decode on Hopper WGMMA (sm_90a) for bf16 / fp16, kv_lora_rank 512 + rope 64, any head count (64
 // heads per CTA; a last group of fewer heads is zero-padded and its pad rows are never stored). Fake quantization
 // (csrc/qdq.cuh, the mma.sync kernel's rules) where K's and V's codes agree on the shared tile: K = V FP8 with one
@@ -27,6 +33,8 @@
 // and measured as variant Z of the decode probe (benchmarks/NOTES.md). Layout, descriptors and ordering rules:
 // docs/cuda.md ("Hopper building blocks, verified").
 
+#pragma once
+
 #include "hopper.cuh"
 #include "mla_decode.h"
 #include "mla_decode_split.cuh"
@@ -41,7 +49,7 @@
 #include <type_traits>
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "mla_decode_wgmma.cu is written for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
+#error "the WGMMA decode (mla_decode_wgmma.cuh) is written for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
 #endif
 
 namespace mla_core_cuda {
@@ -1550,35 +1558,20 @@ cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
   if (p.p_fmt == kNVFP4) return launch_split<T, KF, kNVFP4>(p, stream);
   return launch_split<T, KF, kNoQuant>(p, stream);
 }
-template <typename T>
-cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
-  if (p.keys_m) return launch_km<T>(p, stream);
-  if (p.cache_fp8 && p.heads <= kHeadsT && p.p_fmt == kNoQuant) return launch_t<T>(p, stream);
-  if (p.cache_fp8) return launch_split_p<T, kCodes>(p, stream);
-  return p.k_fmt == kFP8 ? launch_split_p<T, kFP8>(p, stream) : launch_split_p<T, kNoQuant>(p, stream);
-}
 
 }  // namespace
 
-bool decode_wgmma_supported(const DecodeParams& p) {
-  // K and V share the stage: quantized, their values on the 512 shared columns must be the same codes (FP8 with
-  // one scale); the producer's K conversion divides without a division instruction only (no exact_div). An FP8
-  // cache: K and V are its codes (no fake quantization of them). keys_m (decode_km_kernel): a bf16 / fp16 cache, no
-  // fake quantization, at most 16 heads (one head group)
-  const bool kv = (p.k_fmt == kNoQuant && p.v_fmt == kNoQuant) ||
-                  (!p.cache_fp8 && p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
-  const bool keys_m = !p.keys_m || (p.heads <= kHeadsT && !p.cache_fp8 && p.k_fmt == kNoQuant &&
-                                     p.v_fmt == kNoQuant && p.p_fmt == kNoQuant);
-  return p.heads > 0 && kv && keys_m && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
-         (p.dtype == kBF16 || p.dtype == kFP16);
-}
-
-cudaError_t launch_decode_wgmma(const DecodeParams& p, cudaStream_t stream) {
-  if (p.batch == 0) return cudaSuccess;
-  if (!decode_wgmma_supported(p)) return cudaErrorInvalidValue;
-  const cudaError_t err = p.dtype == kFP16 ? launch_split_t<__half>(p, stream) : launch_split_t<__nv_bfloat16>(p, stream);
-  if (err != cudaSuccess || p.num_splits == 1) return err;
-  return launch_combine(p, stream);
-}
+// The launchers of decode_wgmma_kernel's instances, one (dtype T, K / V operand KF) each: defined in, and so
+// instantiating their three kernels (P none / FP8 / NVFP4, p.p_fmt picks) in, one mla_decode_wgmma_*.cu each, so that
+// the build compiles them in parallel; launch_decode_wgmma (mla_decode_wgmma.cu) calls the one of the problem. KF:
+// kNoQuant, kFP8 (K = V fake-quantized) or kCodes (an FP8 cache).
+template <typename T, int KF>
+cudaError_t launch_decode_wgmma_kv(const DecodeParams& p, cudaStream_t stream);
+template <> cudaError_t launch_decode_wgmma_kv<__nv_bfloat16, kNoQuant>(const DecodeParams&, cudaStream_t);
+template <> cudaError_t launch_decode_wgmma_kv<__nv_bfloat16, kFP8>(const DecodeParams&, cudaStream_t);
+template <> cudaError_t launch_decode_wgmma_kv<__nv_bfloat16, kCodes>(const DecodeParams&, cudaStream_t);
+template <> cudaError_t launch_decode_wgmma_kv<__half, kNoQuant>(const DecodeParams&, cudaStream_t);
+template <> cudaError_t launch_decode_wgmma_kv<__half, kFP8>(const DecodeParams&, cudaStream_t);
+template <> cudaError_t launch_decode_wgmma_kv<__half, kCodes>(const DecodeParams&, cudaStream_t);
 
 }  // namespace mla_core_cuda

@@ -26,15 +26,20 @@ from pathlib import Path
 import filelock
 
 ARCH = "sm_90a"
-"""The one target the kernels are written for: mla_decode_wgmma.cu, mla_sparse_wgmma.cu, mla_prefill_wgmma.cu and
-mla_prefill_fp8.cu need sm_90a's wgmma (they refuse to compile for anything else); the mma.sync kernel runs on it
-too."""
+"""The one target the kernels are written for: the WGMMA decode (mla_decode_wgmma*.cu), mla_sparse_wgmma.cu,
+mla_prefill_wgmma.cu and mla_prefill_fp8.cu need sm_90a's wgmma (they refuse to compile for anything else); the
+mma.sync kernel runs on it too."""
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 CXX_FLAGS = ("-O3",)
-SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu",
-           "bindings.cpp")
-HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh",
-           "hopper.cuh", "seesaw.cuh")
+SOURCES = ("bindings.cpp", "mla_decode.cu", "mla_decode_bf16.cu", "mla_decode_fp16.cu", "mla_decode_wgmma.cu",
+           *(f"mla_decode_wgmma_{t}_{kv}.cu" for t in ("bf16", "fp16") for kv in ("kv", "kv_fp8", "cache_fp8")),
+           "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu")
+"""The translation units, compiled in parallel by ninja (``MAX_JOBS``, else ninja's default: the CPU count + 2; the
+longest first). The decode kernels' instances are spread over several of them (csrc/mla_decode_mma.cuh: 8 kernels
+over 2 units, csrc/mla_decode_wgmma.cuh: 22 over 7) so no unit holds the build's critical path alone
+(benchmarks/NOTES.md, "CUDA build split for the TP 8 warm-up")."""
+HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_decode_mma.cuh", "mla_decode_wgmma.cuh",
+           "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh", "hopper.cuh", "seesaw.cuh")
 LOCK_TIMEOUT_S = 900.0
 """Longest wait for another process's build (a cold build takes about a minute)."""
 
