@@ -70,6 +70,8 @@ for step in "$@"; do
           time timeout "${WARMUP_TIMEOUT:-600}" "${CLI[@]}" warmup --model deepseek-v3 --tp "$tp" --no-progress ${WARMUP_ARGS:-} ) 2>&1 \
           | tee "$OUT/warmup_tp$tp.log" | tail -12
       done
+      # the CUDA build's per-unit times inside the warm-up (ninja's log: start / end ms, one line per object)
+      for log in "$cache"/build/*/.ninja_log; do [ -f "$log" ] && cp "$log" "$OUT/warmup_ninja_log.txt"; done
       MLA_CORE_CACHE_DIR=$cache mla_core_cli cache export "$OUT/NVIDIA_H200.json" ;;
     tp2)      # on a 2-GPU machine: MLAAttention TP=2 vs TP=1 (test at small sizes, then the decode-step benchmark)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here

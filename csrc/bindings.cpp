@@ -3,10 +3,14 @@
 // mla_prefill_fp8.cu: the fp8 recipe's prefill on FP8 wgmma and its tile-image pre-pass).
 // The Python side (backends/cuda/mla_core_cuda) validates the call and allocates every tensor; this layer only
 // reads pointers and strides and launches on the current stream (so CUDA-graph capture records the launches).
-#include <torch/extension.h>
-
-#include <c10/cuda/CUDAStream.h>
+// Only what this file uses: at::Tensor, TORCH_CHECK, the pybind11 casters of at::Tensor and std::optional, the current
+// stream and device guard. With <torch/extension.h> (all of libtorch's C++ API) this was the build's longest unit:
+// 26 s of CPU against 13 s now (benchmarks/NOTES.md, "CUDA build split for the TP 8 warm-up").
+#include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <vector>
@@ -17,35 +21,35 @@
 
 namespace {
 
-int dtype_code(const torch::Tensor& t) {
+int dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case torch::kBFloat16: return mla_core_cuda::kBF16;
-    case torch::kHalf: return mla_core_cuda::kFP16;
-    case torch::kFloat: return mla_core_cuda::kFP32;
+    case at::kBFloat16: return mla_core_cuda::kBF16;
+    case at::kHalf: return mla_core_cuda::kFP16;
+    case at::kFloat: return mla_core_cuda::kFP32;
     default: TORCH_CHECK(false, "mla_core cuda decode: unsupported dtype ", t.scalar_type());
   }
   return -1;
 }
 
-void check_index(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == torch::kInt || t.scalar_type() == torch::kLong, name, " must be int32 or int64");
+void check_index(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name, " must be int32 or int64");
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
 }
 
 // The fields both kernels read: pointers, strides, sizes, the split count. out [batch, heads, 512] and lse
 // [batch, heads] (optional) are written; part_o / part_lse are the float32 per-split buffers ([batch * heads *
 // splits * 512], [batch * heads * splits]) when splits > 1.
-mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::Tensor& cache,
-                                          const torch::Tensor& block_table, const torch::Tensor& seq_lens,
-                                          torch::Tensor& out, std::optional<torch::Tensor>& lse,
-                                          std::optional<torch::Tensor>& part_o, std::optional<torch::Tensor>& part_lse,
+mla_core_cuda::DecodeParams common_params(const at::Tensor& q, const at::Tensor& cache,
+                                          const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                          at::Tensor& out, std::optional<at::Tensor>& lse,
+                                          std::optional<at::Tensor>& part_o, std::optional<at::Tensor>& part_lse,
                                           int64_t num_splits, double qk_scale_log2) {
   TORCH_CHECK(q.is_cuda() && cache.is_cuda() && out.is_cuda(), "mla_core cuda decode: tensors must be on CUDA");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "q must be [batch, heads, 576], last dim contiguous");
   TORCH_CHECK(cache.dim() == 3 && cache.size(2) == 576 && cache.stride(2) == 1,
               "latent_cache must be [pages, page_size, 576], last dim contiguous");
-  const bool cache_fp8 = cache.scalar_type() == torch::kFloat8_e4m3fn;
-  TORCH_CHECK(cache_fp8 ? q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf
+  const bool cache_fp8 = cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(cache_fp8 ? q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf
                         : q.scalar_type() == cache.scalar_type(),
               "q and latent_cache must share a dtype (an FP8 cache: q bfloat16 or float16)");
   TORCH_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
@@ -71,10 +75,10 @@ mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::T
   p.table_stride_b = block_table.stride(0);
   p.table_stride_col = block_table.stride(1);
   p.table_width = block_table.size(1);
-  p.table_i64 = block_table.scalar_type() == torch::kLong;
+  p.table_i64 = block_table.scalar_type() == at::kLong;
   p.seq_lens = seq_lens.data_ptr();
   p.lens_stride = seq_lens.stride(0);
-  p.lens_i64 = seq_lens.scalar_type() == torch::kLong;
+  p.lens_i64 = seq_lens.scalar_type() == at::kLong;
   p.batch = static_cast<int>(q.size(0));
   p.heads = static_cast<int>(q.size(1));
   p.num_splits = static_cast<int>(num_splits);
@@ -85,7 +89,7 @@ mla_core_cuda::DecodeParams common_params(const torch::Tensor& q, const torch::T
   p.out = out.data_ptr();
   p.lse = nullptr;
   if (lse.has_value()) {
-    TORCH_CHECK(lse->scalar_type() == torch::kFloat && lse->is_contiguous(), "lse must be contiguous float32");
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous(), "lse must be contiguous float32");
     p.lse = lse->data_ptr<float>();
   }
   if (num_splits > 1) {
@@ -118,9 +122,9 @@ void set_quant(mla_core_cuda::DecodeParams& p, double out_scale, double k_scale,
 }
 
 // The mma.sync kernel (any head count, fused K/V/P fake quantization).
-void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
-            const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
-            std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
+void decode(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_table,
+            const at::Tensor& seq_lens, at::Tensor out, std::optional<at::Tensor> lse,
+            std::optional<at::Tensor> part_o, std::optional<at::Tensor> part_lse, int64_t num_splits,
             double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale, int64_t k_fmt,
             int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles, int64_t warps) {
   TORCH_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
@@ -139,9 +143,9 @@ void decode(const torch::Tensor& q, const torch::Tensor& cache, const torch::Ten
 // The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16 q and cache, or an FP8 cache (E4M3 codes, kv_scale folded
 // into qk_scale_log2 and out_scale by the caller); K = V FP8 with one scale or unquantized, P any format; keys_m:
 // decode_km_kernel (bf16 / fp16, unquantized, <= 16 heads).
-void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torch::Tensor& block_table,
-                  const torch::Tensor& seq_lens, torch::Tensor out, std::optional<torch::Tensor> lse,
-                  std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse, int64_t num_splits,
+void decode_wgmma(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_table,
+                  const at::Tensor& seq_lens, at::Tensor out, std::optional<at::Tensor> lse,
+                  std::optional<at::Tensor> part_o, std::optional<at::Tensor> part_lse, int64_t num_splits,
                   double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale,
                   int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, bool keys_m) {
   mla_core_cuda::DecodeParams p =
@@ -162,19 +166,19 @@ void decode_wgmma(const torch::Tensor& q, const torch::Tensor& cache, const torc
 // float8_e4m3fn, or a bf16 query and cache [rows, 656] uint8 / float8_e4m3fn (fp8_ds_mla rows: the cache's width
 // picks the layout); contiguous, 16-byte aligned; indices [batch, q_len, top_k] int32, valid_lens [batch] int32,
 // out [batch, q_len, heads, 512] bf16 and lse (batch * q_len * heads float32), both contiguous.
-void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache, const torch::Tensor& indices,
-                         const torch::Tensor& valid_lens, torch::Tensor out, torch::Tensor lse,
-                         std::optional<torch::Tensor> part_o, std::optional<torch::Tensor> part_lse,
+void sparse_decode_wgmma(const at::Tensor& query, const at::Tensor& cache, const at::Tensor& indices,
+                         const at::Tensor& valid_lens, at::Tensor out, at::Tensor lse,
+                         std::optional<at::Tensor> part_o, std::optional<at::Tensor> part_lse,
                          int64_t num_splits, double scale_log2, double bmm2_scale) {
-  const auto fp8 = torch::kFloat8_e4m3fn;
+  const auto fp8 = at::kFloat8_e4m3fn;
   TORCH_CHECK(query.is_cuda() && cache.is_cuda() && indices.is_cuda() && valid_lens.is_cuda() && out.is_cuda() &&
                   lse.is_cuda(), "mla_core cuda sparse decode: tensors must be on CUDA");
   TORCH_CHECK(cache.dim() == 2 && (cache.size(1) == 576 || cache.size(1) == 656) && cache.is_contiguous(),
               "cache must be contiguous [rows, 576] or [rows, 656]");
   const bool ds_mla = cache.size(1) == 656;
   if (ds_mla) {
-    TORCH_CHECK(query.scalar_type() == torch::kBFloat16 &&
-                    (cache.scalar_type() == torch::kUInt8 || cache.scalar_type() == fp8),
+    TORCH_CHECK(query.scalar_type() == at::kBFloat16 &&
+                    (cache.scalar_type() == at::kByte || cache.scalar_type() == fp8),
                 "656-byte rows need a bf16 query and a uint8 / float8_e4m3fn cache");
   } else {
     TORCH_CHECK(query.scalar_type() == fp8 && cache.scalar_type() == fp8, "query and cache must be float8_e4m3fn");
@@ -184,15 +188,15 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
   TORCH_CHECK(reinterpret_cast<uintptr_t>(query.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0, "query and cache must be 16-byte aligned");
   const int64_t batch = query.size(0), q_len = query.size(1), heads = query.size(2);
-  TORCH_CHECK(indices.scalar_type() == torch::kInt && indices.is_contiguous() && indices.dim() == 3 &&
+  TORCH_CHECK(indices.scalar_type() == at::kInt && indices.is_contiguous() && indices.dim() == 3 &&
                   indices.size(0) == batch && indices.size(1) == q_len,
               "indices must be contiguous int32 [batch, q_len, top_k]");
-  TORCH_CHECK(valid_lens.scalar_type() == torch::kInt && valid_lens.is_contiguous() && valid_lens.numel() == batch,
+  TORCH_CHECK(valid_lens.scalar_type() == at::kInt && valid_lens.is_contiguous() && valid_lens.numel() == batch,
               "valid_lens must be contiguous int32 [batch]");
-  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.is_contiguous() &&
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() &&
                   out.numel() == batch * q_len * heads * 512 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
               "out must be contiguous, 4-byte aligned bf16 [batch, q_len, heads, 512]");
-  TORCH_CHECK(lse.scalar_type() == torch::kFloat && lse.is_contiguous() && lse.numel() == batch * q_len * heads,
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == batch * q_len * heads,
               "lse must be contiguous float32 with batch * q_len * heads elements");
   mla_core_cuda::SparseDecodeParams p{};
   p.query = static_cast<const uint8_t*>(query.data_ptr());
@@ -214,8 +218,8 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
               "the WGMMA sparse decode needs heads a multiple of 64, top_k a multiple of 64 and 1..32 splits (got heads ",
               heads, ", top_k ", p.top_k, ", splits ", num_splits, ")");
   if (num_splits > 1) {
-    TORCH_CHECK(part_o.has_value() && part_lse.has_value() && part_o->scalar_type() == torch::kFloat &&
-                    part_lse->scalar_type() == torch::kFloat && part_o->is_contiguous() && part_lse->is_contiguous(),
+    TORCH_CHECK(part_o.has_value() && part_lse.has_value() && part_o->scalar_type() == at::kFloat &&
+                    part_lse->scalar_type() == at::kFloat && part_o->is_contiguous() && part_lse->is_contiguous(),
                 "part_o and part_lse (contiguous float32) are needed with num_splits > 1");
     TORCH_CHECK(part_o->numel() >= batch * q_len * heads * num_splits * 512 &&
                     part_lse->numel() >= batch * q_len * heads * num_splits, "part_o / part_lse too small");
@@ -232,11 +236,11 @@ void sparse_decode_wgmma(const torch::Tensor& query, const torch::Tensor& cache,
 // [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
 // contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient); q_fmt
 // likewise for Q's FP8 codes made in the kernel (q_scale's factor folded into scale_log2 by the caller).
-void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_q,
-                   const torch::Tensor& cu_k, int64_t max_seqlen_q, torch::Tensor out, std::optional<torch::Tensor> lse,
+void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_q,
+                   const at::Tensor& cu_k, int64_t max_seqlen_q, at::Tensor out, std::optional<at::Tensor> lse,
                    bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale,
                    int64_t q_fmt, double q_scale, double q_rscale) {
-  const auto bf16 = torch::kBFloat16;
+  const auto bf16 = at::kBFloat16;
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
               "mla_core cuda prefill: tensors must be on CUDA");
   TORCH_CHECK(q.scalar_type() == bf16 && k.scalar_type() == bf16 && v.scalar_type() == bf16 &&
@@ -245,7 +249,7 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
   TORCH_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1, "k must be [total_k, kv_heads, 192], last dim contiguous");
   TORCH_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
               "v must be [total_k, kv_heads, 128], last dim contiguous");
-  TORCH_CHECK(cu_q.scalar_type() == torch::kInt && cu_k.scalar_type() == torch::kInt && cu_q.is_contiguous() &&
+  TORCH_CHECK(cu_q.scalar_type() == at::kInt && cu_k.scalar_type() == at::kInt && cu_q.is_contiguous() &&
                   cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
               "cu_q and cu_k must be contiguous int32 [batch + 1]");
   TORCH_CHECK(out.is_contiguous() && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 128,
@@ -280,7 +284,7 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
-    TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == torch::kFloat && lse->is_contiguous() &&
+    TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == at::kFloat && lse->is_contiguous() &&
                     lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
     p.lse = lse->data_ptr<float>();
   }
@@ -295,16 +299,16 @@ void prefill_wgmma(const torch::Tensor& q, const torch::Tensor& k, const torch::
 // The prefill's FP8 QDQ pre-pass, one launch: outs[j] = bf16(e4m3(xs[j] / scales[j])) elementwise (1 to 3
 // operands), each x and out contiguous bf16 of one size (a multiple of 8), 16-byte aligned; rscales[j] = RN(1 /
 // scales[j]); exact_div: the IEEE division (a factor outside the division-free range).
-void fp8_codes_bf16(const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& outs,
+void fp8_codes_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs,
                     const std::vector<double>& scales, const std::vector<double>& rscales, bool exact_div) {
   TORCH_CHECK(!xs.empty() && xs.size() <= 3 && outs.size() == xs.size() && scales.size() == xs.size() &&
                   rscales.size() == xs.size(), "1 to 3 operands, one out, scale and rscale each");
   mla_core_cuda::FP8CodesJobs jobs{};
   for (size_t j = 0; j < xs.size(); ++j) {
-    const torch::Tensor& x = xs[j];
-    const torch::Tensor& out = outs[j];
+    const at::Tensor& x = xs[j];
+    const at::Tensor& out = outs[j];
     TORCH_CHECK(x.is_cuda() && out.is_cuda() && x.device() == xs[0].device() && out.device() == x.device() &&
-                    x.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16 &&
+                    x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
                     x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel() && x.numel() % 8 == 0,
                 "x and out must be contiguous bf16 CUDA tensors of one size, a multiple of 8, on one device");
     jobs.x[j] = static_cast<const uint16_t*>(x.data_ptr());
@@ -323,19 +327,19 @@ void fp8_codes_bf16(const std::vector<torch::Tensor>& xs, const std::vector<torc
 // 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_k [batch + 1] int32 contiguous, images
 // [fp8_tile_image_slots(total_k, batch), kv_heads, 20480] uint8 contiguous, written for every tile of every
 // sequence; the codes e4m3(x / scale) (exact: the IEEE division, else division-free from rscale = RN(1 / scale)).
-void fp8_tile_images(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& cu_k, torch::Tensor images,
+void fp8_tile_images(const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_k, at::Tensor images,
                      double k_scale, double k_rscale, double v_scale, double v_rscale, bool exact) {
-  const auto bf16 = torch::kBFloat16;
+  const auto bf16 = at::kBFloat16;
   TORCH_CHECK(k.is_cuda() && v.is_cuda() && cu_k.is_cuda() && images.is_cuda(), "tensors must be on CUDA");
   TORCH_CHECK(k.scalar_type() == bf16 && v.scalar_type() == bf16, "k and v must be bfloat16");
   TORCH_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1,
               "k must be [total_k, kv_heads, 192], last dim contiguous");
   TORCH_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
               "v must be [total_k, kv_heads, 128], last dim contiguous");
-  TORCH_CHECK(cu_k.scalar_type() == torch::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
+  TORCH_CHECK(cu_k.scalar_type() == at::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
               "cu_k must be contiguous int32 [batch + 1]");
   const int batch = static_cast<int>(cu_k.numel() - 1);
-  TORCH_CHECK(images.scalar_type() == torch::kByte && images.is_contiguous() && images.dim() == 3 &&
+  TORCH_CHECK(images.scalar_type() == at::kByte && images.is_contiguous() && images.dim() == 3 &&
                   images.size(0) == mla_core_cuda::fp8_tile_image_slots(k.size(0), batch) &&
                   images.size(1) == k.size(1) && images.size(2) == mla_core_cuda::kFp8TileImageBytes,
               "images must be contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, 20480]");
@@ -368,21 +372,21 @@ void fp8_tile_images(const torch::Tensor& k, const torch::Tensor& v, const torch
 // contiguous, data and strides 8-byte aligned), images from fp8_tile_images over total_k keys, cu_q / cu_k [batch +
 // 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both contiguous
 // and written; Q's and P's codes e4m3(x / scale) (exact: the IEEE division).
-void prefill_fp8(const torch::Tensor& q, const torch::Tensor& images, const torch::Tensor& cu_q,
-                 const torch::Tensor& cu_k, int64_t max_seqlen_q, int64_t total_k, torch::Tensor out,
-                 std::optional<torch::Tensor> lse, bool causal, double scale_log2, double out_scale, double q_scale,
+void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor& cu_q,
+                 const at::Tensor& cu_k, int64_t max_seqlen_q, int64_t total_k, at::Tensor out,
+                 std::optional<at::Tensor> lse, bool causal, double scale_log2, double out_scale, double q_scale,
                  double q_rscale, double p_scale, double p_rscale, bool exact) {
   TORCH_CHECK(q.is_cuda() && images.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
               "mla_core cuda prefill: tensors must be on CUDA");
-  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16,
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
               "q and out must be bfloat16");
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1,
               "q must be [total_q, heads, 192], last dim contiguous");
-  TORCH_CHECK(cu_q.scalar_type() == torch::kInt && cu_k.scalar_type() == torch::kInt && cu_q.is_contiguous() &&
+  TORCH_CHECK(cu_q.scalar_type() == at::kInt && cu_k.scalar_type() == at::kInt && cu_q.is_contiguous() &&
                   cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
               "cu_q and cu_k must be contiguous int32 [batch + 1]");
   const int batch = static_cast<int>(cu_q.numel() - 1);
-  TORCH_CHECK(images.scalar_type() == torch::kByte && images.is_contiguous() && images.dim() == 3 &&
+  TORCH_CHECK(images.scalar_type() == at::kByte && images.is_contiguous() && images.dim() == 3 &&
                   images.size(0) == mla_core_cuda::fp8_tile_image_slots(total_k, batch) &&
                   images.size(2) == mla_core_cuda::kFp8TileImageBytes,
               "images must be fp8_tile_images' contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, "
@@ -413,7 +417,7 @@ void prefill_fp8(const torch::Tensor& q, const torch::Tensor& images, const torc
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
-    TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == torch::kFloat && lse->is_contiguous() &&
+    TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == at::kFloat && lse->is_contiguous() &&
                     lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
     p.lse = lse->data_ptr<float>();
   }

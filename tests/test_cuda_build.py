@@ -197,6 +197,33 @@ def test_source_override(monkeypatch, tmp_path):
         build.source_dir()
 
 
+def test_pre_split_source_override(monkeypatch, tmp_path):
+    """A csrc/ from before the decode kernels' split (an A/B base snapshot: no mla_decode_wgmma.cuh, the kernels in
+    mla_decode.cu and mla_decode_wgmma.cu) is still found through MLA_CORE_CUDA_SRC and built and keyed with its
+    own translation units; a split tree missing one of its units is not taken for one."""
+    src = tmp_path / "csrc"
+    src.mkdir()
+    for name in build.PRE_SPLIT_SOURCES + build.HEADERS:
+        if not name.startswith(("mla_decode_wgmma", "mla_decode_mma")):
+            (src / name).write_text(f"// {name}\n")
+    (src / "mla_decode_wgmma.cu").write_text("// the WGMMA decode, one unit\n")
+    monkeypatch.setenv("MLA_CORE_CUDA_SRC", str(src))
+    monkeypatch.setattr(build, "_DEFAULT_KEY", None)
+    assert build.source_dir() == src
+    units, headers = build.layout(src)
+    assert units == build.PRE_SPLIT_SOURCES and "mla_decode_wgmma.cuh" not in headers and "seesaw.cuh" in headers
+    key = build.build_key(torch_version="x", cuda_version="y", nvcc_version="z")
+    (src / "mla_decode_wgmma.cu").write_text("// changed\n")
+    assert build.build_key(torch_version="x", cuda_version="y", nvcc_version="z") != key
+    split = tmp_path / "split"
+    split.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        (split / name).write_text(f"// {name}\n")
+    assert build.layout(split) == (build.SOURCES, build.HEADERS)
+    (split / "mla_decode_wgmma_fp16_kv.cu").unlink()
+    assert build.layout(split) is None
+
+
 def test_cache_dir_private(monkeypatch, tmp_path):
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "deep" / "cache"))
     d = build.build_dir("0123456789abcdef")

@@ -1,4 +1,4 @@
-"""CUDA decode (csrc/mla_decode.cu: mma.sync, csrc/mla_decode_wgmma.cu: WGMMA) against the reference backend,
+"""CUDA decode (csrc/mla_decode_mma.cuh: mma.sync, csrc/mla_decode_wgmma.cuh: WGMMA) against the reference backend,
 on the GPU (``pytest -m gpu``).
 
 DeepSeek sizes (kv_lora_rank 512, rope 64), heads 16, 64 and 128, pages 1/16/64, lengths on every 32- and

@@ -26,7 +26,7 @@ for s in "$A_SRC" "$B_SRC"; do
   [ -f "$s/mla_decode_wgmma.cu" ] || { echo "no csrc at $s (see the header: git archive ... | tar -x)"; exit 2; }
 done
 A_SRC=$(cd "$A_SRC" && pwd); B_SRC=$(cd "$B_SRC" && pwd)
-grep -q decode_t_kernel "$B_SRC/mla_decode_wgmma.cu" || echo "WARNING: B_SRC has no decode_t_kernel"
+cat "$B_SRC"/mla_decode_wgmma.cu* | grep -q decode_t_kernel || echo "WARNING: B_SRC has no decode_t_kernel"
 . benchmarks/checkout_first.sh
 TMP=$(mktemp -d); W=$TMP/fp8prof; mkdir -p "$W"
 SHAPE=(--heads "${H:-16}" --batch "${BATCH:-32}" --length "${LEN:-32768}" --splits "${SPLITS:-auto}")

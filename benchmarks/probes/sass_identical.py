@@ -3,11 +3,16 @@
 
 Usage: python3 benchmarks/probes/sass_identical.py BEFORE.cubin AFTER.cubin [--text-only]
 
+BEFORE / AFTER may also hold several cubins: an object file, an archive of objects (`ar rcs x.a *.cuda.o`, one per
+translation unit) or a shared library; cuobjdump dumps them all, each cubin's header lines are skipped, and a function
+name met a second time is kept as "NAME [#2]" (a kernel instantiated in two translation units shows as "only in").
+
 Runs `cuobjdump -sass` on both and compares, per function, the instruction sequence: each instruction's text and
 its encoding words (the hex in the /* 0x... */ comments, which carry the scheduling control bits too; --text-only
 leaves them out). Ignored: the /*0123*/ offsets, section headers (.headerflags, .text, code for / .target lines),
-line info, blank lines, and the hash in an anonymous namespace's mangled name (_GLOBAL__N__<hash>_<file>_<hash>: it
-follows the source's path and contents, so a copy of the tree elsewhere gets another). Prints one line per function
+line info, blank lines, and an anonymous namespace's mangled name (<length>_GLOBAL__N__<hash>_<length>_<file>_<hash>...,
+dropped whole: it follows the source's file name, path and contents, so a copy of the tree elsewhere, or the same
+kernel instantiated from another file, gets another). Prints one line per function
 (equal / differs / only in one), the first differing instruction of a function that differs, and exits 1 if any
 function differs or stands in one cubin only, 2 if cuobjdump fails.
 
@@ -19,7 +24,26 @@ import shutil
 import subprocess
 import sys
 
-ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_[0-9a-f]{8}")
+ANON = re.compile(r"(\d+)_GLOBAL__N_")
+
+
+def strip_anon(name):
+    """``name`` with each anonymous namespace's <length><source-name> replaced by ``_GLOBAL__N_``: the length
+    (the digits before it, the longest run that ends the name right before the next <length><identifier> or E)
+    says where the namespace's name ends."""
+    out, pos = [], 0
+    for m in ANON.finditer(name):
+        if m.start() < pos:
+            continue
+        digits = m.group(1)
+        for k in range(len(digits)):  # the longest digit run first; a shorter one if the previous token ended in digits
+            length = int(digits[k:])
+            end = m.start(1) + len(digits) + length
+            if end <= len(name) and (end == len(name) or name[end].isdigit() or name[end] in "EIS"):
+                out.append(name[pos:m.start(1) + k] + "_GLOBAL__N_")
+                pos = end
+                break
+    return "".join(out) + name[pos:]
 OFFSET = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*")
 ENCODING = re.compile(r"/\*\s*(0x[0-9a-f]{16})\s*\*/")
 
@@ -50,8 +74,15 @@ def functions(cubin, text_only):
     for line in r.stdout.splitlines():
         s = line.strip()
         if s.startswith("Function :"):
-            name = ANON.sub("_GLOBAL__N_", s.split(":", 1)[1].strip())
+            name = strip_anon(s.split(":", 1)[1].strip())
+            base, n = name, 1
+            while name in out:  # the same function in another cubin of the file
+                n += 1
+                name = f"{base} [#{n}]"
             cur = out.setdefault(name, [])
+            continue
+        if s.startswith(("member ", "Fatbin ")):  # the next cubin: its header lines precede its first function
+            cur = None
             continue
         if cur is None or not s or s.startswith(".") or s.startswith("code for") or s.startswith("//"):
             continue

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNEL = "mla_decode_wgmma.cu"
+KERNEL = "mla_decode_wgmma.cuh"  # the WGMMA decode's kernels (instantiated by mla_decode_wgmma*.cu)
 VARIANTS = {  # (file in csrc/, old, new)
     "base": [],
     # no validity bits read by the consumers (every key valid)

@@ -26,15 +26,24 @@ from pathlib import Path
 import filelock
 
 ARCH = "sm_90a"
-"""The one target the kernels are written for: mla_decode_wgmma.cu, mla_sparse_wgmma.cu, mla_prefill_wgmma.cu and
-mla_prefill_fp8.cu need sm_90a's wgmma (they refuse to compile for anything else); the mma.sync kernel runs on it
-too."""
+"""The one target the kernels are written for: the WGMMA decode (mla_decode_wgmma*.cu), mla_sparse_wgmma.cu,
+mla_prefill_wgmma.cu and mla_prefill_fp8.cu need sm_90a's wgmma (they refuse to compile for anything else); the
+mma.sync kernel runs on it too."""
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 CXX_FLAGS = ("-O3",)
-SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu",
-           "bindings.cpp")
-HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh",
-           "hopper.cuh", "seesaw.cuh")
+SOURCES = ("bindings.cpp", "mla_decode.cu", "mla_decode_bf16.cu", "mla_decode_fp16.cu", "mla_decode_wgmma.cu",
+           *(f"mla_decode_wgmma_{t}_{kv}.cu" for t in ("bf16", "fp16") for kv in ("kv", "kv_fp8", "cache_fp8")),
+           "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu")
+"""The translation units, compiled in parallel by ninja (``MAX_JOBS``, else ninja's default: the CPU count + 2; the
+longest first). The decode kernels' instances are spread over several of them (csrc/mla_decode_mma.cuh: 8 kernels
+over 2 units, csrc/mla_decode_wgmma.cuh: 22 over 7) so no unit holds the build's critical path alone
+(benchmarks/NOTES.md, "CUDA build split for the TP 8 warm-up")."""
+HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_decode_mma.cuh", "mla_decode_wgmma.cuh",
+           "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh", "hopper.cuh", "seesaw.cuh")
+PRE_SPLIT_SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu",
+                     "mla_prefill_fp8.cu", "bindings.cpp")
+"""The translation units of a csrc/ from before the split (no mla_decode_wgmma.cuh): an A/B harness's base snapshot
+built through ``MLA_CORE_CUDA_SRC`` may be one (:func:`layout`)."""
 LOCK_TIMEOUT_S = 900.0
 """Longest wait for another process's build (a cold build takes about a minute)."""
 
@@ -54,12 +63,24 @@ def source_dir() -> Path:
     override = os.environ.get("MLA_CORE_CUDA_SRC")
     candidates = [Path(override)] if override else [here.parents[2] / "csrc", here / "csrc"]
     for candidate in candidates:
-        if all((candidate / name).is_file() for name in SOURCES + HEADERS):
+        if layout(candidate) is not None:
             return candidate
     if override:
         raise BuildError(f"CUDA sources not found in MLA_CORE_CUDA_SRC={override}")
     raise BuildError(f"CUDA sources not found (looked for {', '.join(SOURCES)} in {here.parents[2] / 'csrc'} "
                      f"and {here / 'csrc'})")
+
+
+def layout(directory: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(translation units, headers) of the csrc/ folder ``directory``, None when it is not one: SOURCES and HEADERS,
+    or for a copy from before the decode kernels' split (no mla_decode_wgmma.cuh) PRE_SPLIT_SOURCES and the headers
+    it has of HEADERS, so an A/B against an older snapshot still builds."""
+    if all((directory / name).is_file() for name in SOURCES + HEADERS):
+        return SOURCES, HEADERS
+    if (not (directory / "mla_decode_wgmma.cuh").exists()
+            and all((directory / name).is_file() for name in PRE_SPLIT_SOURCES)):
+        return PRE_SPLIT_SOURCES, tuple(name for name in HEADERS if (directory / name).is_file())
+    return None
 
 
 def cache_root() -> Path:
@@ -108,7 +129,8 @@ def build_key(sources: dict[str, bytes] | None = None, *, torch_version: str | N
         return _DEFAULT_KEY
     if sources is None:
         src = source_dir()
-        sources = {name: (src / name).read_bytes() for name in SOURCES + HEADERS}
+        units, headers = layout(src)
+        sources = {name: (src / name).read_bytes() for name in units + headers}
     h = hashlib.sha256()
     for name in sorted(sources):
         h.update(name.encode() + b"\0" + hashlib.sha256(sources[name]).digest())
@@ -217,7 +239,7 @@ def _compile(directory: Path, name: str, verbose: bool):
     start = time.monotonic()
     try:
         module = cpp_extension.load(
-            name=name, sources=[str(src / s) for s in SOURCES], extra_cflags=list(CXX_FLAGS),
+            name=name, sources=[str(src / s) for s in layout(src)[0]], extra_cflags=list(CXX_FLAGS),
             extra_cuda_cflags=list(CUDA_FLAGS), extra_include_paths=[str(src)], build_directory=str(directory),
             verbose=False, with_cuda=True)  # quiet: the compiler's output then rides in the exception
     except Exception as exc:  # RuntimeError from ninja, OSError, ...
