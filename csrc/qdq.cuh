@@ -87,4 +87,26 @@ __device__ __forceinline__ float nvfp4_unscaled(float x, const BlockScale& b, bo
   return round_e2m1(div_rn(x, b.s, b.inv_s, exact_div)) * b.code;
 }
 
+// The NVFP4 quotient x / s of a prefill operand (its pre-pass over Q / K / V and P in its kernel), as E2M1 sees it:
+// kExact the IEEE division; else Markstein from inv_s = RN(1 / s) (div_rn's form), where the correction's proof
+// stops q0 = x·inv_s itself gives the same E2M1 value: |q0| > 16 (the quotient > 6: saturates to 6, ±Inf included,
+// which the corrected form would make NaN) and |q0| < 2^-20 (the quotient < 0.25: ±0 with x's sign). NaN stays NaN.
+template <bool kExact>
+__device__ __forceinline__ float nvfp4_quotient(float x, float s, float inv_s) {
+  if constexpr (kExact) {
+    return __fdiv_rn(x, s);
+  } else {
+    const float q0 = __fmul_rn(x, inv_s), a = fabsf(q0);
+    const float q = __fmaf_rn(__fmaf_rn(-q0, s, x), inv_s, q0);
+    return (a > 16.f || a < 0x1p-20f) ? q0 : q;
+  }
+}
+
+// An NVFP4 value of the prefill without the global scale: e2m1(x / (code * g)) * code, exact in bf16 (an E2M1 value
+// times an E4M3 code has at most 6 significant bits, 2^-10 .. 2688: benchmarks/probes/nvfp4_e4m3_representable.py).
+template <bool kExact>
+__device__ __forceinline__ float nvfp4_value(float x, const BlockScale& b) {
+  return round_e2m1(nvfp4_quotient<kExact>(x, b.s, b.inv_s)) * b.code;
+}
+
 }  // namespace mla_core_cuda
