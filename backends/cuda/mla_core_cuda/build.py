@@ -32,7 +32,7 @@ too."""
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 CXX_FLAGS = ("-O3",)
 SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu",
-           "bindings.cpp")
+           "mla_prefill_nvfp4.cu", "bindings.cpp")
 HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh",
            "hopper.cuh", "seesaw.cuh")
 LOCK_TIMEOUT_S = 900.0
