@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(256) rows_kernel(const Nvfp4RowsJobs jobs, int
     const BlockScale bs = nvfp4_block_scale(block_max(x, kBlock), jobs.g[j]);
     uint32_t o[8];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) o[c] = pack_exact(nvfp4_value<kExact>(x[2 * c], bs), nvfp4_value<kExact>(x[2 * c + 1], bs));
+    for (int c = 0; c < 8; ++c)
+      o[c] = pack_exact(nvfp4_value<kExact>(x[2 * c], bs), nvfp4_value<kExact>(x[2 * c + 1], bs));
     uint4* dst = reinterpret_cast<uint4*>(jobs.out[j] + b * kBlock);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);

@@ -142,11 +142,15 @@ __device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, flo
 // keys at the tile's offsets 16 ks (tiles start at multiples of 64 from the sequence's first key: numerics' absolute
 // blocks), each block's code c = e4m3(bmax / 6 / g) (g = p_scale, the caller's out_scale holds it), its values
 // e2m1(p / (c·g))·c, exact in bf16. In S's accumulator block ks of the thread's row lo is sc[8 ks + {0, 1, 4, 5}]
-// over the quad's 4 threads (keys 16 ks + 2 (t % 4) + {0, 1}, + 8), row hi sc[8 ks + {2, 3, 6, 7}]: the block
-// maximum over the quad by two xor shuffles. P >= 0 and finite unless a score is NaN (a NaN P stays NaN: its row's
-// output is NaN either way). The values replace sc (its float32 P is no longer needed: the row sums are taken).
+// over the quad's 4 threads (keys 16 ks + 2 (t % 4) + {0, 1}, + 8), row hi sc[8 ks + {2, 3, 6, 7}]: block b = 2 ks +
+// (row hi) has its maximum over the quad by two xor shuffles; then quad lane q computes the scales of blocks 2q and
+// 2q + 1 only and every lane takes each block's code from its owner (8 shuffles in place of 6 more block codes per
+// thread), then s = code·g and 1 / s as nvfp4_block_scale; kP 3 without a division instruction
+// (nvfp4_block_code_div_free, rg = RN(1 / g): p_rscale). The values by nvfp4_p_value (div_rn's quotient, the
+// non-negative E2M1 rounding). P >= 0 and finite unless a score is NaN (a NaN P stays NaN: its row's output is NaN
+// either way). The values replace sc (its float32 P is no longer needed: the row sums are taken).
 template <int kP>
-__device__ __forceinline__ void p_nvfp4(float (&sc)[32], float g) {
+__device__ __forceinline__ void p_nvfp4(float (&sc)[32], float g, float rg, int lane) {
   float bmax[8];
 #pragma unroll
   for (int e = 0; e < 32; e += 2) {  // P rounded to bf16 (the pair conversion), back to float32 exactly
@@ -163,14 +167,18 @@ __device__ __forceinline__ void p_nvfp4(float (&sc)[32], float g) {
   for (int d = 1; d <= 2; d <<= 1)
 #pragma unroll
     for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], d));
+  const int q = lane & 3;
+  auto code_of = [&](float m) { return kP == 3 ? nvfp4_block_code_div_free(m, g, rg) : nvfp4_block_code(m, g); };
+  const float own[2] = {code_of(q == 0 ? bmax[0] : (q == 1 ? bmax[2] : (q == 2 ? bmax[4] : bmax[6]))),
+                        code_of(q == 0 ? bmax[1] : (q == 1 ? bmax[3] : (q == 2 ? bmax[5] : bmax[7])))};
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
-    const BlockScale bs = nvfp4_block_scale(bmax[b], g);
+    const BlockScale bs = nvfp4_code_scale(__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b >> 1)), g);
     const int e0 = 8 * (b >> 1) + 2 * (b & 1);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int e = e0 + (i & 1) + 4 * (i >> 1);
-      sc[e] = nvfp4_value<kP == 4>(sc[e], bs);
+      sc[e] = nvfp4_p_value<kP == 4>(sc[e], bs);
     }
   }
 }
@@ -331,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefill::tile_softmax(sc, rows, j * kBN, len_k, p.causal, first_row, off, qrow_lo, t, p.scale_log2, a_lo, a_hi);
   };
   auto pack_p = [&]() {
-    if constexpr (kP >= 3) p_nvfp4<kP>(sc, p.p_scale);
+    if constexpr (kP >= 3) p_nvfp4<kP>(sc, p.p_scale, p.p_rscale, lane);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll

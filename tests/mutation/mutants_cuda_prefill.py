@@ -27,7 +27,7 @@ NVFP4_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_nvfp4_prepass_values_eq
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_p_blocks_are_the_reference_blocks "
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_boundary_lengths "
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_cached_prefix_and_gqa")
-"""The nvfp4 recipe's mutants (indices 23-29): the pre-pass's values bit for bit, P's blocks against the reference,
+"""The nvfp4 recipe's mutants (indices 23-30): the pre-pass's values bit for bit, P's blocks against the reference,
 then the recipe end to end on tile-edge lengths and cached prefixes with GQA."""
 
 MUTANTS = [
@@ -190,6 +190,11 @@ MUTANTS = [
          new="const int keys = kBlock;",
          tests=[NVFP4_SELECTION], gpu=True,
          why="a sequence's last, partial V block takes the next sequence's keys into its maximum (and writes them)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b >> 1))",
+         new="__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b & 3))",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's block codes taken from the wrong owner lane of the quad (blocks 2q, 2q + 1 are lane q's)"),
 ]
 
 
