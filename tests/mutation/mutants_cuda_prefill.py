@@ -153,7 +153,7 @@ MUTANTS = [
          tests=[FP8_MMA_SELECTION], gpu=True,
          why="a partial tile's V rows past the sequence's end not zeroed: the next sequence's V (or past the "
              "tensor) enters V^T"),
-    # 23-29: the nvfp4 recipe (round m): P's NVFP4 in the bf16-wgmma kernel, the pre-pass, the launcher
+    # 23-30: the nvfp4 recipe (round m): P's NVFP4 in the bf16-wgmma kernel, the pre-pass, the launcher
     dict(file="csrc/mla_prefill_wgmma.cu",
          old="for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], d));",
          new="for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], 4 * d));",
