@@ -764,7 +764,7 @@ def test_gpu_nvfp4_mla_heads_and_lengths(poisoned_outputs):
 @gpu
 def test_gpu_nvfp4_p_blocks_are_the_reference_blocks(poisoned_outputs):
     """P's NVFP4 alone (Q, K, V bf16), with a fitting and a small p_amax (saturated block codes): the kernel's error
-    against the reference is a small fraction of what P's quantization itself moves the output by, so the blocks
+    against the reference is under a quarter of what P's quantization itself moves the output by, so the blocks
     (16 keys along the tile at absolute positions), their codes and the values' rounding are the reference's."""
     inputs = make_inputs([(200, 200), (70, 333), (1, 17)], 4, 2, seed=45)
     for p_amax in (1.0, 0.05):
@@ -773,7 +773,7 @@ def test_gpu_nvfp4_p_blocks_are_the_reference_blocks(poisoned_outputs):
         check(out, ref)
         unquantized = mla_core.mla_prefill(*inputs, causal=True, backend="reference")
         moved = rel_l2(ref[0], unquantized)
-        assert moved > 1e-2 and rel_l2(out[0], ref[0]) < 0.1 * moved, (p_amax, rel_l2(out[0], ref[0]), moved)
+        assert moved > 1e-2 and rel_l2(out[0], ref[0]) < 0.25 * moved, (p_amax, rel_l2(out[0], ref[0]), moved)
 
 
 @gpu
