@@ -48,10 +48,9 @@ if [ "${BENCH:-1}" = 1 ]; then
   rab=${PIPESTATUS[0]}
   stamp "bench (rc $rab)"
 fi
+TESTS_K=${TESTS_K:-"nvfp4 or (test_gpu_fp8 and not fp8_mma and not tile_images) or (boundary_lengths and not fp8_mma)"}
 timeout "$(cap "${TESTS_S:-80}")" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=5 \
-  tests/test_cuda_prefill.py -k "${TESTS_K:-nvfp4 or (test_gpu_fp8 and not mma) or (boundary_lengths and not mma)}" \
-  2>&1 \
-  | tee "$LOGS/gpu_tests.log" | tail -10
+  tests/test_cuda_prefill.py -k "$TESTS_K" 2>&1 | tee "$LOGS/gpu_tests.log" | tail -10
 rt=${PIPESTATUS[0]}
 stamp "tests (rc $rt)"
 rm_=skipped
@@ -71,4 +70,5 @@ if [ -n "$pm" ]; then
   stamp "mutants (rc $rmu)"
 fi
 echo "rc: bench $rab, tests $rt, memcheck $rm_, mutants $rmu"
-[ "$rab" = 0 ] && [ "$rt" = 0 ] && { [ "$rm_" = 0 ] || [ "$rm_" = skipped ]; } && { [ "$rmu" = 0 ] || [ "$rmu" = skipped ]; }
+[ "$rab" = 0 ] && [ "$rt" = 0 ] && { [ "$rm_" = 0 ] || [ "$rm_" = skipped ]; } \
+  && { [ "$rmu" = 0 ] || [ "$rmu" = skipped ]; }
