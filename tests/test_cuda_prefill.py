@@ -326,6 +326,19 @@ def test_nvfp4_operands_mixed_with_fp8_and_the_ieee_division():
         assert (rec.calls[0][-1], rec.calls[1][-1], rec.calls[2][1][11]) == flags, amaxes
 
 
+def test_p_nvfp4_register_layout_emulation(monkeypatch):
+    """The kernel's P NVFP4 steps (accumulator registers of a 16-key block, quad shuffles, owner lanes of the block
+    codes), emulated on the CPU over 64 x 64 tiles, give numerics.nvfp4_unscaled of P in bf16
+    (benchmarks/probes/prefill_p_nvfp4_emulation.py)."""
+    import importlib.util
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("p_nvfp4_emulation",
+                                                  root / "benchmarks/probes/prefill_p_nvfp4_emulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main() == 0
+
+
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
     inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
     rec = _Recorder()
