@@ -1,6 +1,7 @@
 // pybind11 bindings of the CUDA kernels (mla_decode.cu: mma.sync decode, mla_decode_wgmma.cu: WGMMA decode,
 // mla_sparse_wgmma.cu: FP8 top-k sparse decode, mla_prefill_wgmma.cu: varlen prefill and its FP8 QDQ pre-pass,
-// mla_prefill_fp8.cu: the fp8 recipe's prefill on FP8 wgmma and its tile-image pre-pass).
+// mla_prefill_fp8.cu: the fp8 recipe's prefill on FP8 wgmma and its tile-image pre-pass, mla_prefill_nvfp4.cu: the
+// nvfp4 recipe's pre-pass).
 // The Python side (backends/cuda/mla_core_cuda) validates the call and allocates every tensor; this layer only
 // reads pointers and strides and launches on the current stream (so CUDA-graph capture records the launches).
 // Only what this file uses: at::Tensor, TORCH_CHECK, the pybind11 casters of at::Tensor and std::optional, the current
@@ -323,6 +324,64 @@ void fp8_codes_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Ten
               cudaGetErrorString(err));
 }
 
+// The nvfp4 recipe's pre-pass along features (mla_prefill_nvfp4.cu), one launch: outs[j] = bf16(e2m1(x / (c·g))·c)
+// per block of 16 of xs[j]'s 192-wide rows (numerics.qdq_nvfp4 divided by g = gs[j]: exact in bf16); xs[j] [rows,
+// heads, 192] bf16, last dimension contiguous, data and token / head strides 16-byte aligned; outs[j] contiguous of
+// xs[j]'s shape. exact_div: the IEEE division (a factor outside the division-free range).
+void nvfp4_rows_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs,
+                     const std::vector<double>& gs, bool exact_div) {
+  TORCH_CHECK(!xs.empty() && xs.size() <= 3 && outs.size() == xs.size() && gs.size() == xs.size(),
+              "1 to 3 operands, one out and g each");
+  mla_core_cuda::Nvfp4RowsJobs jobs{};
+  for (size_t j = 0; j < xs.size(); ++j) {
+    const at::Tensor& x = xs[j];
+    const at::Tensor& out = outs[j];
+    TORCH_CHECK(x.is_cuda() && out.is_cuda() && x.device() == xs[0].device() && out.device() == x.device() &&
+                    x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 && x.dim() == 3 &&
+                    x.size(2) == 192 && x.stride(2) == 1 && out.is_contiguous() && out.sizes() == x.sizes(),
+                "x must be bf16 [rows, heads, 192] (last dim contiguous) and out contiguous bf16 of its shape, on one "
+                "CUDA device");
+    jobs.x[j] = static_cast<const uint16_t*>(x.data_ptr());
+    jobs.out[j] = reinterpret_cast<uint16_t*>(out.data_ptr());
+    jobs.rows[j] = x.size(0);
+    jobs.heads[j] = static_cast<int>(x.size(1));
+    jobs.stride_t[j] = x.stride(0);
+    jobs.stride_h[j] = x.stride(1);
+    jobs.g[j] = static_cast<float>(gs[j]);
+  }
+  const c10::cuda::CUDAGuard guard(xs[0].device());
+  const cudaError_t err =
+      mla_core_cuda::launch_nvfp4_rows_bf16(jobs, exact_div, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda nvfp4 rows launch failed (16-byte aligned data and strides needed): ",
+              cudaGetErrorString(err));
+}
+
+// The nvfp4 recipe's pre-pass along keys (V): out = bf16(e2m1(v / (c·g))·c) per block of 16 keys from each sequence's
+// first key (cu_k [batch + 1] int32, clamped as the kernel clamps it); v [total_k, kv_heads, 128] bf16, last dimension
+// contiguous, data and strides 16-byte aligned; out contiguous of v's shape, written at every key of every sequence.
+void nvfp4_keys_bf16(const at::Tensor& v, const at::Tensor& cu_k, at::Tensor out, double g, bool exact_div) {
+  TORCH_CHECK(v.is_cuda() && cu_k.is_cuda() && out.is_cuda() && v.device() == out.device(), "tensors must be on CUDA");
+  TORCH_CHECK(v.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 && v.dim() == 3 &&
+                  v.size(2) == 128 && v.stride(2) == 1 && out.is_contiguous() && out.sizes() == v.sizes(),
+              "v must be bf16 [total_k, kv_heads, 128] (last dim contiguous) and out contiguous bf16 of its shape");
+  TORCH_CHECK(cu_k.scalar_type() == at::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
+              "cu_k must be contiguous int32 [batch + 1]");
+  mla_core_cuda::Nvfp4KeysParams p{};
+  p.v = static_cast<const uint16_t*>(v.data_ptr());
+  p.v_stride_t = v.stride(0);
+  p.v_stride_h = v.stride(1);
+  p.total_k = v.size(0);
+  p.kv_heads = static_cast<int>(v.size(1));
+  p.batch = static_cast<int>(cu_k.numel() - 1);
+  p.cu_k = cu_k.data_ptr<int32_t>();
+  p.g = static_cast<float>(g);
+  p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const c10::cuda::CUDAGuard guard(v.device());
+  const cudaError_t err = mla_core_cuda::launch_nvfp4_keys_bf16(p, exact_div, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda nvfp4 keys launch failed (16-byte aligned data and strides needed): ",
+              cudaGetErrorString(err));
+}
+
 // The fp8 recipe on FP8 wgmma (mla_prefill_fp8.cu), its pre-pass: k [total_k, kv_heads, 192] and v [total_k, kv_heads,
 // 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_k [batch + 1] int32 contiguous, images
 // [fp8_tile_image_slots(total_k, batch), kv_heads, 20480] uint8 contiguous, written for every tile of every
@@ -461,6 +520,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_codes_bf16", &fp8_codes_bf16,
         "FP8 E4M3 codes of each x / scale as bf16 values, one launch (the prefill's QDQ pre-pass)",
         pybind11::arg("xs"), pybind11::arg("outs"), pybind11::arg("scales"), pybind11::arg("rscales"),
+        pybind11::arg("exact_div"));
+  m.def("nvfp4_rows_bf16", &nvfp4_rows_bf16,
+        "NVFP4 values without the global scale along 192-wide rows, as bf16, one launch (the nvfp4 pre-pass of Q / K)",
+        pybind11::arg("xs"), pybind11::arg("outs"), pybind11::arg("gs"), pybind11::arg("exact_div"));
+  m.def("nvfp4_keys_bf16", &nvfp4_keys_bf16,
+        "NVFP4 values without the global scale along each sequence's keys, as bf16 (the nvfp4 pre-pass of V)",
+        pybind11::arg("v"), pybind11::arg("cu_k"), pybind11::arg("out"), pybind11::arg("g"),
         pybind11::arg("exact_div"));
   m.def("fp8_tile_image_slots", &mla_core_cuda::fp8_tile_image_slots,
         "Tile image slots fp8_tile_images writes for total_k keys in batch sequences (total_k / 64 + batch + 1)",

@@ -25,7 +25,9 @@ struct PrefillParams {
   float out_scale;   // O's factor: V's per-tensor factor times P's FP8 scale (1 without quantization)
   // P fake quantization: 0 = P rounded to bf16; 1 = FP8 E4M3 codes of P / p_scale (p_rscale the correctly rounded
   // reciprocal; the quotient division-free, exact for p_scale in the decode kernel's proven range) ; 2 = the same
-  // codes through the IEEE division (any p_scale).
+  // codes through the IEEE division (any p_scale); 3 / 4 = NVFP4 (P rounded to bf16, blocks of 16 keys, E4M3 block
+  // codes of bmax / 6 / p_scale, p_scale the global scale g, which the caller puts in out_scale; the values
+  // e2m1(P / (code·g))·code), division-free / IEEE.
   int p_fmt;
   float p_scale, p_rscale;
   // Q's FP8 codes made in the kernel (the fp8 recipe's Q; its factor is in scale_log2): 0 = q read as it is; 1 =
@@ -110,5 +112,32 @@ bool prefill_fp8_supported(const PrefillFp8Params& params);
 // The pre-pass and the kernel on `stream`; the first CUDA error or cudaSuccess.
 cudaError_t launch_fp8_tile_images(const Fp8TileImagesParams& params, cudaStream_t stream);
 cudaError_t launch_prefill_fp8(const PrefillFp8Params& params, cudaStream_t stream);
+
+// The nvfp4 recipe's pre-pass (mla_prefill_nvfp4.cu): NVFP4 values without the global scale, e2m1(x / (c·g))·c with
+// c = e4m3(bmax / 6 / g) per block of 16 (mla_core.numerics.qdq_nvfp4 divided by g: the products are exact in bf16),
+// written as bf16 into contiguous outputs; g goes into the kernel's score / output scale.
+// Along features (Q, K: blocks of 16 of a 192-wide row), up to three operands in one launch: x[j] [rows[j], heads[j],
+// 192] bf16 (raw bits), last dimension contiguous, data and token / head strides (elements) 16-byte aligned.
+struct Nvfp4RowsJobs {
+  const uint16_t* x[3];
+  uint16_t* out[3];  // [rows, heads, 192] contiguous
+  int64_t rows[3], stride_t[3], stride_h[3];
+  int heads[3];
+  float g[3];
+};
+// Along keys (V: blocks of 16 keys from each sequence's first key, the last one partial): v [total_k, kv_heads, 128]
+// bf16, the same alignment; out [total_k, kv_heads, 128] contiguous, written for every key of every sequence (keys no
+// sequence covers are left unwritten).
+struct Nvfp4KeysParams {
+  const uint16_t* v;
+  int64_t v_stride_t, v_stride_h, total_k;
+  int kv_heads, batch;
+  const int32_t* cu_k;
+  float g;
+  uint16_t* out;
+};
+// exact_div: the IEEE division (a factor outside the division-free range), else the division-free quotient.
+cudaError_t launch_nvfp4_rows_bf16(const Nvfp4RowsJobs& jobs, bool exact_div, cudaStream_t stream);
+cudaError_t launch_nvfp4_keys_bf16(const Nvfp4KeysParams& params, bool exact_div, cudaStream_t stream);
 
 }  // namespace mla_core_cuda

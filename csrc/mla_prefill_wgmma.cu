@@ -2,7 +2,8 @@
 // RoPE), v [tokens, heads, 128], cu_seqlens, causal (bottom-right: queries are the suffix of their key span) or not,
 // GQA (query head h reads kv head h / (heads / kv_heads)), LSE [heads, total_q]. Numerics: docs/numerics.md, the
 // reference backend's prefill: 64-key P tiles at absolute key positions (block_n 64), the running maximum updated
-// once per tile, P = 2^(s·scale·log2 e - m) rounded to bf16 (or to FP8 E4M3 codes of P / p_scale, p_fmt 1-2) for
+// once per tile, P = 2^(s·scale·log2 e - m) rounded to bf16 (or to FP8 E4M3 codes of P / p_scale, p_fmt 1-2, or to
+// NVFP4 values without the global scale, p_fmt 3-4: p_nvfp4) for
 // P·V, the row sum of the float32 P, O = Σ_t 2^(m_t - m_last) P_t·V_t / l, LSE = (m + log2 l)·ln 2; up to float32
 // arithmetic (ex2.approx, wgmma summation order). Fake-quantized K / V arrive as FP8 codes in bf16 (exact;
 // launch_fp8_codes_bf16 below, one launch for both), Q's codes are made in shared memory by each consumer
@@ -134,6 +135,51 @@ __device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, flo
     return e4m3_as_bf16x2(fmaf(fmaf(-q_lo0, scale, lo), rscale, q_lo0), fmaf(fmaf(-q_hi0, scale, hi), rscale, q_hi0));
   } else {
     return e4m3_as_bf16x2(__fdiv_rn(lo, scale), __fdiv_rn(hi, scale));
+  }
+}
+
+// P's NVFP4 (kP 3: division-free quotient, 4: IEEE; numerics.qdq_p "nvfp4"): P rounded to bf16, then blocks of 16
+// keys at the tile's offsets 16 ks (tiles start at multiples of 64 from the sequence's first key: numerics' absolute
+// blocks), each block's code c = e4m3(bmax / 6 / g) (g = p_scale, the caller's out_scale holds it), its values
+// e2m1(p / (c·g))·c, exact in bf16. In S's accumulator block ks of the thread's row lo is sc[8 ks + {0, 1, 4, 5}]
+// over the quad's 4 threads (keys 16 ks + 2 (t % 4) + {0, 1}, + 8), row hi sc[8 ks + {2, 3, 6, 7}]: block b = 2 ks +
+// (row hi) has its maximum over the quad by two xor shuffles; then quad lane q computes the scales of blocks 2q and
+// 2q + 1 only and every lane takes each block's code from its owner (8 shuffles in place of 6 more block codes per
+// thread), then s = code·g and 1 / s as nvfp4_block_scale; kP 3 without a division instruction
+// (nvfp4_block_code_div_free, rg = RN(1 / g): p_rscale). The values by nvfp4_p_value (div_rn's quotient, the
+// non-negative E2M1 rounding). P >= 0 and finite unless a score is NaN (a NaN P stays NaN: its row's output is NaN
+// either way). The values replace sc (its float32 P is no longer needed: the row sums are taken).
+template <int kP>
+__device__ __forceinline__ void p_nvfp4(float (&sc)[32], float g, float rg, int lane) {
+  float bmax[8];
+#pragma unroll
+  for (int e = 0; e < 32; e += 2) {  // P rounded to bf16 (the pair conversion), back to float32 exactly
+    const uint32_t w = bf16x2_bits(sc[e], sc[e + 1]);
+    sc[e] = __uint_as_float(w << 16);
+    sc[e + 1] = __uint_as_float(w & 0xffff0000u);
+  }
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    bmax[2 * ks] = fmaxf(fmaxf(sc[8 * ks], sc[8 * ks + 1]), fmaxf(sc[8 * ks + 4], sc[8 * ks + 5]));
+    bmax[2 * ks + 1] = fmaxf(fmaxf(sc[8 * ks + 2], sc[8 * ks + 3]), fmaxf(sc[8 * ks + 6], sc[8 * ks + 7]));
+  }
+#pragma unroll
+  for (int d = 1; d <= 2; d <<= 1)
+#pragma unroll
+    for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], d));
+  const int q = lane & 3;
+  auto code_of = [&](float m) { return kP == 3 ? nvfp4_block_code_div_free(m, g, rg) : nvfp4_block_code(m, g); };
+  const float own[2] = {code_of(q == 0 ? bmax[0] : (q == 1 ? bmax[2] : (q == 2 ? bmax[4] : bmax[6]))),
+                        code_of(q == 0 ? bmax[1] : (q == 1 ? bmax[3] : (q == 2 ? bmax[5] : bmax[7])))};
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    const BlockScale bs = nvfp4_code_scale(__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b >> 1)), g);
+    const int e0 = 8 * (b >> 1) + 2 * (b & 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = e0 + (i & 1) + 4 * (i >> 1);
+      sc[e] = nvfp4_p_value<kP == 4>(sc[e], bs);
+    }
   }
 }
 
@@ -293,11 +339,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefill::tile_softmax(sc, rows, j * kBN, len_k, p.causal, first_row, off, qrow_lo, t, p.scale_log2, a_lo, a_hi);
   };
   auto pack_p = [&]() {
+    if constexpr (kP >= 3) p_nvfp4<kP>(sc, p.p_scale, p.p_rscale, lane);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (kP == 0)
+        if constexpr (kP == 0 || kP >= 3)  // NVFP4: values exact in bf16
           pa[ks][i] = bf16x2_bits(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1]);
         else
           pa[ks][i] = p_codes<kP>(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1], p.p_scale, p.p_rscale);
@@ -450,7 +497,7 @@ bool prefill_wgmma_supported(const PrefillParams& p) {
   return p.heads >= 1 && p.kv_heads >= 1 && p.heads % p.kv_heads == 0 && p.heads <= 65535 && p.batch >= 1 &&
          p.max_seqlen_q >= 1 && p.total_q >= 1 && p.total_k >= 1 && p.total_q < (int64_t{1} << 31) &&
          p.total_k < (int64_t{1} << 31) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && p.out &&
-         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 2 && p.q_fmt >= 0 && p.q_fmt <= 2;
+         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 4 && p.q_fmt >= 0 && p.q_fmt <= 2;
 }
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
@@ -465,7 +512,9 @@ cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
   switch (p.p_fmt) {
     case 0: return launch<0>(p, maps, stream);
     case 1: return launch<1>(p, maps, stream);
-    default: return launch<2>(p, maps, stream);
+    case 2: return launch<2>(p, maps, stream);
+    case 3: return launch<3>(p, maps, stream);
+    default: return launch<4>(p, maps, stream);
   }
 }
 

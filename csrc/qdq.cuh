@@ -76,15 +76,66 @@ __device__ __forceinline__ float nvfp4_block_code(float bmax, float g) {
 struct BlockScale {
   float code, s, inv_s;
 };
-__device__ __forceinline__ BlockScale nvfp4_block_scale(float bmax, float g) {
-  const float code = nvfp4_block_code(bmax, g);
+__device__ __forceinline__ BlockScale nvfp4_code_scale(float code, float g) {
   const float s = code == 0.f ? 1.f : code * g;
   return {code, s, __frcp_rn(s)};
+}
+__device__ __forceinline__ BlockScale nvfp4_block_scale(float bmax, float g) {
+  return nvfp4_code_scale(nvfp4_block_code(bmax, g), g);
 }
 
 // NVFP4 value without the global scale: e2m1(x / (code * g)) * code (0 where code is 0).
 __device__ __forceinline__ float nvfp4_unscaled(float x, const BlockScale& b, bool exact_div) {
   return round_e2m1(div_rn(x, b.s, b.inv_s, exact_div)) * b.code;
+}
+
+// E2M1 rounding of a non-negative float32 (P's quotients in the prefill kernel): round_e2m1's rule (ties to the even
+// code, saturating at 6, NaN stays NaN) in fewer instructions: adding m = 1.5 * 2^(22 + e) (e = 0, 1, 2 for x in
+// [0, 2), [2, 4), above) rounds x to that range's grid step 2^(e - 1) with the adder's nearest-even rounding, and
+// subtracting m is exact. Equal to numerics.round_e2m1 on every non-negative float32 bit pattern
+// (benchmarks/probes/e2m1_nonneg_check.py, exhaustive).
+__device__ __forceinline__ float round_e2m1_nonneg(float x) {
+  const float m = x < 2.f ? 6291456.f : (x < 4.f ? 12582912.f : 25165824.f);
+  const float r = __fsub_rn(__fadd_rn(x, m), m);
+  return r > 6.f ? 6.f : r;
+}
+
+// The NVFP4 quotient x / s of a prefill operand (its pre-pass over Q / K / V and P in its kernel), as E2M1 sees it:
+// kExact the IEEE division; else Markstein from inv_s = RN(1 / s) (div_rn's form), where the correction's proof
+// stops q0 = x·inv_s itself gives the same E2M1 value: |q0| > 16 (the quotient > 6: saturates to 6, ±Inf included,
+// which the corrected form would make NaN) and |q0| < 2^-20 (the quotient < 0.25: ±0 with x's sign). NaN stays NaN.
+template <bool kExact>
+__device__ __forceinline__ float nvfp4_quotient(float x, float s, float inv_s) {
+  if constexpr (kExact) {
+    return __fdiv_rn(x, s);
+  } else {
+    const float q0 = __fmul_rn(x, inv_s), a = fabsf(q0);
+    const float q = __fmaf_rn(__fmaf_rn(-q0, s, x), inv_s, q0);
+    return (a > 16.f || a < 0x1p-20f) ? q0 : q;
+  }
+}
+
+// An NVFP4 value of the prefill without the global scale: e2m1(x / (code * g)) * code, exact in bf16 (an E2M1 value
+// times an E4M3 code has at most 6 significant bits, 2^-10 .. 2688: benchmarks/probes/nvfp4_e4m3_representable.py).
+template <bool kExact>
+__device__ __forceinline__ float nvfp4_value(float x, const BlockScale& b) {
+  return round_e2m1(nvfp4_quotient<kExact>(x, b.s, b.inv_s)) * b.code;
+}
+
+// nvfp4_block_code without a division instruction (P's blocks in the prefill kernel, g inside the division-free
+// range, rg = RN(1 / g)): both quotients by div_rn (Markstein from the correctly rounded reciprocals RN(1 / 6) and rg:
+// bitwise __fdiv_rn wherever the quotient is a float32 normal; a subnormal bmax / 6 is below 2^-126, so its code is 0
+// either way for any g of the range, >= 2^-52).
+__device__ __forceinline__ float nvfp4_block_code_div_free(float bmax, float g, float rg) {
+  return round_e4m3(div_rn(div_rn(bmax, 6.f, 0x1.555556p-3f, false), g, rg, false));
+}
+
+// P's NVFP4 value in the prefill kernel (P >= 0, finite unless a score is NaN; the block scale from
+// nvfp4_block_scale): e2m1(p / s)·code with div_rn's quotient (the decode kernels' P rule) and the non-negative
+// rounding; exact in bf16 as nvfp4_value.
+template <bool kExact>
+__device__ __forceinline__ float nvfp4_p_value(float p, const BlockScale& b) {
+  return round_e2m1_nonneg(div_rn(p, b.s, b.inv_s, kExact)) * b.code;
 }
 
 }  // namespace mla_core_cuda

@@ -124,12 +124,13 @@ def qdq_fp8(x: torch.Tensor, amax: float | None = None) -> torch.Tensor:
     return round_e4m3(divide(x.float(), s)) * s
 
 
-def nvfp4_block_scales(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
-    """Dequantized NVFP4 block scales ``s = e4m3(max|x_block| / 6 / g) * g`` along ``dim``.
+def nvfp4_block_codes(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
+    """NVFP4 block codes ``c = e4m3(max|x_block| / 6 / g)`` along ``dim`` (E4M3 values as float32; the block's
+    dequantized scale is ``c * g``).
 
     Blocks are 16 consecutive elements from index 0; a last partial block (the open tail) holds only
     the elements that exist. Returns float32, x's shape with ``dim`` replaced by ceil(n / 16).
-    A block holding a NaN gets a NaN scale.
+    A block holding a NaN gets a NaN code.
     """
     g = nvfp4_global_scale(amax)
     xt = x.float().movedim(dim, -1)
@@ -141,8 +142,13 @@ def nvfp4_block_scales(x: torch.Tensor, amax: float | None = None, dim: int = -1
     blocks = xt.reshape(*xt.shape[:-1], nb, NVFP4_BLOCK)
     bmax = blocks.abs().amax(dim=-1)
     bmax = torch.where(torch.isnan(blocks).any(dim=-1), float("nan"), bmax)
-    s = round_e4m3(divide(divide(bmax, E2M1_MAX), g)) * g
-    return s.movedim(-1, dim)
+    return round_e4m3(divide(divide(bmax, E2M1_MAX), g)).movedim(-1, dim)
+
+
+def nvfp4_block_scales(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
+    """Dequantized NVFP4 block scales ``s = e4m3(max|x_block| / 6 / g) * g`` along ``dim``: the codes of
+    :func:`nvfp4_block_codes` times g in float32. A block holding a NaN gets a NaN scale."""
+    return nvfp4_block_codes(x, amax, dim) * nvfp4_global_scale(amax)
 
 
 def qdq_nvfp4(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
@@ -157,6 +163,29 @@ def qdq_nvfp4(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torc
     xf = x.float()
     safe = torch.where(s_full == 0, 1.0, s_full)
     q = round_e2m1(xf / safe) * s_full
+    return torch.where(s_full == 0, 0.0, q)
+
+
+def nvfp4_unscaled(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
+    """NVFP4 values without the global scale: ``e2m1(x / s) * c`` per 16-block (s and c as :func:`qdq_nvfp4` and
+    :func:`nvfp4_block_codes` take them; 0 where s == 0). An E2M1 value times an E4M3 code has at most 6 significant
+    bits in 2^-10 .. 2688, so every result is exact in bf16 and f16 (not in E4M3); ``nvfp4_unscaled(x) * g`` is
+    :func:`qdq_nvfp4` up to one float32 rounding (qdq_nvfp4 rounds ``c * g`` first). What the cuda prefill's nvfp4
+    pre-pass writes (g folded into the kernel's scales; docs/numerics.md).
+
+    Returns: float32 tensor of x's shape. A block holding a NaN becomes all NaN.
+    """
+    g = nvfp4_global_scale(amax)
+    c = nvfp4_block_codes(x, amax, dim)
+    n = x.shape[dim]
+
+    def full(t):
+        return t.movedim(dim, -1).repeat_interleave(NVFP4_BLOCK, dim=-1)[..., :n].movedim(-1, dim)
+
+    c_full = full(c)
+    s_full = c_full * g
+    safe = torch.where(s_full == 0, 1.0, s_full)
+    q = round_e2m1(x.float() / safe) * c_full
     return torch.where(s_full == 0, 0.0, q)
 
 

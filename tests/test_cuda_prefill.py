@@ -33,6 +33,7 @@ from reference_math import rel_l2, same_lse  # noqa: E402
 TOL = 1e-2
 LSE_ATOL, LSE_RTOL = 1e-4, 1e-5
 FP8 = dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "fp8")
+NVFP4 = dict.fromkeys(("q_quant", "k_quant", "p_quant", "v_quant"), "nvfp4")
 AMAX = dict(q_amax=3.5, k_amax=4.0, v_amax=3.0, p_amax=1.0)
 
 
@@ -94,9 +95,10 @@ def test_declared_and_refused():
     cap = backend.capabilities["prefill"]
     assert cap.why_not(_problem()) == []
     assert cap.why_not(_problem(causal=0, kv_heads=16, features=("lse", "gqa"), **FP8)) == []
+    assert cap.why_not(_problem(**NVFP4)) == []  # the nvfp4 recipe (and any NVFP4 operand)
+    assert cap.why_not(_problem(q_quant="fp8", k_quant="nvfp4", v_quant="fp8", p_quant="nvfp4")) == []
     cases = {"dtype": dict(dtype="float16"), "qk_dim": dict(qk_dim=576), "v_dim": dict(v_dim=512),
-             "block_n": dict(block_n=128), "q_quant": dict(q_quant="nvfp4"), "k_quant": dict(k_quant="nvfp4"),
-             "p_quant": dict(p_quant="nvfp4"), "v_quant": dict(v_quant="nvfp4")}
+             "block_n": dict(block_n=128)}
     for name, kw in cases.items():  # one line each, with why, not the generic "(supported: ...)"
         reasons = cap.why_not(_problem(**kw))
         assert len(reasons) == 1 and reasons[0].startswith(f"{name}={kw[name]}: ") and "supported" not in reasons[0]
@@ -127,6 +129,9 @@ def test_priority_and_configs():
     for partial in (dict(p_quant="fp8"), dict(FP8, p_quant=None), dict(FP8, q_quant=None), dict(k_quant="fp8")):
         assert backend.configs(_problem(**partial)) == [{}]  # FP8 MMA only where every operand is FP8 codes
         assert backend.validate_config(_problem(**partial), {"mma": "fp8"}) != []
+    assert backend.configs(_problem(**NVFP4)) == [{}]  # the nvfp4 recipe: the bf16-wgmma kernel on NVFP4 values
+    assert backend.validate_config(_problem(**NVFP4), {}) == []
+    assert backend.validate_config(_problem(**NVFP4), {"mma": "fp8"}) != []
     assert "wgmma prefill" in backend.version
 
 
@@ -149,6 +154,15 @@ class _Recorder:
 
     def prefill_wgmma(self, *args):
         self.calls.append(("prefill", args))
+
+    def nvfp4_rows_bf16(self, xs, outs, gs, exact_div):
+        for out in outs:
+            out.fill_(1.0)
+        self.calls.append(("nvfp4_rows", list(xs), list(outs), list(gs), exact_div))
+
+    def nvfp4_keys_bf16(self, v, cu_k, out, g, exact_div):
+        out.fill_(1.0)
+        self.calls.append(("nvfp4_keys", v, cu_k, out, g, exact_div))
 
     def fp8_tile_image_slots(self, total_k, batch):
         return total_k // 64 + batch + 1
@@ -267,6 +281,64 @@ def test_fp8_mma_runs_the_fp8_recipe_only():
             cuda_prefill.run(_Recorder(), _call(inputs, **kw), cuda_prefill.FP8_MMA)
 
 
+def test_launch_arguments_nvfp4_recipe():
+    """The nvfp4 recipe on the bf16-wgmma kernel: Q and K through one pre-pass launch along features, V through the
+    pre-pass along keys (with cu_seqlens_k), their outputs the kernel's operands; the global scales g = amax / 2688
+    (float32) folded into the score scale (Q's and K's) and the output scale (V's and P's); P's NVFP4 in the kernel
+    (p_fmt 3, p_scale = P's g); no FP8 pre-pass, no Q codes in the kernel."""
+    inputs = make_inputs([(5, 9), (0, 70)], 4, 2, device="cpu")
+    rec = _Recorder()
+    out, lse = cuda_prefill.run(rec, _call(inputs, **NVFP4, **AMAX), {})
+    assert [c[0] for c in rec.calls] == ["nvfp4_rows", "nvfp4_keys", "prefill"]
+    _, xs, outs, gs, exact = rec.calls[0]
+    assert xs[0] is inputs[0] and xs[1] is inputs[1] and exact is False
+    assert gs == [_f32(3.5 / 2688), _f32(4.0 / 2688)]
+    _, v, cu_k, v_out, g_v, exact_v = rec.calls[1]
+    assert v is inputs[2] and cu_k.dtype == torch.int32 and cu_k.tolist() == [0, 9, 79]
+    assert g_v == _f32(3.0 / 2688) and exact_v is False
+    args = rec.calls[2][1]
+    assert args[0] is outs[0] and args[1] is outs[1] and args[2] is v_out and args[7] is lse
+    scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_fmt, q_scale, _ = args[9:]
+    assert scale_log2 == pytest.approx(192 ** -0.5 * gs[0] * gs[1] * math.log2(math.e), rel=1e-6)
+    assert (p_fmt, p_scale, q_fmt, q_scale) == (3, _f32(1.0 / 2688), 0, 1.0)
+    assert p_rscale == cuda_prefill._f32_reciprocal(p_scale)
+    assert out_scale == pytest.approx(g_v * p_scale, rel=1e-7) and out_scale == _f32(out_scale)
+
+
+def test_nvfp4_operands_mixed_with_fp8_and_the_ieee_division():
+    """NVFP4 and FP8 operands mix (Q's FP8 codes in the kernel, K's NVFP4 values, V's FP8 codes, P's NVFP4); a g
+    outside the division-free range makes its own launch take the IEEE division (V's keys launch alone, P: p_fmt 4);
+    a strided Q / K view goes to the pre-pass as it is (it reads token / head strides)."""
+    inputs = make_inputs([(5, 9)], 2, 2, device="cpu", strided=True)
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs, q_quant="fp8", k_quant="nvfp4", v_quant="fp8", p_quant="nvfp4", **AMAX), {})
+    assert [c[0] for c in rec.calls] == ["nvfp4_rows", "codes", "prefill"]
+    assert rec.calls[0][1][0] is inputs[1] and rec.calls[0][3] == [_f32(4.0 / 2688)]
+    args = rec.calls[-1][1]
+    assert args[0] is inputs[0] and args[1] is rec.calls[0][2][0] and args[14:16] == (1, _f32(3.5 / 448))
+    assert args[9] == pytest.approx(192 ** -0.5 * _f32(3.5 / 448) * _f32(4.0 / 2688) * math.log2(math.e), rel=1e-6)
+    assert args[11:13] == (3, _f32(1.0 / 2688))
+    assert args[10] == pytest.approx(_f32(3.0 / 448) / 2688, rel=1e-6)
+    for amaxes, flags in ((dict(q_amax=1e-14), (True, False, 3)), (dict(k_amax=1e-14), (True, False, 3)),
+                          (dict(v_amax=1e-14), (False, True, 3)), (dict(p_amax=1e-20), (False, False, 4))):
+        rec = _Recorder()
+        cuda_prefill.run(rec, _call(inputs, **NVFP4, **dict(AMAX, **amaxes)), {})
+        assert (rec.calls[0][-1], rec.calls[1][-1], rec.calls[2][1][11]) == flags, amaxes
+
+
+def test_p_nvfp4_register_layout_emulation(monkeypatch):
+    """The kernel's P NVFP4 steps (accumulator registers of a 16-key block, quad shuffles, owner lanes of the block
+    codes), emulated on the CPU over 64 x 64 tiles, give numerics.nvfp4_unscaled of P in bf16
+    (benchmarks/probes/prefill_p_nvfp4_emulation.py)."""
+    import importlib.util
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("p_nvfp4_emulation",
+                                                  root / "benchmarks/probes/prefill_p_nvfp4_emulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main() == 0
+
+
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
     inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
     rec = _Recorder()
@@ -290,9 +362,6 @@ def test_launcher_refuses_what_it_does_not_cover():
     inputs[:3] = [t.half() for t in inputs[:3]]
     with pytest.raises(ValueError, match="bf16"):
         cuda_prefill.run(None, _call(inputs), {})
-    inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
-    with pytest.raises(ValueError, match="FP8"):
-        cuda_prefill.run(None, _call(inputs, v_quant="nvfp4"), {})
 
 
 def test_no_keys_at_all_gives_empty_rows():
@@ -664,3 +733,166 @@ def test_gpu_fp8_mma_cuda_graph_capture(poisoned_outputs):
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
     ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference", **FP8, **AMAX)
     check_fp8_mma(got, ref)
+
+
+# ------------------------------------------------------------------------ GPU: the nvfp4 recipe on the bf16-wgmma kernel
+
+
+def run_nvfp4(inputs, causal=True, **amax):
+    """(cuda out, lse), (reference out, lse) for the nvfp4 recipe (Q, K, V, P NVFP4; AMAX unless given), through
+    dispatch (its one config ``{}``). Held to the bf16 kernel's exact bound (check): the pre-pass's values are exact
+    in bf16 and their products exact in the float32 accumulation, so S differs from the reference's by float32
+    summation order and one float32 rounding of each dequantized value (the reference rounds c · g first); tighter
+    than the fp8 recipe's FP8-wgmma bound (numerics.FP8_MMA_LSE_RTOL), which only FP8 MMA's reduced-precision sums
+    need."""
+    return run_pair(inputs, causal=causal, **NVFP4, **dict(AMAX, **amax))
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_nvfp4_boundary_lengths(poisoned_outputs, causal):
+    seqs = [(n, n) for n in LENGTHS] + [(5, 0), (0, 7), (17, 17), (15, 33)]
+    check(*run_nvfp4(make_inputs(seqs, 4, 4, seed=40 + int(causal)), causal=causal))
+
+
+@gpu
+def test_gpu_nvfp4_cached_prefix_and_gqa(poisoned_outputs):
+    """Cached prefixes (V's 16-key blocks from each sequence's first key, not from the query suffix), len_q > len_k,
+    8 heads over 2 kv heads."""
+    seqs = list(causal_boundary_pairs(128, 64)) + [(1, 1000), (300, 2000), (200, 129), (65, 1), (130, 64), (7, 23)]
+    check(*run_nvfp4(make_inputs(seqs, 8, 2, seed=42), causal=True))
+    check(*run_nvfp4(make_inputs(seqs[-6:], 8, 2, seed=43), causal=False))
+
+
+@gpu
+def test_gpu_nvfp4_mla_heads_and_lengths(poisoned_outputs):
+    """128 heads, 1,100 keys; the quantization is there (far from the bf16 result)."""
+    inputs = make_inputs([(1100, 1100), (300, 700)], 128, 128, seed=44)
+    out, ref = run_nvfp4(inputs)
+    check(out, ref)
+    plain = mla_core.mla_prefill(*inputs, causal=True, backend="cuda")
+    assert rel_l2(out[0], plain) > 2e-2
+
+
+@gpu
+def test_gpu_nvfp4_p_blocks_are_the_reference_blocks(poisoned_outputs):
+    """P's NVFP4 alone (Q, K, V bf16), with a fitting and a small p_amax (saturated block codes): the kernel's error
+    against the reference is under a quarter of what P's quantization itself moves the output by, so the blocks
+    (16 keys along the tile at absolute positions), their codes and the values' rounding are the reference's."""
+    inputs = make_inputs([(200, 200), (70, 333), (1, 17)], 4, 2, seed=45)
+    for p_amax in (1.0, 0.05):
+        kw = dict(p_quant="nvfp4", p_amax=p_amax)
+        out, ref = run_pair(inputs, causal=True, **kw)
+        check(out, ref)
+        unquantized = mla_core.mla_prefill(*inputs, causal=True, backend="reference")
+        moved = rel_l2(ref[0], unquantized)
+        assert moved > 1e-2 and rel_l2(out[0], ref[0]) < 0.25 * moved, (p_amax, rel_l2(out[0], ref[0]), moved)
+
+
+@gpu
+def test_gpu_nvfp4_nan_and_inf_rows_between_sequences(poisoned_outputs):
+    """K / V rows of a sequence without queries hold NaN / Inf (the pre-pass turns their blocks NaN; the kernel masks
+    those keys and zeroes those V rows past a sequence's end); rows of a sequence with queries but no keys hold NaN Q."""
+    seqs = [(100, 100), (0, 50), (70, 130), (3, 0), (64, 65), (0, 40), (1, 1)]
+    inputs = make_inputs(seqs, 4, 4, seed=46)
+    q, k, v = inputs[:3]
+    k[100:150, :, ::2], k[100:150, :, 1::2] = float("nan"), float("inf")
+    v[100:150, :, ::2], v[100:150, :, 1::2] = float("-inf"), float("nan")
+    q[170:173] = float("nan")
+    k[345:385], v[345:385] = float("inf"), float("nan")
+    for causal in (True, False):
+        out, ref = run_nvfp4(inputs, causal=causal)
+        assert not out[0].isnan().any() and not out[1].isnan().any()
+        check(out, ref)
+
+
+@gpu
+def test_gpu_nvfp4_ragged_strided_and_single_blocks(poisoned_outputs):
+    """Many short sequences under a long one (most query blocks empty; V's blocks restart at every sequence), strided
+    views read in place by the pre-pass, a misaligned q (copied), single-block launches."""
+    seqs = ([(1, 1)] * 20 + [(0, 9), (700, 700), (0, 0), (129, 300), (5, 0), (0, 3)] + [(64, 64)] * 6
+            + [(1500, 1500), (2, 1)])
+    check(*run_nvfp4(make_inputs(seqs, 8, 2, seed=47, strided=True), causal=True))
+    inputs = make_inputs([(70, 200), (128, 128)], 4, 2, seed=48)
+    flat = torch.empty(inputs[0].numel() + 1, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1:].view(inputs[0].shape)
+    shifted.copy_(inputs[0])
+    check(*run_nvfp4([shifted] + inputs[1:], causal=True))
+    for seqs in ([(100, 100)], [(1, 1)], [(3, 700)]):
+        check(*run_nvfp4(make_inputs(seqs, 1, 1, seed=49), causal=True))
+
+
+@gpu
+@pytest.mark.parametrize("amax", [dict(q_amax=1e-14), dict(k_amax=1e-14, v_amax=1e-14), dict(p_amax=1e-20)],
+                         ids=["q", "kv", "p"])
+def test_gpu_nvfp4_factors_outside_the_division_free_range(poisoned_outputs, amax):
+    """A global scale outside the division-free range: that launch's IEEE division (the pre-pass's, or P's p_fmt 4);
+    the block codes saturate at 448 and the values at 6 (amax far below the data's), as in the reference."""
+    check(*run_nvfp4(make_inputs([(129, 129), (64, 300), (1, 65)], 4, 2, seed=50), **amax))
+
+
+def _nvfp4_specials(g: float) -> torch.Tensor:
+    """Values that exercise the NVFP4 rules at global scale g: E2M1 ties against a block code of 1 (block max 6 g),
+    saturation, Inf, NaN, a zero block, -0, subnormal block codes."""
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -2.5, -5.0, 0.0, -0.0, 4.9, 5.1])
+    rows = [ties * g, torch.tensor([1e4, -3.0] + [1.0] * 14) * g,
+            torch.tensor([float("inf"), 1.0] + [0.5] * 14) * g, torch.tensor([float("nan")] + [1.0] * 15),
+            torch.zeros(16), torch.tensor([-0.0] * 16), torch.linspace(-1, 1, 16) * 2.0 ** -8 * 6 * g]
+    return torch.cat(rows)
+
+
+@gpu
+@pytest.mark.parametrize("amax", [2688 * 2.0 ** -10, 2688 * 2.0 ** -60], ids=["division_free", "ieee"])
+def test_gpu_nvfp4_prepass_values_equal_the_numerics_definition(amax):
+    """The pre-pass's values are mla_core.numerics.nvfp4_unscaled bit for bit (values without g: the products
+    exact in bf16): Q / K along features (one launch, a strided view read in place), V along each sequence's keys
+    with partial blocks at sequence ends, sequences starting inside a 16-key block, an empty sequence; ties, Inf,
+    NaN, zero and -0 blocks, subnormal block codes; the division-free quotient (g = 2^-10) and the IEEE one (g =
+    2^-60, below the range; powers of two keep the ties exact in bf16)."""
+    module, reason = build.load_or_reason()
+    assert module is not None, reason
+    seqs = [(0, 37), (0, 0), (0, 16), (0, 5), (0, 100)]
+    q, k, v, _, cu_k, _ = make_inputs([(150, 158)], 3, 2, seed=51, strided=True)
+    _, _, v, _, cu_k, _ = make_inputs(seqs, 3, 2, seed=52, strided=True)
+    g = numerics.nvfp4_global_scale(amax)
+    exact = not cuda_prefill.EXACT_DIV_FREE_RANGE[0] <= _f32(g) <= cuda_prefill.EXACT_DIV_FREE_RANGE[1]
+    assert exact == (amax < 1.0)
+    sp = _nvfp4_specials(g).to(torch.bfloat16).cuda()  # 112 values: 7 blocks
+    q[0, 0, :112] = sp
+    k[3, 1, 80:192] = sp
+    v[37:37 + 16, 1, 5] = sp[:16]  # one block of the third sequence (keys 37..52), one column
+    v[0:37, 0, 7] = torch.cat([sp[32:48], sp[48:64], sp[:5]])  # the first sequence's blocks, its partial tail
+    made = cuda_prefill.nvfp4_rows(module, [(q, amax), (k, amax)])
+    for x, (values, gx) in zip((q, k), made):
+        assert gx == _f32(g) and values.is_contiguous()
+        want = numerics.nvfp4_unscaled(x, amax, dim=-1)
+        assert torch.equal(values.float().isnan(), want.isnan())
+        assert torch.equal(values.float()[~want.isnan()], want[~want.isnan()])
+    values, gv = cuda_prefill.nvfp4_keys(module, v, cu_k.to(torch.int32), amax)
+    assert gv == _f32(g)
+    bounds = cu_k.tolist()
+    for k0, k1 in zip(bounds[:-1], bounds[1:]):
+        if k1 > k0:
+            want = numerics.nvfp4_unscaled(v[k0:k1], amax, dim=0)
+            got = values[k0:k1].float()
+            assert torch.equal(got.isnan(), want.isnan()), (k0, k1)
+            assert torch.equal(got[~want.isnan()], want[~want.isnan()]), (k0, k1)
+
+
+@gpu
+def test_gpu_nvfp4_cuda_graph_capture(poisoned_outputs):
+    inputs = make_inputs([(300, 300), (10, 77)], 4, 4, seed=53)
+    kw = dict(NVFP4, **AMAX)
+    eager = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cuda", **kw)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            got = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="cuda", **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    ref = mla_core.mla_prefill(*inputs, causal=True, return_lse=True, backend="reference", **kw)
+    check(got, ref)

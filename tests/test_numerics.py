@@ -211,6 +211,31 @@ def test_nvfp4_amax_none_vs_given():
     assert err_amax < err_none
 
 
+@pytest.mark.parametrize("amax", [None, 3.0, 100.0, 1e-14])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_nvfp4_unscaled_is_qdq_without_g_and_exact_in_bf16(amax, dim):
+    """nvfp4_unscaled = e2m1(x / s) * code (the cuda prefill's pre-pass output): the block codes are E4M3 table
+    values, the values exact in bf16 (an E2M1 value times an E4M3 code: <= 6 significant bits), and times g they are
+    qdq_nvfp4 up to one float32 rounding; NaN blocks, zero blocks and saturation as qdq_nvfp4."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 3, 50, generator=g) * 3
+    x[0, 0, :16] = 0.0
+    x[1, 1, 5], x[2, 2, 7], x[3, 0, 9] = float("nan"), float("inf"), -1e30
+    codes = numerics.nvfp4_block_codes(x, amax, dim)
+    finite = codes[torch.isfinite(codes)]
+    assert set(finite.tolist()) <= set(E4M3_TABLE)
+    assert torch.equal((codes * numerics.nvfp4_global_scale(amax)).nan_to_num(-1.0),
+                       numerics.nvfp4_block_scales(x, amax, dim).nan_to_num(-1.0))
+    u, q = numerics.nvfp4_unscaled(x, amax, dim), numerics.qdq_nvfp4(x, amax, dim)
+    assert torch.equal(u.isnan(), q.isnan())
+    ok = ~u.isnan()
+    assert torch.equal(u[ok].to(torch.bfloat16).float(), u[ok])
+    gs = torch.tensor(numerics.nvfp4_global_scale(amax), dtype=torch.float32)
+    back = (u * gs)[ok & (q != 0)]
+    assert torch.all((back - q[ok & (q != 0)]).abs() <= q[ok & (q != 0)].abs() * 2.0 ** -23)
+    assert torch.equal(u[ok] == 0, q[ok] == 0)
+
+
 # ------------------------------------------------------------------------------------------------
 # decode split bounds
 

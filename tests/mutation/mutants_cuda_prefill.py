@@ -1,5 +1,5 @@
-"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, mla_prefill_fp8.cu and what they share in
-mla_prefill_common.cuh, backends/cuda/mla_core_cuda/prefill.py): each is one
+"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, mla_prefill_fp8.cu, mla_prefill_nvfp4.cu, qdq.cuh's
+prefill quotients and what the kernels share in mla_prefill_common.cuh, backends/cuda/mla_core_cuda/prefill.py): each is one
 plausible bug tests/test_cuda_prefill.py's GPU tests must notice. ``old`` occurs exactly once in ``file``.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda_prefill.py`` judges every mutant with its ``tests`` selection
@@ -23,6 +23,12 @@ FP8_MMA_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_fp8_tile_images_byte_
                      "tests/test_cuda_prefill.py::test_gpu_fp8_mma_factors_outside_the_division_free_range")
 """The FP8-wgmma config's mutants (indices 14-22): its tile images byte for byte, then the config against the
 reference on tile-edge lengths, cached prefixes with GQA, and factors outside the division-free range."""
+NVFP4_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_nvfp4_prepass_values_equal_the_numerics_definition "
+                   "tests/test_cuda_prefill.py::test_gpu_nvfp4_p_blocks_are_the_reference_blocks "
+                   "tests/test_cuda_prefill.py::test_gpu_nvfp4_boundary_lengths "
+                   "tests/test_cuda_prefill.py::test_gpu_nvfp4_cached_prefix_and_gqa")
+"""The nvfp4 recipe's mutants (indices 23-30): the pre-pass's values bit for bit, P's blocks against the reference,
+then the recipe end to end on tile-edge lengths and cached prefixes with GQA."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -62,8 +68,8 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="P's FP8 scale not applied to O: the codes' sum left 448x too large"),
     dict(file="backends/cuda/mla_core_cuda/prefill.py",
-         old='    scale_qk, out_scale = q_scale * factor["k"], factor["v"]',
-         new='    scale_qk, out_scale = q_scale, factor["v"]',
+         old='    scale_qk, out_scale = factor["q"] * factor["k"], factor["v"]',
+         new='    scale_qk, out_scale = factor["q"], factor["v"]',
          tests=[SELECTION], gpu=True,
          why="K's FP8 scale left out of the score scale (Q / K codes multiplied as if scale 1)"),
     # 8-13: the fp8 recipe's pre-pass in one launch and Q's codes in the kernel (branch wip/prefill-fp8-prepass)
@@ -147,6 +153,48 @@ MUTANTS = [
          tests=[FP8_MMA_SELECTION], gpu=True,
          why="a partial tile's V rows past the sequence's end not zeroed: the next sequence's V (or past the "
              "tensor) enters V^T"),
+    # 23-30: the nvfp4 recipe (round m): P's NVFP4 in the bf16-wgmma kernel, the pre-pass, the launcher
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], d));",
+         new="for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], 4 * d));",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's block maximum over the wrong lanes (other rows of the warp instead of the quad's keys)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="bmax[2 * ks] = fmaxf(fmaxf(sc[8 * ks], sc[8 * ks + 1]), fmaxf(sc[8 * ks + 4], sc[8 * ks + 5]));",
+         new="bmax[2 * ks] = fmaxf(fmaxf(sc[8 * ks], sc[8 * ks + 1]), fmaxf(sc[8 * ks + 2], sc[8 * ks + 3]));",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's block of row lo takes row hi's values in place of its keys 8-15"),
+    dict(file="csrc/mla_prefill_nvfp4.cu",
+         old="__device__ __forceinline__ int64_t first_slot16(int start, int b) { return start / kBlock + b; }",
+         new="__device__ __forceinline__ int64_t first_slot16(int start, int b) { return start / kBlock; }",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="V's block slots without the per-sequence +1: a sequence starting inside a 16-key block takes the "
+             "previous sequence's last block (left unwritten)"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old='        ops["v"], factor["v"] = nvfp4_keys(module, ops["v"], cu_k, call.v_amax)',
+         new='        ops["v"] = nvfp4_keys(module, ops["v"], cu_k, call.v_amax)[0]',
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="V's global scale left out of the output scale"),
+    dict(file="csrc/mla_prefill_nvfp4.cu",
+         old="  return nan ? __int_as_float(0x7fffffff) : m;",
+         new="  return m;",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="a block holding a NaN keeps its other values (fmaxf drops the NaN) instead of becoming all NaN"),
+    dict(file="csrc/qdq.cuh",
+         old="    return (a > 16.f || a < 0x1p-20f) ? q0 : q;",
+         new="    return q;",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="the division-free NVFP4 quotient without its guard: Inf becomes NaN instead of saturating to 6"),
+    dict(file="csrc/mla_prefill_nvfp4.cu",
+         old="const int keys = static_cast<int>(min(static_cast<int64_t>(kBlock), len - i * kBlock));",
+         new="const int keys = kBlock;",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="a sequence's last, partial V block takes the next sequence's keys into its maximum (and writes them)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b >> 1))",
+         new="__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b & 3))",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's block codes taken from the wrong owner lane of the quad (blocks 2q, 2q + 1 are lane q's)"),
 ]
 
 

@@ -74,17 +74,15 @@ class CudaBackend(mla_core.Backend):
                     **dict.fromkeys(("q_quant", "k_quant", "v_quant", "p_quant"), prefill.QUANT)},
             features=frozenset({"lse", "gqa"}),
             notes="sm_90 (H100/H200) only, WGMMA + TMA; bf16 q/k 192 (128 + 64 RoPE), v 128; varlen, causal "
-                  "(bottom-right) and non-causal, any len_q / len_k, GQA; P tile block_n 64; P in bf16 or FP8; "
-                  "Q/K/V FP8 as a QDQ pre-pass to codes; no NVFP4, no N:M sparsity",
+                  "(bottom-right) and non-causal, any len_q / len_k, GQA; P tile block_n 64; P in bf16, FP8 or "
+                  "NVFP4 (rounded in the kernel); Q/K/V FP8 as a QDQ pre-pass to codes, NVFP4 as a pre-pass to "
+                  "values without the global scale (exact in bf16); no N:M sparsity",
             why={"dtype": "the kernel's tensor-core products and TMA maps are bf16 (fp16 / fp32: triton)",
                  "qk_dim": "the kernel is written for MLA's q/k width 192 = 128 + 64 RoPE (three 128-byte slabs "
                            "per row)",
                  "v_dim": "the kernel is written for MLA's v width 128 (one m64n128 accumulator per warpgroup)",
                  "block_n": "the P tile (docs/numerics.md) is the kernel's 64-key tile; another block_n rounds P "
                             "against other maxima (triton, reference)",
-                 **dict.fromkeys(("q_quant", "k_quant", "v_quant", "p_quant"),
-                                 "NVFP4 operands are not run (FP8 only: QDQ pre-pass for Q / K / V, in-kernel "
-                                 "rounding for P); triton runs NVFP4"),
                  "nm_sparsity": "N:M sparsity ranks scores inside key groups, which this kernel does not (triton "
                                 "runs it)"}),
     }

@@ -33,7 +33,7 @@ CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-li
 CXX_FLAGS = ("-O3",)
 SOURCES = ("bindings.cpp", "mla_decode.cu", "mla_decode_bf16.cu", "mla_decode_fp16.cu", "mla_decode_wgmma.cu",
            *(f"mla_decode_wgmma_{t}_{kv}.cu" for t in ("bf16", "fp16") for kv in ("kv", "kv_fp8", "cache_fp8")),
-           "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu")
+           "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu", "mla_prefill_nvfp4.cu")
 """The translation units, compiled in parallel by ninja (``MAX_JOBS``, else ninja's default: the CPU count + 2; the
 longest first). The decode kernels' instances are spread over several of them (csrc/mla_decode_mma.cuh: 8 kernels
 over 2 units, csrc/mla_decode_wgmma.cuh: 22 over 7) so no unit holds the build's critical path alone

@@ -9,8 +9,13 @@ launch for both: E4M3 codes of ``x / scale``, the correctly rounded quotient, st
 every code exactly) and Q's in the kernel (the same codes, made in shared memory once per CTA: ``q_fmt``), the
 kernel working on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
 definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
-:func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands, N:M sparsity, other dtypes and head dims are
-refused by :func:`why_not` (triton and the reference run them).
+:func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands (the nvfp4 recipe, or any one of them): Q / K / V
+through a pre-pass (``nvfp4_rows_bf16`` along features for Q and K, one launch; ``nvfp4_keys_bf16`` along each
+sequence's keys for V) writing :func:`mla_core.numerics.nvfp4_unscaled`, the values without the global scale g,
+exact in bf16, g folded into the scales as the FP8 factors are; P's NVFP4 in the kernel (``p_fmt`` 3 / 4: P rounded
+to bf16, blocks of 16 keys, its g in the output scale). Not FP8 codes on FP8 wgmma: an E2M1 value times an E4M3 block
+code is an E4M3 value for only 741 of the 1,016 (value, code) pairs (benchmarks/probes/nvfp4_e4m3_representable.py).
+N:M sparsity, other dtypes and head dims are refused by :func:`why_not` (triton and the reference run them).
 
 The fp8 recipe has a second config, :data:`FP8_MMA`: a pre-pass writes each 64-key tile's K and V^T codes as one
 20 KB image of E4M3 bytes (``fp8_tile_images``) and the kernel (``prefill_fp8``) computes S and P·V on FP8 tensor
@@ -34,7 +39,7 @@ QK_DIM, V_DIM, P_TILE = 192, 128, 64
 FP8_TILE_IMAGE_BYTES = 20480
 """Bytes of one 64-key tile of the FP8-wgmma kernel's pre-pass: K's [64 x 192] and V^T's [128 x 64] E4M3 codes
 (csrc/mla_prefill.h)."""
-QUANT = frozenset({None, "fp8"})
+QUANT = frozenset({None, "fp8", "nvfp4"})
 """Q / K / V / P formats the kernel runs (the backend's prefill capability declares these constants)."""
 
 
@@ -80,6 +85,29 @@ def fp8_codes(module, operands: list[tuple[torch.Tensor, float | None]]) -> list
     return list(zip(codes, scales))
 
 
+def nvfp4_rows(module, operands: list[tuple[torch.Tensor, float | None]]) -> list[tuple[torch.Tensor, float]]:
+    """[(values, g)] for each (x [rows, heads, 192], amax): x's NVFP4 values along its rows (numerics.qdq_nvfp4, dim
+    -1) without the global scale ``g = amax / 2688`` (float32), as contiguous bf16 (exact), every operand in one
+    launch (division-free quotients unless some g is outside the range)."""
+    gs = [f32(numerics.nvfp4_global_scale(amax)) for _, amax in operands]
+    srcs = [_tma_ready(x) for x, _ in operands]
+    values = [torch.empty(src.shape, dtype=torch.bfloat16, device=src.device) for src in srcs]
+    exact = any(not EXACT_DIV_FREE_RANGE[0] <= g <= EXACT_DIV_FREE_RANGE[1] for g in gs)
+    module.nvfp4_rows_bf16(srcs, values, gs, exact)
+    return list(zip(values, gs))
+
+
+def nvfp4_keys(module, v: torch.Tensor, cu_k: torch.Tensor, amax: float | None) -> tuple[torch.Tensor, float]:
+    """(values, g): v's NVFP4 values in blocks of 16 keys from each sequence's first key (the reference's qdq of
+    ``v[k0:k1]`` along dim 0) without the global scale, as contiguous bf16; keys no sequence covers are left
+    unwritten (the kernel never reads them: it zeroes the rows past a sequence's end)."""
+    g = f32(numerics.nvfp4_global_scale(amax))
+    src = _tma_ready(v)
+    values = torch.empty(src.shape, dtype=torch.bfloat16, device=src.device)
+    module.nvfp4_keys_bf16(src, cu_k, values, g, not EXACT_DIV_FREE_RANGE[0] <= g <= EXACT_DIV_FREE_RANGE[1])
+    return values, g
+
+
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate an output the kernel fully writes (tests replace this to poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -117,7 +145,7 @@ def run(module, call: PrefillCall, config: dict):
         raise ValueError(f"cuda prefill: needs bf16, q/k width {QK_DIM}, v width {V_DIM} and block_n {P_TILE} "
                          f"(got {q.dtype}, {q.shape[2]}, {v.shape[2]}, {call.block_n})")
     if any(f not in QUANT for f in (call.q_quant, call.k_quant, call.v_quant, call.p_quant)):
-        raise ValueError("cuda prefill: FP8 or no quantization only")
+        raise ValueError("cuda prefill: FP8, NVFP4 or no quantization only")
     device = q.device
     out = _new_output((total_q, heads, V_DIM), torch.bfloat16, device)
     lse = _new_output((heads, total_q), torch.float32, device) if call.return_lse else None
@@ -134,27 +162,33 @@ def run(module, call: PrefillCall, config: dict):
             raise ValueError("cuda prefill: the FP8-wgmma config runs the fp8 recipe only (Q, K, V and P FP8)")
         _run_fp8_mma(module, call, out, lse)
         return out, lse
+    cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
+    cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     q_fmt, q_scale = 0, 1.0
     if call.q_quant == "fp8":  # Q's codes are made in the kernel, once per CTA after its Q tile lands
         q_scale = f32(numerics.fp8_scale(call.q_amax))
         q_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= q_scale <= EXACT_DIV_FREE_RANGE[1] else 2
-    kv = dict(k=k, v=v)
-    factor = dict(k=1.0, v=1.0)
-    quantized = [(name, amax) for name, fmt, amax in (("k", call.k_quant, call.k_amax),
-                                                      ("v", call.v_quant, call.v_amax)) if fmt == "fp8"]
-    if quantized:  # the pre-pass: K and V's codes in one launch
-        made = fp8_codes(module, [(kv[name], amax) for name, amax in quantized])
-        for (name, _), (codes, scale) in zip(quantized, made):
-            kv[name], factor[name] = codes, scale
-    k, v = kv["k"], kv["v"]
-    scale_qk, out_scale = q_scale * factor["k"], factor["v"]
+    ops = dict(q=q, k=k, v=v)
+    factor = dict(q=q_scale, k=1.0, v=1.0)
+    amaxes = dict(q=call.q_amax, k=call.k_amax, v=call.v_amax)
+    rows = [name for name, fmt in (("q", call.q_quant), ("k", call.k_quant)) if fmt == "nvfp4"]
+    if rows:  # the nvfp4 pre-pass along features: Q and K's values (without g) in one launch
+        for name, (values, g) in zip(rows, nvfp4_rows(module, [(ops[name], amaxes[name]) for name in rows])):
+            ops[name], factor[name] = values, g
+    if call.v_quant == "nvfp4":  # and along each sequence's keys: V's
+        ops["v"], factor["v"] = nvfp4_keys(module, ops["v"], cu_k, call.v_amax)
+    quantized = [name for name, fmt in (("k", call.k_quant), ("v", call.v_quant)) if fmt == "fp8"]
+    if quantized:  # the FP8 pre-pass: K and V's codes in one launch
+        for name, (codes, scale) in zip(quantized, fp8_codes(module, [(ops[name], amaxes[name]) for name in quantized])):
+            ops[name], factor[name] = codes, scale
+    q, k, v = ops["q"], ops["k"], ops["v"]
+    scale_qk, out_scale = factor["q"] * factor["k"], factor["v"]
     p_fmt, p_scale = 0, 1.0
-    if call.p_quant == "fp8":
-        p_scale = f32(numerics.fp8_scale(call.p_amax))
-        p_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= p_scale <= EXACT_DIV_FREE_RANGE[1] else 2
+    if call.p_quant in ("fp8", "nvfp4"):  # FP8: codes of P / scale; NVFP4: values without g (p_scale = g)
+        nv = call.p_quant == "nvfp4"
+        p_scale = f32(numerics.nvfp4_global_scale(call.p_amax) if nv else numerics.fp8_scale(call.p_amax))
+        p_fmt = (3 if nv else 1) + (0 if EXACT_DIV_FREE_RANGE[0] <= p_scale <= EXACT_DIV_FREE_RANGE[1] else 1)
         out_scale = f32(out_scale) * p_scale
-    cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
-    cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
                          call.causal, f32(call.softmax_scale) * f32(scale_qk) * math.log2(math.e),
                          f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale), q_fmt, q_scale,

@@ -1,6 +1,6 @@
 """A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
 
-    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill]
+    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill|prefill_nvfp4]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
 with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``; its
@@ -13,8 +13,8 @@ Then the FP8 sparse decode
 (``sparse`` alone: only it), 576- and 656-byte rows, on a cache of NaN bytes except the rows valid slots name, with
 -1 slots, slots past each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto
 splits. Then the varlen prefill (``prefill`` alone: only it): ragged batches with empty and one-token sequences,
-len_q < len_k (a cached prefix) and equal, causal and not, GQA, bf16 and the fp8 recipe (both configs: the bf16
-products and FP8 wgmma), q / k / v packed inside
+len_q < len_k (a cached prefix) and equal, causal and not, GQA, bf16, the fp8 recipe (both configs: the bf16
+products and FP8 wgmma) and the nvfp4 recipe (``prefill_nvfp4`` alone: only its cases), q / k / v packed inside
 buffers whose rows past the last sequence hold NaN, LSE on.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _prefill_case(heads, kv_heads, lens_q, lens_k, causal, recipe, seed=0, confi
     q, k, v = packed(total_q, heads, 192), packed(total_k, kv_heads, 192), packed(total_k, kv_heads, 128)
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
-    fmt = {"bf16": None, "fp8": "fp8"}[recipe]
+    fmt = {"bf16": None, "fp8": "fp8", "nvfp4": "nvfp4"}[recipe]
     problem, call = validate_prefill(
         q, k, v, cu_q, cu_k, max(lens_q), 192 ** -0.5, causal, True, q_quant=fmt, k_quant=fmt, p_quant=fmt,
         v_quant=fmt, q_amax=4.0, k_amax=4.0, p_amax=1.0, v_amax=4.0, sparsity_n=0, sparsity_m=4, dense_sink_tokens=0,
@@ -138,6 +138,14 @@ def _prefill_main() -> int:
     ok &= _prefill_case(128, 128, [200, 1], [331, 1], True, "fp8", config={})
     ok &= _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "fp8", config=prefill.FP8_MMA)
     ok &= _prefill_case(16, 2, [200, 1, 0, 70], [331, 1, 40, 64], True, "fp8", config=prefill.FP8_MMA)
+    return _prefill_nvfp4_main() | (0 if ok else 1)
+
+
+def _prefill_nvfp4_main() -> int:
+    """The nvfp4 recipe's cases (its pre-pass along features and along keys, P's NVFP4 in the kernel)."""
+    ok = _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "nvfp4")
+    ok &= _prefill_case(16, 2, [200, 1, 0, 70, 17], [331, 1, 40, 64, 33], True, "nvfp4")
+    ok &= _prefill_case(128, 128, [129, 1], [129, 1], True, "nvfp4")
     return 0 if ok else 1
 
 
@@ -147,6 +155,8 @@ def main() -> int:
         return _sparse_main()
     if sys.argv[1:] == ["prefill"]:
         return _prefill_main()
+    if sys.argv[1:] == ["prefill_nvfp4"]:
+        return _prefill_nvfp4_main()
     ok = _decode_main()
     if sys.argv[1:] == ["decode"]:
         return 0 if ok else 1
