@@ -31,6 +31,19 @@ class Problem:
     params: tuple[tuple[str, Any], ...]
     features: frozenset[str] = field(default_factory=frozenset)
 
+    def __hash__(self) -> int:
+        # the generated hash's value (the fields' tuple), computed once per instance: dispatch hashes each op's
+        # problem twice per call (its memory and the capture memory), a Python frame and ~15 tuple hashes each
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.device, self.params, self.features))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self):
+        # the fields only: a pickled hash would be stale in a process with another string-hash seed
+        return type(self), (self.op, self.device, self.params, self.features)
+
     @classmethod
     def make(cls, op: str, device: str, features=(), **params: Any) -> "Problem":
         return cls(op, device, tuple(sorted(params.items())), frozenset(features))

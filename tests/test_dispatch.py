@@ -1,4 +1,6 @@
 """Dispatch: overrides, priority, NoBackendError, in-memory choices."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -113,3 +115,22 @@ def test_problem_key_round_trips():
                                        out_dtype=None)
     assert mla_core.Problem.from_key(problem.key()) == problem
     assert problem["max_len"] == 64 and problem["batch"] == 2
+
+
+def test_problem_hash_is_the_fields_hash_once_and_never_pickled():
+    """Problem keeps the generated hash's value (its fields' tuple) after the first call; equal problems hash
+    alike whether or not one was hashed before; a pickle or copy carries the fields only (a string hash differs
+    between processes)."""
+    import copy
+    import pickle
+
+    from mla_core.problem import Problem
+    p = Problem.make("decode", "cuda", {"lse"}, heads=16, batch=1, dtype="bfloat16")
+    q = Problem.make("decode", "cuda", {"lse"}, heads=16, batch=1, dtype="bfloat16")
+    assert hash(p) == hash(("decode", "cuda", p.params, p.features)) == hash(p) == hash(q)
+    assert p == q and {p: 1}[q] == 1
+    for other in (pickle.loads(pickle.dumps(p)), copy.copy(p), copy.deepcopy(p)):
+        assert other == p and "_hash" not in other.__dict__ and hash(other) == hash(p)
+    assert b"_hash" not in pickle.dumps(p)
+    r = dataclasses.replace(p, features=frozenset())
+    assert r != p and hash(r) == hash(("decode", "cuda", p.params, frozenset()))
