@@ -439,21 +439,27 @@ def test_gpu_mla_heads_and_lengths(poisoned_outputs):
     check(cuda_prefill.run(build.build(), _call(inputs, **FP8, **AMAX), {}), ref)
 
 
-@gpu
-def test_gpu_nan_and_inf_rows_between_sequences(poisoned_outputs):
-    """A sequence with keys but no queries holds NaN / Inf K and V rows right after sequences whose last tile is
-    partial (the kernel's TMA boxes read them); a sequence with queries but no keys holds NaN Q rows."""
+def _check_nan_and_inf_rows(run, seed):
+    """``run(inputs, causal=...)`` -> (out, ref) on a batch whose key-only sequence holds NaN / Inf K and V rows right
+    after a partial last tile and whose query-only sequence holds NaN Q rows: finite outputs, equal to the reference."""
     seqs = [(100, 100), (0, 50), (70, 130), (3, 0), (64, 65), (0, 40), (1, 1)]
-    inputs = make_inputs(seqs, 4, 4, seed=7)
+    inputs = make_inputs(seqs, 4, 4, seed=seed)
     q, k, v = inputs[:3]
     k[100:150, :, ::2], k[100:150, :, 1::2] = float("nan"), float("inf")
     v[100:150, :, ::2], v[100:150, :, 1::2] = float("-inf"), float("nan")
     q[170:173] = float("nan")
     k[345:385], v[345:385] = float("inf"), float("nan")
     for causal in (True, False):
-        out, ref = run_pair(inputs, causal=causal)
+        out, ref = run(inputs, causal=causal)
         assert not out[0].isnan().any() and not out[1].isnan().any()
         check(out, ref)
+
+
+@gpu
+def test_gpu_nan_and_inf_rows_between_sequences(poisoned_outputs):
+    """A sequence with keys but no queries holds NaN / Inf K and V rows right after sequences whose last tile is
+    partial (the kernel's TMA boxes read them); a sequence with queries but no keys holds NaN Q rows."""
+    _check_nan_and_inf_rows(run_pair, seed=7)
 
 
 @gpu
@@ -793,17 +799,7 @@ def test_gpu_nvfp4_p_blocks_are_the_reference_blocks(poisoned_outputs):
 def test_gpu_nvfp4_nan_and_inf_rows_between_sequences(poisoned_outputs):
     """K / V rows of a sequence without queries hold NaN / Inf (the pre-pass turns their blocks NaN; the kernel masks
     those keys and zeroes those V rows past a sequence's end); rows of a sequence with queries but no keys hold NaN Q."""
-    seqs = [(100, 100), (0, 50), (70, 130), (3, 0), (64, 65), (0, 40), (1, 1)]
-    inputs = make_inputs(seqs, 4, 4, seed=46)
-    q, k, v = inputs[:3]
-    k[100:150, :, ::2], k[100:150, :, 1::2] = float("nan"), float("inf")
-    v[100:150, :, ::2], v[100:150, :, 1::2] = float("-inf"), float("nan")
-    q[170:173] = float("nan")
-    k[345:385], v[345:385] = float("inf"), float("nan")
-    for causal in (True, False):
-        out, ref = run_nvfp4(inputs, causal=causal)
-        assert not out[0].isnan().any() and not out[1].isnan().any()
-        check(out, ref)
+    _check_nan_and_inf_rows(run_nvfp4, seed=46)
 
 
 @gpu
