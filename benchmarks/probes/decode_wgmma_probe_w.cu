@@ -559,7 +559,7 @@ static void check_case_w(const char* name, int heads, int splits, const std::vec
 
 // Timing as the probe's bench (median of 20 after 3 warm-up, L2 flushed by a 256 MB memset before each), Y and W
 // alternating per iteration on the same block table (so clock drift hits both), a line each; z_us: Z's split-
-// kernel + combine time from the same day's run (/work/.device/1/decode_probe_z.log, commit de24a07).
+// kernel + combine time from the same day's run (benchmarks/results/decode_wgmma_probe_z.log, commit de24a07).
 static void bench_w(const BenchBuffers& buf, int heads, int batch, int L, int splits, double flashmla_us, double z_us,
                     std::mt19937& rng) {
   const int max_pages = L / kPage, pages = batch * max_pages;
