@@ -436,34 +436,14 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     store_row_pair(sa2, row_lo, t, a2_lo, a2_hi);
     fence_proxy_async();
     nb_arrive<kConsumerThreads>(kBarP0Full);
-    rescale(o, a1_lo, a1_hi);
-    wg_fence();
-    pv_regs<T>(o, a0, sv, 0);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
-    rescale(o, a2_lo, a2_hi);
-    wg_fence();
-    pv_regs<T>(o, a1, sv, kPTile);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
+    rescale_pv_regs<T>(o, a1_lo, a1_hi, a0, sv, 0);
+    rescale_pv_regs<T>(o, a2_lo, a2_hi, a1, sv, kPTile);
   } else {
     mbar_wait(&full[s], (it >> 1) & 1);  // the stage's V (WG0's wait does not order this warpgroup's reads)
     nb_sync<kConsumerThreads>(kBarP0Full);  // P of both halves and the factors
     const float a1_lo = sa1[row_lo], a1_hi = sa1[row_lo + 8], a2_lo = sa2[row_lo], a2_hi = sa2[row_lo + 8];
-    rescale(o, a1_lo, a1_hi);
-    wg_fence();
-    pv_slab<T>(o, sp, sv, 0);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
-    rescale(o, a2_lo, a2_hi);
-    wg_fence();
-    pv_slab<T>(o, sp, sv, kPTile);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
+    rescale_pv_slab<T>(o, a1_lo, a1_hi, sp, sv, 0);
+    rescale_pv_slab<T>(o, a2_lo, a2_hi, sp, sv, kPTile);
     if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
   }
   release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s has completed
@@ -622,12 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       m_hi = m2_hi;
       wg_wait<0>();
       reg_fence(o);
-      rescale(o, a2_lo, a2_hi);
-      wg_fence();
-      pv_slab<T>(o, sp, sv, 32);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence(o);
+      rescale_pv_slab<T>(o, a2_lo, a2_hi, sp, sv, 32);
     } else {
       nb_sync<kConsumerThreads>(kBarMx0);  // WG0's half-0 maxima
       const float m1_lo = fmaxf(m_lo, smx0[row_lo]), m1_hi = fmaxf(m_hi, smx0[row_lo + 8]);
@@ -655,12 +630,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
       wg_wait<0>();
       reg_fence(o);
       if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
-      rescale(o, a2_lo, a2_hi);
-      wg_fence();
-      pv_regs<T>(o, a, sv, 32);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence(o);
+      rescale_pv_regs<T>(o, a2_lo, a2_hi, a, sv, 32);
     }
     release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s has completed
   }

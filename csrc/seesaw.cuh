@@ -250,6 +250,27 @@ __device__ __forceinline__ void exponentiate(float (&s)[16], float m_lo, float m
 __device__ __forceinline__ void rescale(float (&o)[128], float a_lo, float a_hi) {
   if (__any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_rows(o, a_lo, a_hi);
 }
+// O <- a O, then O += P V of keys k0 .. k0 + 31 (pv_regs / pv_slab above), fenced, committed and waited for.
+template <typename T>
+__device__ __forceinline__ void rescale_pv_regs(float (&o)[128], float a_lo, float a_hi, const uint32_t (&a)[2][4],
+                                                const uint8_t* sv, int k0) {
+  rescale(o, a_lo, a_hi);
+  wg_fence();
+  pv_regs<T>(o, a, sv, k0);
+  wg_commit();
+  wg_wait<0>();
+  reg_fence(o);
+}
+template <typename T>
+__device__ __forceinline__ void rescale_pv_slab(float (&o)[128], float a_lo, float a_hi, const uint8_t* sp,
+                                                const uint8_t* sv, int k0) {
+  rescale(o, a_lo, a_hi);
+  wg_fence();
+  pv_slab<T>(o, sp, sv, k0);
+  wg_commit();
+  wg_wait<0>();
+  reg_fence(o);
+}
 // This thread's P fragments (two m64k16 A fragments: the S accumulator layout) into the P slab at keys
 // key0 .. key0 + 31 (rows row_lo, row_lo + 8).
 __device__ __forceinline__ void store_p(uint8_t* sp, const uint32_t (&a)[2][4], int row_lo, int key0, int t) {
