@@ -151,19 +151,26 @@ def nvfp4_block_scales(x: torch.Tensor, amax: float | None = None, dim: int = -1
     return nvfp4_block_codes(x, amax, dim) * nvfp4_global_scale(amax)
 
 
+def _nvfp4_blocks(x: torch.Tensor, amax: float | None, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(e2m1(x / s), c, s), each of x's shape: the E2M1 value of every element and its block's code ``c``
+    (:func:`nvfp4_block_codes`) and dequantized scale ``s = c * g`` repeated over the block; ``e2m1`` is taken
+    against 1 where s == 0 (the callers write 0 there)."""
+    n = x.shape[dim]
+    c = nvfp4_block_codes(x, amax, dim)
+    c_full = c.movedim(dim, -1).repeat_interleave(NVFP4_BLOCK, dim=-1)[..., :n].movedim(-1, dim)
+    s_full = c_full * nvfp4_global_scale(amax)
+    e = round_e2m1(x.float() / torch.where(s_full == 0, 1.0, s_full))
+    return e, c_full, s_full
+
+
 def qdq_nvfp4(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
     """NVFP4 fake quantization along ``dim``: ``e2m1(x / s) * s`` per 16-block (0 where s == 0).
 
     Args: x any shape, any float dtype; amax per-tensor amax (None -> g = 1.0); dim the blocked axis.
     Returns: float32 tensor of x's shape. A block holding a NaN becomes all NaN.
     """
-    s = nvfp4_block_scales(x, amax, dim)
-    n = x.shape[dim]
-    s_full = s.movedim(dim, -1).repeat_interleave(NVFP4_BLOCK, dim=-1)[..., :n].movedim(-1, dim)
-    xf = x.float()
-    safe = torch.where(s_full == 0, 1.0, s_full)
-    q = round_e2m1(xf / safe) * s_full
-    return torch.where(s_full == 0, 0.0, q)
+    e, _, s_full = _nvfp4_blocks(x, amax, dim)
+    return torch.where(s_full == 0, 0.0, e * s_full)
 
 
 def nvfp4_unscaled(x: torch.Tensor, amax: float | None = None, dim: int = -1) -> torch.Tensor:
@@ -175,18 +182,8 @@ def nvfp4_unscaled(x: torch.Tensor, amax: float | None = None, dim: int = -1) ->
 
     Returns: float32 tensor of x's shape. A block holding a NaN becomes all NaN.
     """
-    g = nvfp4_global_scale(amax)
-    c = nvfp4_block_codes(x, amax, dim)
-    n = x.shape[dim]
-
-    def full(t):
-        return t.movedim(dim, -1).repeat_interleave(NVFP4_BLOCK, dim=-1)[..., :n].movedim(-1, dim)
-
-    c_full = full(c)
-    s_full = c_full * g
-    safe = torch.where(s_full == 0, 1.0, s_full)
-    q = round_e2m1(x.float() / safe) * c_full
-    return torch.where(s_full == 0, 0.0, q)
+    e, c_full, s_full = _nvfp4_blocks(x, amax, dim)
+    return torch.where(s_full == 0, 0.0, e * c_full)
 
 
 def qdq(x: torch.Tensor, fmt: str | None, amax: float | None = None, dim: int = -1) -> torch.Tensor:
