@@ -30,8 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefill import CASES, HEADS, QK_DIM, V_DIM, make_inputs, sdpa_cudnn, visible_pairs  # noqa: E402
 from bench_prefill_fp8_prepass_ab import import_launcher  # noqa: E402
-from common import (device_info, load_cuda_extension, print_table, same_bits, time_eager,  # noqa: E402
-                    time_graph, write_json)
+from common import device_info, load_cuda_extension, print_table, same_bits, timed, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 
@@ -49,23 +48,6 @@ def load_a(base: str):
     os.environ.pop("MLA_CORE_CUDA_SRC", None)
     build._DEFAULT_KEY = None
     return launcher, build.build()
-
-
-_EAGER: set = set()
-"""Paths a CUDA graph could not hold (timed eagerly from then on)."""
-
-
-def timed(fn, name: str = "") -> tuple[float, str]:
-    """(median µs, mode): graph replays, or eager calls where capture fails (reported once)."""
-    if name not in _EAGER:
-        try:
-            return time_graph(fn, iters=10), "graph"
-        except Exception as e:  # noqa: BLE001 (reported; timed eagerly instead)
-            torch.cuda.synchronize()
-            _EAGER.add(name)
-            print(f"  {name}: no CUDA graph ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}); "
-                  "timing eagerly", flush=True)
-    return time_eager(fn, iters=10), "eager"
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefill import CASES, HEADS, QK_DIM, V_DIM, make_inputs, sdpa_cudnn, visible_pairs  # noqa: E402
-from common import device_info, load_cuda_extension, print_table, time_eager, time_graph, write_json  # noqa: E402
+from common import device_info, load_cuda_extension, print_table, timed, write_json  # noqa: E402
 
 os.environ.setdefault("MLA_CORE_CHECKS", "metadata")
 
@@ -40,21 +40,6 @@ from mla_core_cuda import prefill as cuda_prefill  # noqa: E402
 AMAX = dict(q_amax=4.5, k_amax=5.0, v_amax=4.25, p_amax=1.0)
 EXACT_LSE_RTOL = 1e-5
 """The bf16 kernels' LSE bound (tests/test_cuda_prefill.py LSE_RTOL), printed beside the gate."""
-
-_EAGER: set = set()
-
-
-def timed(fn, name: str = "") -> tuple[float, str]:
-    """(median µs, mode): graph replays, or eager calls where capture fails (reported once)."""
-    if name not in _EAGER:
-        try:
-            return time_graph(fn, iters=10), "graph"
-        except Exception as e:  # noqa: BLE001 (reported; timed eagerly instead)
-            torch.cuda.synchronize()
-            _EAGER.add(name)
-            print(f"  {name}: no CUDA graph ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}); "
-                  "timing eagerly", flush=True)
-    return time_eager(fn, iters=10), "eager"
 
 
 def call_for(inputs, fmt, **amax):

@@ -14,6 +14,23 @@ import torch
 from mla_core.bench import device_info, flush_l2, measure_ceilings, time_eager, time_graph  # noqa: F401 (re-exported)
 
 
+_EAGER: set = set()
+"""Names of the calls a CUDA graph could not hold (timed eagerly from then on)."""
+
+
+def timed(fn, name: str = "", iters: int = 10) -> tuple[float, str]:
+    """(median µs, mode): CUDA-graph replays, or eager calls where capture fails (reported once per ``name``)."""
+    if name not in _EAGER:
+        try:
+            return time_graph(fn, iters=iters), "graph"
+        except Exception as e:  # noqa: BLE001 (reported; timed eagerly instead)
+            torch.cuda.synchronize()
+            _EAGER.add(name)
+            print(f"  {name}: no CUDA graph ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}); "
+                  "timing eagerly", flush=True)
+    return time_eager(fn, iters=iters), "eager"
+
+
 def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     """Print ``rows`` as an aligned table; columns are (key, header, format)."""
     cells = [[h for _, h, _ in columns]]
