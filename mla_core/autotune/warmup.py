@@ -2,8 +2,8 @@
 
 A preset lists a model's problem keys (:func:`preset_problems`): decode over a grid of batch sizes and
 KV lengths, prefill over a grid of lengths, and the merge of prefill chunks, for each quant recipe
-(``bf16``: none; ``fp8``: FP8; ``nvfp4``: NVFP4; of K, V and P in decode, of Q, K, V and P in prefill). :func:`run` tunes each key
-missing from the cache (:func:`mla_core.autotune.tune`; a key only one ``(backend, config)`` can run is
+(``bf16``: none; ``fp8`` / ``nvfp4``: K, V and P in decode, Q, K, V and P in prefill, :func:`mla_core.numerics.
+recipe_quant`). :func:`run` tunes each key missing from the cache (:func:`mla_core.autotune.tune`; a key only one ``(backend, config)`` can run is
 recorded without timing), records it and returns one row per problem for the summary table; each shape's
 memory goes back to the device before the next one is tuned (:func:`mla_core.autotune.tuner.release_memory`).
 Under torch.distributed (e.g. ``torchrun``) every rank tunes its share on its own GPU, the results are

@@ -179,7 +179,8 @@ def run(module, call: PrefillCall, config: dict):
         ops["v"], factor["v"] = nvfp4_keys(module, ops["v"], cu_k, call.v_amax)
     quantized = [name for name, fmt in (("k", call.k_quant), ("v", call.v_quant)) if fmt == "fp8"]
     if quantized:  # the FP8 pre-pass: K and V's codes in one launch
-        for name, (codes, scale) in zip(quantized, fp8_codes(module, [(ops[name], amaxes[name]) for name in quantized])):
+        made = fp8_codes(module, [(ops[name], amaxes[name]) for name in quantized])
+        for name, (codes, scale) in zip(quantized, made):
             ops[name], factor[name] = codes, scale
     q, k, v = ops["q"], ops["k"], ops["v"]
     scale_qk, out_scale = factor["q"] * factor["k"], factor["v"]
