@@ -9,6 +9,7 @@
 
 #include "hopper.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -200,6 +201,28 @@ __device__ __forceinline__ void first_tile(float (&sc)[32], int my_turn, int oth
     softmax(0, a_lo, a_hi);  // O is 0: no rescale
   }
   pack_p();
+}
+
+// Host side, shared by the prefill launchers.
+constexpr int kMaxDevices = 64;  // devices whose per-device facts (SM count, shared-memory attribute) are remembered
+
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Blocks for a grid-stride launch: one resident wave of 256-thread CTAs (8 per SM), or fewer where `items` (one per
+// thread) run out. The SM count is asked once per device (not a stream operation: capture-safe).
+inline cudaError_t wave_blocks(int64_t items, unsigned& blocks) {
+  static int sms[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int count = device < kMaxDevices ? sms[device] : 0;
+  if (count == 0) {
+    err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) sms[device] = count;
+  }
+  blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{8} * count));
+  return cudaSuccess;
 }
 
 }  // namespace prefill

@@ -48,6 +48,8 @@
 namespace mla_core_cuda {
 namespace {
 
+using prefill::kMaxDevices;
+
 using prefill::kBM, prefill::kBN, prefill::kDv;  // 128 query rows a CTA, 64-key tiles, v 128
 constexpr int kDqk = 192, kStages = 8;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
@@ -59,7 +61,6 @@ constexpr int kVtOffset = 3 * kKPart;                   // V^T [128 x 64 B] afte
 constexpr int kImage = kFp8TileImageBytes;              // 20,480: one bulk copy a stage
 constexpr int kQWgBytes = 3 * kKPart;                   // one consumer's Q codes: 64 rows x 192 B, K's layout
 constexpr int kSmemBytes = kStages * kImage + 2 * kQWgBytes + 2 * kStages * 8 + 1024;  // + 1024-alignment slack
-constexpr int kMaxDevices = 64;
 constexpr int kMaxGridZ = 65535;
 static_assert(kImage == 3 * kKPart + kDv * kBN && kImage % 1024 == 0, "a tile image: K's parts, then V^T");
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");

@@ -31,10 +31,12 @@
 namespace mla_core_cuda {
 namespace {
 
+using prefill::aligned16;
+using prefill::wave_blocks;
+
 constexpr int kBlock = 16;       // NVFP4 block
 constexpr int kRowBlocks = 12;   // 192 / 16
 constexpr int kVChunks = 32;     // 128 columns / 4 per thread
-constexpr int kMaxDevices = 64;
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
@@ -139,24 +141,6 @@ __global__ void __launch_bounds__(256) keys_kernel(const Nvfp4KeysParams p, int6
       if (r < keys)
         *reinterpret_cast<uint2*>(p.out + ((row0 + r) * p.kv_heads + hk) * prefill::kDv + 4 * chunk) = w[r];
   }
-}
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// Blocks for a grid-stride launch: one resident wave of 256-thread CTAs (8 per SM), or fewer where the work runs out.
-cudaError_t wave_blocks(int64_t items, unsigned& blocks) {
-  static int sms[kMaxDevices] = {};  // SM count per device, asked once (not a stream operation: capture-safe)
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  int count = device < kMaxDevices ? sms[device] : 0;
-  if (count == 0) {
-    err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-    if (device < kMaxDevices) sms[device] = count;
-  }
-  blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{8} * count));
-  return cudaSuccess;
 }
 
 }  // namespace

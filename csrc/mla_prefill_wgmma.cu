@@ -61,6 +61,10 @@
 namespace mla_core_cuda {
 namespace {
 
+using prefill::aligned16;
+using prefill::kMaxDevices;
+using prefill::wave_blocks;
+
 using prefill::kBM, prefill::kBN, prefill::kDv;  // 128 query rows a CTA, 64-key tiles, v 128
 constexpr int kDqk = 192, kStages = 4;
 constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
@@ -74,7 +78,6 @@ constexpr int kVBytes = kBN * kDv * 2;                  // V tile: 2 slabs (row-
 constexpr int kStageBytes = kKBytes + kVBytes;          // 40,960
 constexpr int kBars = 2 + 3 * kStages;                  // fullQ, tailV, fullK[4], fullV[4], empty[4]
 constexpr int kSmemBytes = 2 * kQWgBytes + kStages * kStageBytes + kBars * 8 + 1024;  // + 1024-alignment slack
-constexpr int kMaxDevices = 64;                         // devices whose shared-memory attribute is remembered
 constexpr int kMaxGridZ = 65535;                        // sequences per launch (grid z)
 static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 
@@ -465,8 +468,6 @@ bool slab_map(CUtensorMap* m, EncodeTiledFn encode, const uint16_t* x, int64_t r
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 template <int kP>
 cudaError_t launch(const PrefillParams& p, const TmaMaps& maps, cudaStream_t stream) {
   static bool attribute_set[kMaxDevices] = {};  // once per device (not a stream operation: capture-safe)
@@ -526,18 +527,9 @@ cudaError_t launch_fp8_codes_bf16(const FP8CodesJobs& jobs, bool exact_div, cuda
     total8 += jobs.n8[j];
   }
   if (total8 == 0) return cudaSuccess;
-  static int sms[kMaxDevices] = {};  // SM count per device, asked once (not a stream operation: capture-safe)
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
+  unsigned blocks = 0;  // one resident wave, or fewer where the chunks run out (two per thread)
+  const cudaError_t err = wave_blocks((total8 + 1) / 2, blocks);
   if (err != cudaSuccess) return err;
-  int count = device < kMaxDevices ? sms[device] : 0;
-  if (count == 0) {
-    err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-    if (device < kMaxDevices) sms[device] = count;
-  }
-  // one resident wave (8 CTAs of 256 threads per SM), or fewer where the chunks run out (two per thread)
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total8 + 511) / 512, int64_t{8} * count));
   if (exact_div)
     fp8_codes_kernel<true><<<blocks, 256, 0, stream>>>(jobs, total8);
   else
