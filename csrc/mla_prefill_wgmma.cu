@@ -141,47 +141,80 @@ __device__ __forceinline__ uint32_t p_codes(float lo, float hi, float scale, flo
   }
 }
 
+// The larger of two pairs of non-negative bf16 values, lane by lane, as unsigned 16-bit integers (max.u16x2: one
+// VIMNMX.U16x2): a non-negative bf16's bit pattern orders as its value (+0, subnormals, normals, +Inf), and every
+// NaN pattern (either sign) lies above them all, so a pair holding a NaN gives NaN (numerics' NaN block).
+__device__ __forceinline__ uint32_t bf16x2_max_nonneg(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// Two bf16 products, lane by lane (mul.rn.bf16x2, sm_90): exact where each product is a bf16 value (P's E2M1 value
+// times its block's E4M3 code: at most 6 significant bits, 2^-10 .. 2688, or 0), so equal to the float32 product
+// rounded to bf16.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // P's NVFP4 (kP 3: division-free quotient, 4: IEEE; numerics.qdq_p "nvfp4"): P rounded to bf16, then blocks of 16
 // keys at the tile's offsets 16 ks (tiles start at multiples of 64 from the sequence's first key: numerics' absolute
 // blocks), each block's code c = e4m3(bmax / 6 / g) (g = p_scale, the caller's out_scale holds it), its values
 // e2m1(p / (c·g))·c, exact in bf16. In S's accumulator block ks of the thread's row lo is sc[8 ks + {0, 1, 4, 5}]
 // over the quad's 4 threads (keys 16 ks + 2 (t % 4) + {0, 1}, + 8), row hi sc[8 ks + {2, 3, 6, 7}]: block b = 2 ks +
-// (row hi) has its maximum over the quad by two xor shuffles; then quad lane q computes the scales of blocks 2q and
-// 2q + 1 only and every lane takes each block's code from its owner (8 shuffles in place of 6 more block codes per
-// thread), then s = code·g and 1 / s as nvfp4_block_scale; kP 3 without a division instruction
-// (nvfp4_block_code_div_free, rg = RN(1 / g): p_rscale). The values by nvfp4_p_value (div_rn's quotient, the
-// non-negative E2M1 rounding). P >= 0 and finite unless a score is NaN (a NaN P stays NaN: its row's output is NaN
-// either way). The values replace sc (its float32 P is no longer needed: the row sums are taken).
+// (row hi).
+//   - The maxima stay in bf16 pairs (w: P's pairs as converted; P >= +0, ex2 never gives -0, so bf16x2_max_nonneg's
+//     integer maximum is the values' maximum): pair ks holds blocks 2 ks and 2 ks + 1 (low / high half).
+//   - A reduce-scatter over the quad (xor 2: lane q keeps pairs 2 (q / 2) and 2 (q / 2) + 1 and takes its partner's
+//     of them; xor 1: pair q) leaves lane q the maxima of blocks 2q and 2q + 1 only (3 shuffles).
+//   - Lane q computes those blocks' codes and scales (nvfp4_code_scale: s = code·g, 1 / s; kP 3 without a division
+//     instruction: nvfp4_block_code_div_free, rg = RN(1 / g): p_rscale); every lane takes each block's code (as the
+//     bf16 pair (code, code): exact), s and 1 / s from its owner (3 shuffles a block, 2 for kP 4: cheaper than
+//     s = code·g again on every lane, and far from the shuffle unit's limit).
+//   - The E2M1 values by nvfp4_p_e2m1 (div_rn's quotient, the non-negative rounding), paired in bf16 (exact) and
+//     multiplied by (code, code) in bf16 (exact: bf16x2_mul), straight into P's A fragments pa (pack_p's layout:
+//     pa[ks][i] = sc[8 ks + 2 i], sc[8 ks + 2 i + 1]).
+// P >= 0 and finite unless a score is NaN (a NaN P makes its block's code NaN, so the block's values NaN, as
+// numerics; its row's output is NaN either way).
 template <int kP>
-__device__ __forceinline__ void p_nvfp4(float (&sc)[32], float g, float rg, int lane) {
-  float bmax[8];
+__device__ __forceinline__ void p_nvfp4(const float (&sc)[32], uint32_t (&pa)[4][4], float g, float rg, int lane) {
+  uint32_t w[16];
 #pragma unroll
-  for (int e = 0; e < 32; e += 2) {  // P rounded to bf16 (the pair conversion), back to float32 exactly
-    const uint32_t w = bf16x2_bits(sc[e], sc[e + 1]);
-    sc[e] = __uint_as_float(w << 16);
-    sc[e + 1] = __uint_as_float(w & 0xffff0000u);
-  }
+  for (int e = 0; e < 16; ++e) w[e] = bf16x2_bits(sc[2 * e], sc[2 * e + 1]);  // P rounded to bf16 (pairs)
+  uint32_t pr[4];  // pair ks: the thread's maxima of blocks 2 ks (low half) and 2 ks + 1 (high half)
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    bmax[2 * ks] = fmaxf(fmaxf(sc[8 * ks], sc[8 * ks + 1]), fmaxf(sc[8 * ks + 4], sc[8 * ks + 5]));
-    bmax[2 * ks + 1] = fmaxf(fmaxf(sc[8 * ks + 2], sc[8 * ks + 3]), fmaxf(sc[8 * ks + 6], sc[8 * ks + 7]));
+    const uint32_t lo = bf16x2_max_nonneg(w[4 * ks], w[4 * ks + 2]);      // sc[8 ks + {0, 1}], sc[8 ks + {4, 5}]
+    const uint32_t hi = bf16x2_max_nonneg(w[4 * ks + 1], w[4 * ks + 3]);  // sc[8 ks + {2, 3}], sc[8 ks + {6, 7}]
+    pr[ks] = bf16x2_max_nonneg(__byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632));
   }
-#pragma unroll
-  for (int d = 1; d <= 2; d <<= 1)
-#pragma unroll
-    for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], d));
   const int q = lane & 3;
-  auto code_of = [&](float m) { return kP == 3 ? nvfp4_block_code_div_free(m, g, rg) : nvfp4_block_code(m, g); };
-  const float own[2] = {code_of(q == 0 ? bmax[0] : (q == 1 ? bmax[2] : (q == 2 ? bmax[4] : bmax[6]))),
-                        code_of(q == 0 ? bmax[1] : (q == 1 ? bmax[3] : (q == 2 ? bmax[5] : bmax[7])))};
+  const bool upper = (q & 2) != 0, odd = (q & 1) != 0;
+  uint32_t k0 = upper ? pr[2] : pr[0], k1 = upper ? pr[3] : pr[1];
+  k0 = bf16x2_max_nonneg(k0, __shfl_xor_sync(0xffffffffu, upper ? pr[0] : pr[2], 2));
+  k1 = bf16x2_max_nonneg(k1, __shfl_xor_sync(0xffffffffu, upper ? pr[1] : pr[3], 2));
+  // blocks 2q (low half) and 2q + 1 (high half), over the quad
+  const uint32_t m = bf16x2_max_nonneg(odd ? k1 : k0, __shfl_xor_sync(0xffffffffu, odd ? k0 : k1, 1));
+  auto code_of = [&](float x) { return kP == 3 ? nvfp4_block_code_div_free(x, g, rg) : nvfp4_block_code(x, g); };
+  BlockScale own[2] = {nvfp4_code_scale(code_of(__uint_as_float(m << 16)), g),
+                       nvfp4_code_scale(code_of(__uint_as_float(m & 0xffff0000u)), g)};
+  const uint32_t own_cc[2] = {bf16x2_bits(own[0].code, own[0].code), bf16x2_bits(own[1].code, own[1].code)};
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
-    const BlockScale bs = nvfp4_code_scale(__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b >> 1)), g);
-    const int e0 = 8 * (b >> 1) + 2 * (b & 1);
+    const int src = (lane & ~3) | (b >> 1);
+    const uint32_t cc = __shfl_sync(0xffffffffu, own_cc[b & 1], src);  // (code, code) in bf16: exact (E4M3)
+    const float s = __shfl_sync(0xffffffffu, own[b & 1].s, src);
+    // kP 4 divides (__fdiv_rn): 1 / s is not read
+    const float inv_s = kP == 3 ? __shfl_sync(0xffffffffu, own[b & 1].inv_s, src) : 1.f;
+    const BlockScale bs{0.f, s, inv_s};  // the code is applied in bf16 (cc): nvfp4_p_e2m1 reads s and 1 / s only
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int e = e0 + (i & 1) + 4 * (i >> 1);
-      sc[e] = nvfp4_p_value<kP == 4>(sc[e], bs);
+    for (int j = 0; j < 2; ++j) {  // the block's pairs sc[e0 + {0, 1}] and sc[e0 + 4 + {0, 1}]: pa[e / 8][(e / 2) % 4]
+      const int e = 8 * (b >> 1) + 2 * (b & 1) + 4 * j;
+      const uint32_t pw = w[e >> 1];
+      const float v_lo = nvfp4_p_e2m1<kP == 4>(__uint_as_float(pw << 16), bs);
+      const float v_hi = nvfp4_p_e2m1<kP == 4>(__uint_as_float(pw & 0xffff0000u), bs);
+      pa[e >> 3][(e >> 1) & 3] = bf16x2_mul(bf16x2_bits(v_lo, v_hi), cc);
     }
   }
 }
@@ -342,16 +375,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefill::tile_softmax(sc, rows, j * kBN, len_k, p.causal, first_row, off, qrow_lo, t, p.scale_log2, a_lo, a_hi);
   };
   auto pack_p = [&]() {
-    if constexpr (kP >= 3) p_nvfp4<kP>(sc, p.p_scale, p.p_rscale, lane);
+    if constexpr (kP >= 3) {  // NVFP4: the values straight into the A fragments
+      p_nvfp4<kP>(sc, pa, p.p_scale, p.p_rscale, lane);
+    } else {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
+      for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (kP == 0 || kP >= 3)  // NVFP4: values exact in bf16
-          pa[ks][i] = bf16x2_bits(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1]);
-        else
-          pa[ks][i] = p_codes<kP>(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1], p.p_scale, p.p_rscale);
-      }
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (kP == 0)
+            pa[ks][i] = bf16x2_bits(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1]);
+          else
+            pa[ks][i] = p_codes<kP>(sc[8 * ks + 2 * i], sc[8 * ks + 2 * i + 1], p.p_scale, p.p_rscale);
+        }
+    }
   };
   auto release = [&](int j) {
     __syncwarp();

@@ -90,14 +90,18 @@ __device__ __forceinline__ float nvfp4_unscaled(float x, const BlockScale& b, bo
 }
 
 // E2M1 rounding of a non-negative float32 (P's quotients in the prefill kernel): round_e2m1's rule (ties to the even
-// code, saturating at 6, NaN stays NaN) in fewer instructions: adding m = 1.5 * 2^(22 + e) (e = 0, 1, 2 for x in
-// [0, 2), [2, 4), above) rounds x to that range's grid step 2^(e - 1) with the adder's nearest-even rounding, and
-// subtracting m is exact. Equal to numerics.round_e2m1 on every non-negative float32 bit pattern
-// (benchmarks/probes/e2m1_nonneg_check.py, exhaustive).
+// code, saturating at 6, NaN stays NaN) in 5 instructions: x6 = min(x, 6) (min.NaN: NaN stays NaN; above 6 every
+// result is 6), e = the power of two of max(x6, 1)'s binade (1, 2 or 4: its exponent bits), then adding m = 1.5 *
+// 2^22 * e rounds x6 to that range's grid step e / 2 ([0, 2): 0.5, [2, 4): 1, [4, 6]: 2) with the adder's
+// nearest-even rounding, and subtracting m is exact; both as fma(±e, 1.5 * 2^22, ·), whose exact product is m, so
+// each is the one rounding of the sum. Equal to numerics.round_e2m1 on every non-negative float32 bit pattern
+// (benchmarks/probes/e2m1_nonneg5_check.py, exhaustive; the 7-instruction select form before it:
+// e2m1_nonneg_check.py).
 __device__ __forceinline__ float round_e2m1_nonneg(float x) {
-  const float m = x < 2.f ? 6291456.f : (x < 4.f ? 12582912.f : 25165824.f);
-  const float r = __fsub_rn(__fadd_rn(x, m), m);
-  return r > 6.f ? 6.f : r;
+  float x6;
+  asm("min.NaN.f32 %0, %1, 0f40C00000;\n" : "=f"(x6) : "f"(x));  // 0f40C00000 = 6
+  const float e = __uint_as_float(__float_as_uint(fmaxf(x6, 1.f)) & 0x7f800000u);
+  return __fmaf_rn(-e, 6291456.f, __fmaf_rn(e, 6291456.f, x6));
 }
 
 // The NVFP4 quotient x / s of a prefill operand (its pre-pass over Q / K / V and P in its kernel), as E2M1 sees it:
@@ -130,12 +134,12 @@ __device__ __forceinline__ float nvfp4_block_code_div_free(float bmax, float g, 
   return round_e4m3(div_rn(div_rn(bmax, 6.f, 0x1.555556p-3f, false), g, rg, false));
 }
 
-// P's NVFP4 value in the prefill kernel (P >= 0, finite unless a score is NaN; the block scale from
-// nvfp4_block_scale): e2m1(p / s)·code with div_rn's quotient (the decode kernels' P rule) and the non-negative
-// rounding; exact in bf16 as nvfp4_value.
+// P's E2M1 value in the prefill kernel (P >= 0, finite unless a score is NaN; the block scale from
+// nvfp4_code_scale): e2m1(p / s) with div_rn's quotient (the decode kernels' P rule) and the non-negative rounding;
+// the kernel multiplies it by the block's code in bf16 (exact, as nvfp4_value's product).
 template <bool kExact>
-__device__ __forceinline__ float nvfp4_p_value(float p, const BlockScale& b) {
-  return round_e2m1_nonneg(div_rn(p, b.s, b.inv_s, kExact)) * b.code;
+__device__ __forceinline__ float nvfp4_p_e2m1(float p, const BlockScale& b) {
+  return round_e2m1_nonneg(div_rn(p, b.s, b.inv_s, kExact));
 }
 
 }  // namespace mla_core_cuda

@@ -27,7 +27,7 @@ NVFP4_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_nvfp4_prepass_values_eq
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_p_blocks_are_the_reference_blocks "
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_boundary_lengths "
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_cached_prefix_and_gqa")
-"""The nvfp4 recipe's mutants (indices 23-30): the pre-pass's values bit for bit, P's blocks against the reference,
+"""The nvfp4 recipe's mutants (indices 23-34): the pre-pass's values bit for bit, P's blocks against the reference,
 then the recipe end to end on tile-edge lengths and cached prefixes with GQA."""
 
 MUTANTS = [
@@ -155,13 +155,13 @@ MUTANTS = [
              "tensor) enters V^T"),
     # 23-30: the nvfp4 recipe (round m): P's NVFP4 in the bf16-wgmma kernel, the pre-pass, the launcher
     dict(file="csrc/mla_prefill_wgmma.cu",
-         old="for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], d));",
-         new="for (int b = 0; b < 8; ++b) bmax[b] = fmaxf(bmax[b], __shfl_xor_sync(0xffffffffu, bmax[b], 4 * d));",
+         old="bf16x2_max_nonneg(odd ? k1 : k0, __shfl_xor_sync(0xffffffffu, odd ? k0 : k1, 1));",
+         new="bf16x2_max_nonneg(odd ? k1 : k0, __shfl_xor_sync(0xffffffffu, odd ? k0 : k1, 4));",
          tests=[NVFP4_SELECTION], gpu=True,
          why="P's block maximum over the wrong lanes (other rows of the warp instead of the quad's keys)"),
     dict(file="csrc/mla_prefill_wgmma.cu",
-         old="bmax[2 * ks] = fmaxf(fmaxf(sc[8 * ks], sc[8 * ks + 1]), fmaxf(sc[8 * ks + 4], sc[8 * ks + 5]));",
-         new="bmax[2 * ks] = fmaxf(fmaxf(sc[8 * ks], sc[8 * ks + 1]), fmaxf(sc[8 * ks + 2], sc[8 * ks + 3]));",
+         old="const uint32_t lo = bf16x2_max_nonneg(w[4 * ks], w[4 * ks + 2]);",
+         new="const uint32_t lo = bf16x2_max_nonneg(w[4 * ks], w[4 * ks + 1]);",
          tests=[NVFP4_SELECTION], gpu=True,
          why="P's block of row lo takes row hi's values in place of its keys 8-15"),
     dict(file="csrc/mla_prefill_nvfp4.cu",
@@ -191,10 +191,32 @@ MUTANTS = [
          tests=[NVFP4_SELECTION], gpu=True,
          why="a sequence's last, partial V block takes the next sequence's keys into its maximum (and writes them)"),
     dict(file="csrc/mla_prefill_wgmma.cu",
-         old="__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b >> 1))",
-         new="__shfl_sync(0xffffffffu, own[b & 1], (lane & ~3) | (b & 3))",
+         old="const int src = (lane & ~3) | (b >> 1);",
+         new="const int src = (lane & ~3) | (b & 3);",
          tests=[NVFP4_SELECTION], gpu=True,
          why="P's block codes taken from the wrong owner lane of the quad (blocks 2q, 2q + 1 are lane q's)"),
+    # 31-34: P's cheaper NVFP4 step (round n, pending): the reduce-scatter, 1 / s from the owner, the 5-instruction
+    # E2M1 rounding
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="uint32_t k0 = upper ? pr[2] : pr[0], k1 = upper ? pr[3] : pr[1];",
+         new="uint32_t k0 = upper ? pr[0] : pr[2], k1 = upper ? pr[1] : pr[3];",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="the quad's reduce-scatter keeps the pairs it sends (lane q ends with another lane's blocks' maxima)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="const float inv_s = kP == 3 ? __shfl_sync(0xffffffffu, own[b & 1].inv_s, src) : 1.f;",
+         new="const float inv_s = kP == 3 ? __shfl_sync(0xffffffffu, own[(b & 1) ^ 1].inv_s, src) : 1.f;",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's division-free quotient with the other block's 1 / s (Markstein's one correction cannot repair it)"),
+    dict(file="csrc/qdq.cuh",
+         old="  const float e = __uint_as_float(__float_as_uint(fmaxf(x6, 1.f)) & 0x7f800000u);",
+         new="  const float e = __uint_as_float(__float_as_uint(fmaxf(x6, 2.f)) & 0x7f800000u);",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's E2M1 rounding below 2 on the grid of [2, 4) (step 1: 0.5 and 1.5 never come out)"),
+    dict(file="csrc/qdq.cuh",
+         old='asm("min.NaN.f32 %0, %1, 0f40C00000;\\n" : "=f"(x6) : "f"(x));',
+         new='asm("min.NaN.f32 %0, %1, 0f41000000;\\n" : "=f"(x6) : "f"(x));',
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="P's E2M1 rounding saturating at 8 instead of 6 (quotients above 7: saturated or subnormal block codes)"),
 ]
 
 
