@@ -1,8 +1,9 @@
-"""The fused layer's decode prep inside the cuda decode's one extension call (csrc/mla_layer_prep.cu, bindings.cpp
-``layer_decode``, backends/triton/mla_core_triton/layer.py ``CUDA_PREP``) against the Triton prep.
+"""The fused layer's decode prep inside the decode backend's own call (``Backend.run_decode_with_prep`` with a
+``specs.LayerDecodePrep``; the cuda backend's: csrc/mla_layer_prep.cu, bindings.cpp ``layer_decode``;
+backends/triton/mla_core_triton/layer.py ``CUDA_PREP``) against the Triton prep.
 
-CPU: the layer's routing (which steps take the cuda call, with which arguments) with a stand-in backend whose
-``layer_decode`` runs the Triton prep on the arguments it was given, so the two paths must agree bit for bit; the
+CPU: the layer's routing (which steps take the in-call prep, with which arguments) with a stand-in backend whose
+``run_decode_with_prep`` runs the Triton prep on the prep it was given, so the two paths must agree bit for bit; the
 plan-to-kernel mapping of the launcher. ``-m gpu`` (H100 / H200): the CUDA prep against the Triton prep at
 DeepSeek-V3 sizes (512 + 64 latent rows, 16 and 128 heads), every buffer the layer allocates NaN-poisoned: the new
 cache rows, the absorbed query, the key counts and the outputs bit-equal (benchmarks/NOTES.md, "Eager decode: the
@@ -14,6 +15,9 @@ import types
 
 import pytest
 import torch
+
+import mla_core
+from mla_core import specs
 
 from test_layer import make_case, run
 
@@ -47,26 +51,26 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 class StandIn:
-    """A backend with ``layer_decode``: runs the Triton prep on exactly the arguments it receives, then the real
-    backend's decode (what the extension's layer_decode does, in Python)."""
+    """A backend with ``decode_with_prep``: runs the Triton prep on exactly the prep it receives, then the real
+    backend's decode (what the cuda extension's layer_decode does, in Python)."""
     name = "stand_in"
 
     def __init__(self, real, layer):
         self.real, self.layer, self.calls = real, layer, []
 
-    def layer_prep_reason(self):
+    def decode_prep_reason(self):
         return None
 
     def run(self, problem, inner, config):
         return self.real.run(problem, inner, config)
 
-    def layer_decode(self, problem, inner, config, prep):
-        q_src, kv, offsets, starts, freqs, gamma, eps, interleave, _, _ = prep
+    def run_decode_with_prep(self, problem, inner, config, prep):
         latent, rope = problem["kv_lora_rank"], problem["rope_dim"]
         call = types.SimpleNamespace(
-            q=q_src, kv=kv, latent_cache=inner.latent_cache, block_table=inner.block_table,
-            input_row_offsets=offsets, cache_offsets=starts, freqs_cis=freqs, kv_norm_gamma=gamma, epsilon=eps,
-            nope_dim=q_src.shape[2] - rope, rope_dim=rope, kv_lora_rank=latent, rope_interleave=interleave)
+            q=prep.q_src, kv=prep.kv, latent_cache=inner.latent_cache, block_table=inner.block_table,
+            input_row_offsets=prep.input_row_offsets, cache_offsets=prep.cache_offsets, freqs_cis=prep.freqs_cis,
+            kv_norm_gamma=prep.kv_norm_gamma, epsilon=prep.epsilon, nope_dim=prep.q_src.shape[2] - rope,
+            rope_dim=rope, kv_lora_rank=latent, rope_interleave=prep.rope_interleave)
         self.layer._prep(call, inner.q, latent, False, None, inner.seq_lens, {"num_warps": 4})
         self.calls.append(prep)
         return self.real.run(problem, inner, config)
@@ -103,7 +107,7 @@ def _decode_case(dtype=torch.bfloat16, starts=(0, 3, 4, 9), **kw):
 
 @pytest.mark.parametrize("dtype,interleave", [(torch.bfloat16, True), (torch.float16, False)])
 def test_cuda_prep_route_matches_triton_prep(monkeypatch, layer, recorded, stand_in, dtype, interleave):
-    """One token per request: the step goes through layer_decode once, with the call's own tensors and scalars,
+    """One token per request: the step goes through run_decode_with_prep once, with the call's own tensors and scalars,
     and its cache, absorbed query, key counts and output are the Triton prep path's, bit for bit."""
     case, weights = _decode_case(dtype)
     monkeypatch.setattr(layer, "CUDA_PREP", False)
@@ -115,7 +119,11 @@ def test_cuda_prep_route_matches_triton_prep(monkeypatch, layer, recorded, stand
     out_b, cache_b = run(case, weights, backend="triton", rope_interleave=interleave)
     calls = stand_in["backend"].calls
     assert len(calls) == 1
-    q_src, kv, offsets, starts, freqs, gamma, eps, inter, *order = calls[0]
+    p = calls[0]
+    q_src, kv, offsets, starts, freqs, gamma, eps, inter = (
+        p.q_src, p.kv, p.input_row_offsets, p.cache_offsets, p.freqs_cis, p.kv_norm_gamma, p.epsilon,
+        p.rope_interleave)
+    order = (p.sum_order, p.rope_order)
     assert torch.equal(q_src, case["q"]) and torch.equal(kv, case["kv"]) and torch.equal(freqs, case["freqs_cis"])
     assert torch.equal(offsets, case["input_row_offsets"]) and torch.equal(starts, case["cache_offsets"])
     assert torch.equal(gamma, case["kv_norm_gamma"]) and eps == case["epsilon"] and inter is interleave
@@ -127,7 +135,7 @@ def test_cuda_prep_route_matches_triton_prep(monkeypatch, layer, recorded, stand
 
 
 def test_triton_prep_where_a_request_has_no_token(monkeypatch, layer, recorded, stand_in):
-    """Fewer tokens than requests (per-token tables): the Triton prep, never layer_decode."""
+    """Fewer tokens than requests (per-token tables): the Triton prep, never run_decode_with_prep."""
     case, weights = make_case([1, 0, 1], [2, 5, 4], dtype=torch.bfloat16, seed=6)
     monkeypatch.setattr(layer, "CUDA_PREP", True)
     run(_aligned_kv(case), weights, backend="triton")
@@ -149,18 +157,18 @@ def _prep_call(**over):
     return call
 
 
-def test_cuda_prep_args_layouts(monkeypatch, layer):
-    """The CUDA prep runs only with the switch on, on a backend with a usable layer_decode, over a bf16 / fp16
+def test_prep_in_decode_layouts(monkeypatch, layer):
+    """The in-call prep runs only with the switch on, on a backend offering decode_with_prep, over a bf16 / fp16
     cache, float32 freqs, a contiguous gamma (float32 / bf16 / fp16), offsets and block-table rows, kv rows 16-byte
     aligned with a stride a multiple of 16 (Triton's vectorized layout, whose summation order the CUDA prep has)."""
-    backend = types.SimpleNamespace(layer_decode=lambda *a: None, layer_prep_reason=lambda: None)
+    backend = types.SimpleNamespace(decode_prep_reason=lambda: None)
     monkeypatch.setattr(layer, "CUDA_PREP", True)
     call = _prep_call()
-    args = layer._cuda_prep_args(call, backend)
-    assert args == (call.q, call.kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, call.kv_norm_gamma,
-                    1e-6, True, *layer._PREP_ORDER)
-    assert layer._cuda_prep_args(_prep_call(kv_norm_gamma=torch.ones(32)), backend) is not None
-    assert layer._cuda_prep_args(_prep_call(latent_cache=torch.zeros(3, 4, 40, dtype=torch.float16)),
+    prep = layer._prep_in_decode(call, backend)
+    assert prep == specs.LayerDecodePrep(call.q, call.kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis,
+                                         call.kv_norm_gamma, 1e-6, True, *layer._PREP_ORDER)
+    assert layer._prep_in_decode(_prep_call(kv_norm_gamma=torch.ones(32)), backend) is not None
+    assert layer._prep_in_decode(_prep_call(latent_cache=torch.zeros(3, 4, 40, dtype=torch.float16)),
                                  backend) is not None
     refused = [dict(latent_cache=torch.zeros(3, 4, 40)), dict(freqs_cis=torch.zeros(9, 8, dtype=torch.float64)),
                dict(kv_norm_gamma=torch.ones(64, dtype=torch.bfloat16)[::2]),
@@ -172,15 +180,15 @@ def test_cuda_prep_args_layouts(monkeypatch, layer):
                dict(kv=torch.zeros(2 * 48 + 1, dtype=torch.bfloat16)[1:].view(2, 48)),   # 2 bytes past 16
                dict(kv_norm_gamma=torch.ones(33, dtype=torch.bfloat16)[1:]),
                dict(latent_cache=torch.zeros(3 * 4 * 40 + 1, dtype=torch.bfloat16)[1:].view(3, 4, 40))]
-    assert layer._cuda_prep_args(_prep_call(kv=torch.zeros(2, 64, dtype=torch.bfloat16)[:, :40]), backend) \
+    assert layer._prep_in_decode(_prep_call(kv=torch.zeros(2, 64, dtype=torch.bfloat16)[:, :40]), backend) \
         is not None                                                        # row stride 64, aligned: yes
     for over in refused:
-        assert layer._cuda_prep_args(_prep_call(**over), backend) is None, over
-    assert layer._cuda_prep_args(call, types.SimpleNamespace(name="triton")) is None
-    old = types.SimpleNamespace(layer_decode=lambda *a: None, layer_prep_reason=lambda: "no layer_decode")
-    assert layer._cuda_prep_args(call, old) is None
+        assert layer._prep_in_decode(_prep_call(**over), backend) is None, over
+    assert layer._prep_in_decode(call, mla_core.Backend()) is None       # the base: no decode_with_prep
+    old = types.SimpleNamespace(decode_prep_reason=lambda: "no layer_decode")
+    assert layer._prep_in_decode(call, old) is None
     monkeypatch.setattr(layer, "CUDA_PREP", False)
-    assert layer._cuda_prep_args(call, backend) is None
+    assert layer._prep_in_decode(call, backend) is None
 
 
 def test_switch_from_the_environment(monkeypatch, layer):
@@ -240,12 +248,12 @@ def _both(monkeypatch, layer, recorded, case, weights, expect_cuda=True, **over)
     ``expect_cuda`` False, that the Triton prep ran both times)."""
     from mla_core_cuda import backend as cuda_backend
     ran = []
-    real = cuda_backend.CudaBackend.layer_decode
+    real = cuda_backend.CudaBackend.decode_with_prep
 
     def counted(self, *a):
         ran.append(1)
         return real(self, *a)
-    monkeypatch.setattr(cuda_backend.CudaBackend, "layer_decode", counted)
+    monkeypatch.setattr(cuda_backend.CudaBackend, "decode_with_prep", counted)
     results = []
     for on in (False, True):
         monkeypatch.setattr(layer, "CUDA_PREP", on)

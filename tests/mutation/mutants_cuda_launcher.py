@@ -35,8 +35,8 @@ MUTANTS = [
          tests=["tests/test_layer_cuda_prep.py -k layer_kernel"],
          why="a keys-as-M plan runs the 64-head WGMMA kernel inside layer_decode"),
     dict(file="backends/cuda/mla_core_cuda/backend.py",
-         old="        result = decode.run(self._module(), call, dict(config), prep)",
-         new="        result = decode.run(self._module(), call, dict(config))",
+         old="        return decode.run(self._module(), call, config, prep)",
+         new="        return decode.run(self._module(), call, config)",
          tests=["-m gpu tests/test_layer_cuda_prep.py -k 'bit_equal and 16-64'"], gpu=True,
          why="the prep's tensors dropped: the decode runs on the poisoned absorbed query and key counts"),
 ]

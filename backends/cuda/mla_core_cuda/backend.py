@@ -48,7 +48,7 @@ class CudaBackend(mla_core.Backend):
     device_types = frozenset({"cuda"})
     description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
                    "decode, FP8 top-k sparse decode, varlen prefill (q/k 192, v 128); the fused layer's decode prep "
-                   "inside the decode call (layer_decode)")
+                   "inside the decode call (decode_with_prep)")
     capabilities = {
         "decode": OpCapability(
             limits={"dtype": frozenset({"bfloat16", "float16", decode.FP8_CACHE}),
@@ -157,22 +157,18 @@ class CudaBackend(mla_core.Backend):
     def decode(self, call, config):
         return decode.run(self._module(), call, config)
 
-    def layer_prep_reason(self) -> str | None:
-        """Why the fused layer's decode cannot run its prep inside this backend's decode call (the extension was
-        built from a csrc/ without ``layer_decode``: an A/B base snapshot), or None."""
+    def decode_prep_reason(self) -> str | None:
+        """None when the built extension has ``layer_decode`` (the layer's prep and the decode in one call), else why
+        not (an extension built from a csrc/ without mla_layer_prep.cu: an A/B base snapshot)."""
         if not hasattr(self._module(), "layer_decode"):
             return "the built extension has no layer_decode (csrc/ from before mla_layer_prep.cu)"
         return None
 
-    def layer_decode(self, problem, call, config, prep: tuple):
-        """The fused layer's decode (backends/triton/mla_core_triton/layer.py) with its prep inside this backend's one
-        extension call (:func:`decode.run` with ``prep``); the result checks of :meth:`run` in ``full`` mode. The
-        caller (the layer) checked the prep's layout: bf16 / fp16 cache, one token per request, float32 freqs."""
-        from mla_core import backend as backend_api
-        result = decode.run(self._module(), call, dict(config), prep)
-        if backend_api._result_checks_on(call):
-            backend_api.check_result(self.name, problem, call, result)
-        return result
+    def decode_with_prep(self, call, config, prep):
+        """:meth:`decode` with the fused layer's prep (:class:`mla_core.specs.LayerDecodePrep`) in the same extension
+        call (:func:`decode.run` with ``prep``). The caller (the layer) checked the prep's layout: bf16 / fp16 cache,
+        one token per request, float32 freqs, aligned rows."""
+        return decode.run(self._module(), call, config, prep)
 
     def sparse_decode(self, call, config):
         from . import sparse

@@ -22,7 +22,7 @@ import math
 import torch
 
 from mla_core import numerics
-from mla_core.specs import DecodeCall, decode_num_splits, sm_count
+from mla_core.specs import DecodeCall, LayerDecodePrep, decode_num_splits, sm_count
 
 from .launch_args import EXACT_DIV_FREE_RANGE, f32
 
@@ -182,14 +182,13 @@ def _layer_kernel(entry: str, args: tuple) -> tuple:
     return (2 if len(args) == 12 and args[-1] else 1), 0, 0
 
 
-def run(module, call: DecodeCall, config: dict, prep: tuple | None = None):
+def run(module, call: DecodeCall, config: dict, prep: LayerDecodePrep | None = None):
     """Decode with the built extension ``module``: one call of its ``decode_wgmma`` or ``decode`` (split kernel and
     combine), with the launch constants of :func:`_plan` (cached per key: a repeated shape reads one dict).
 
-    ``prep`` (the fused layer's decode step, backends/triton/mla_core_triton/layer.py): the tensors and scalars of the
-    layer's CUDA prep ``(q_src, kv, input_row_offsets, cache_offsets, freqs_cis, kv_norm_gamma, epsilon,
-    rope_interleave, sum_order, rope_order)``; then the one call is the extension's ``layer_decode``: the prep (the new cache rows, q_rope
-    into ``call.q``'s columns 512.., the key counts into ``call.seq_lens``) and this decode, on the same stream.
+    ``prep`` (the fused layer's decode step): then the one call is the extension's ``layer_decode``: the prep (the
+    new cache rows, q_rope into ``call.q``'s columns 512.., the key counts into ``call.seq_lens``) and this decode,
+    on the same stream.
 
     Returns (out [batch, heads, 512] in ``call.out_dtype``, lse [batch, heads] float32 natural log, or None).
     """
@@ -213,7 +212,9 @@ def run(module, call: DecodeCall, config: dict, prep: tuple | None = None):
         part_o = torch.empty(parts[0], dtype=torch.float32, device=device)
         part_lse = torch.empty(parts[1], dtype=torch.float32, device=device)
     if prep is not None:
-        module.layer_decode(*prep, q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse,
+        module.layer_decode(prep.q_src, prep.kv, prep.input_row_offsets, prep.cache_offsets, prep.freqs_cis,
+                            prep.kv_norm_gamma, prep.epsilon, prep.rope_interleave, prep.sum_order, prep.rope_order,
+                            q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse,
                             *args[:11], *_layer_kernel(entry, args))
         return out, lse
     getattr(module, entry)(q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, *args)

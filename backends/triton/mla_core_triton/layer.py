@@ -314,10 +314,13 @@ def _cuda_prep_switch() -> bool:
 
 
 CUDA_PREP = _cuda_prep_switch()
-"""The switch of the decode's CUDA prep (read each call; the environment variable ``MLA_CORE_LAYER_CUDA_PREP=0`` sets
-it False at import): when True and the decode's attention runs on the cuda backend, the prep runs inside that
-backend's one extension call (csrc/mla_layer_prep.cu, bit-equal to :func:`_prep_kernel`) instead of as a Triton
-launch of its own (~75-90 us of host time a step on the H200); else, and for every other case, the Triton prep."""
+"""The switch of the decode's in-call prep (read each call; the environment variable ``MLA_CORE_LAYER_CUDA_PREP=0``
+sets it False at import): when True and the backend dispatch chose for the decode's attention offers
+``decode_with_prep`` (:meth:`mla_core.Backend.decode_prep_reason`; today the cuda backend, csrc/mla_layer_prep.cu),
+the prep runs inside that backend's own call, bit-equal to :func:`_prep_kernel`, instead of as a Triton launch of
+its own (~60-70 us of host time a step on the H200); else, and for every other case, the Triton prep."""
+
+
 def _prep_order(version: str) -> tuple[int, int]:
     """(sum_order, rope_order) of the CUDA prep equal to the Triton prep of Triton ``version`` (csrc/mla_layer_prep.cu):
     a thread's squares summed as a tree from 3.7 (triton-lang/triton#9220) and as a left fold before; the rope
@@ -338,14 +341,14 @@ _PREP_DTYPES = (torch.bfloat16, torch.float16)
 _GAMMA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _cuda_prep_args(call, backend) -> tuple | None:
-    """The prep's part of the cuda backend's ``layer_decode`` call (:func:`_decode`, one token per request), or None
-    when the Triton prep runs: the switch off, another attention backend, an extension without the entry, or a layout
-    the CUDA prep does not take (cache dtype other than bf16 / fp16, freqs not float32, gamma, offsets or the block
-    table's rows not contiguous, kv not 16-byte aligned or its row stride not a multiple of 16: Triton then loads the
-    row one element per thread and sums the squares in another order than the CUDA prep's; gamma or the cache not
-    16-byte aligned: a layout Triton could pick for the row then was not read from its PTX)."""
-    if not CUDA_PREP or getattr(backend, "layer_decode", None) is None or backend.layer_prep_reason() is not None:
+def _prep_in_decode(call, backend) -> specs.LayerDecodePrep | None:
+    """The prep of :func:`_decode` (one token per request) for ``backend.run_decode_with_prep``, or None when the
+    Triton prep runs: the switch off, a backend without the path, or a layout whose Triton prep order the
+    :class:`~mla_core.specs.LayerDecodePrep` orders do not name (cache dtype other than bf16 / fp16, freqs not
+    float32, gamma, offsets or the block table's rows not contiguous, kv not 16-byte aligned or its row stride not a
+    multiple of 16: Triton then loads the row one element per thread and sums the squares in another order; gamma
+    or the cache not 16-byte aligned: a layout Triton could pick for the row then was not read from its PTX)."""
+    if not CUDA_PREP or backend.decode_prep_reason() is not None:
         return None
     gamma, table, kv = call.kv_norm_gamma, call.block_table, call.kv
     if (call.latent_cache.dtype not in _PREP_DTYPES or call.freqs_cis.dtype != torch.float32
@@ -354,8 +357,8 @@ def _cuda_prep_args(call, backend) -> tuple | None:
             or gamma.dtype not in _GAMMA_DTYPES or not gamma.is_contiguous() or table.stride(1) != 1
             or not call.input_row_offsets.is_contiguous() or not call.cache_offsets.is_contiguous()):
         return None
-    return (call.q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, gamma, call.epsilon,
-            call.rope_interleave, *_PREP_ORDER)
+    return specs.LayerDecodePrep(call.q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, gamma,
+                                 call.epsilon, call.rope_interleave, *_PREP_ORDER)
 
 
 def _decode(call, config):
@@ -372,9 +375,9 @@ def _decode(call, config):
         tok_table = key_table = _new_output((tokens, call.block_table.shape[1]), call.block_table.dtype, q.device)
     problem, inner = _inner_decode(call, q_dec, key_table, key_len)
     choice = dispatch.choose(problem, call.attention_backend)    # reads no tensor: the prep may run after it
-    prep = _cuda_prep_args(call, choice.backend) if tok_table is None else None
-    if prep is not None:    # the prep inside the cuda decode's one extension call
-        o_lat, lse = choice.backend.layer_decode(problem, inner, choice.config, prep)
+    prep = _prep_in_decode(call, choice.backend) if tok_table is None else None
+    if prep is not None:    # the prep inside the decode backend's own call
+        o_lat, lse = choice.backend.run_decode_with_prep(problem, inner, choice.config, prep)
     else:
         _prep(call, q_dec, latent, False, tok_table, key_len, config)
         o_lat, lse = choice.backend.run(problem, inner, choice.config)
