@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mla_decode.h"
+#include "mla_layer_prep.h"
 #include "mla_prefill.h"
 #include "mla_sparse.h"
 
@@ -487,6 +488,117 @@ void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor
   const cudaError_t err = mla_core_cuda::launch_prefill_fp8(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda fp8 prefill launch failed: ", cudaGetErrorString(err));
 }
+// The fused layer's decode step after its q_nope GEMM, in one call (backends/cuda/mla_core_cuda/decode.py, run with
+// ``prep``): the prep (mla_layer_prep.cu: the new cache rows, q_rope rotated into q's columns 512..575, each token's
+// key count into seq_lens), then the decode kernel ``kernel`` (0: mma.sync with head_tiles / warps, 1: WGMMA, 2: its
+// keys-as-M variant) with its split and combine, all on the current stream. sum_order / rope_order: the float32
+// operation order of the Triton version whose prep this one must equal (mla_layer_prep.cu). One token per request (the layer's
+// max_seq_len 1): token t of q_src / kv is request t. q_src [tokens, heads, nope + 64] and kv [tokens, 576] in the
+// cache dtype (bf16 / fp16), last dims contiguous; offsets [tokens + 1] and starts [tokens] int32 / int64 contiguous;
+// kv 16-byte aligned with a row stride a multiple of 16, gamma and the cache 16-byte aligned; freqs float32 [max_pos, 64] rows contiguous; gamma [512] float32 / bf16 / fp16 contiguous; the cache contiguous;
+// the block table's rows contiguous; seq_lens int32 [tokens] contiguous (written by the prep). Every check runs
+// before the first launch.
+void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tensor& offsets, const at::Tensor& starts,
+                  const at::Tensor& freqs, const at::Tensor& gamma, double eps, bool interleave, int64_t sum_order,
+                  int64_t rope_order,
+                  const at::Tensor& q,
+                  const at::Tensor& cache, const at::Tensor& block_table, const at::Tensor& seq_lens, at::Tensor out,
+                  std::optional<at::Tensor> lse, std::optional<at::Tensor> part_o, std::optional<at::Tensor> part_lse,
+                  int64_t num_splits, double qk_scale_log2, double out_scale, double k_scale, double v_scale,
+                  double p_scale, int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div,
+                  int64_t kernel, int64_t head_tiles, int64_t warps) {
+  TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (mma.sync), 1 (WGMMA) or 2 (keys-as-M)");
+  TORCH_CHECK(sum_order >= 0 && sum_order <= 2 && rope_order >= 0 && rope_order <= 1,
+              "sum_order must be 0..2 and rope_order 0..1");
+  mla_core_cuda::DecodeParams p =
+      common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
+  set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
+  TORCH_CHECK(!p.cache_fp8, "the layer's CUDA prep writes bfloat16 / float16 caches");
+  if (kernel == 0) {
+    TORCH_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
+                "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
+    p.head_tiles = static_cast<int>(head_tiles);
+    p.warps = static_cast<int>(warps);
+  } else {
+    p.keys_m = kernel == 2;
+    TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode does not run this call (dtype ", p.dtype,
+                ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ", heads ", p.heads, ", keys_m ", p.keys_m, ")");
+  }
+  const int64_t tokens = q.size(0);
+  const auto dt = cache.scalar_type();
+  TORCH_CHECK(cache.is_contiguous(), "latent_cache must be contiguous");
+  TORCH_CHECK(q_src.is_cuda() && kv.is_cuda() && offsets.is_cuda() && starts.is_cuda() && freqs.is_cuda() &&
+                  gamma.is_cuda(), "the prep's tensors must be on CUDA");
+  TORCH_CHECK(q_src.dim() == 3 && q_src.size(0) == tokens && q_src.size(1) == q.size(1) && q_src.size(2) > 64 &&
+                  q_src.stride(2) == 1 && q_src.scalar_type() == dt,
+              "q_src must be [tokens, heads, nope + 64] in the cache dtype, last dim contiguous");
+  TORCH_CHECK(kv.dim() == 2 && kv.size(0) == tokens && kv.size(1) == 576 && kv.stride(1) == 1 && kv.scalar_type() == dt,
+              "kv must be [tokens, 576] in the cache dtype, last dim contiguous");
+  // the Triton prep's summation order (mla_layer_prep.cu) is its vectorized layout's: 16-byte aligned rows only
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 && kv.stride(0) % 16 == 0,
+              "kv must start on 16 bytes with a row stride a multiple of 16 elements (the Triton prep's layout)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(gamma.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0,
+              "kv_norm_gamma and latent_cache must start on 16 bytes (the Triton prep's layout)");
+  check_index(offsets, "input_row_offsets");
+  check_index(starts, "cache_offsets");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == tokens + 1 && offsets.is_contiguous(),
+              "input_row_offsets must be contiguous [tokens + 1] (one token per request)");
+  TORCH_CHECK(starts.dim() == 1 && starts.size(0) == tokens && starts.is_contiguous(),
+              "cache_offsets must be contiguous [tokens] (one token per request)");
+  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) == tokens && block_table.stride(1) == 1,
+              "block_table must be [tokens, width] with contiguous rows");
+  TORCH_CHECK(freqs.dim() == 2 && freqs.size(0) >= 1 && freqs.size(1) == 64 && freqs.stride(1) == 1 &&
+                  freqs.scalar_type() == at::kFloat, "freqs_cis must be float32 [max_pos, 64], rows contiguous");
+  TORCH_CHECK(gamma.dim() == 1 && gamma.size(0) == 512 && gamma.is_contiguous() &&
+                  (gamma.scalar_type() == at::kFloat || gamma.scalar_type() == at::kBFloat16 ||
+                   gamma.scalar_type() == at::kHalf), "kv_norm_gamma must be contiguous [512] float32 / bf16 / fp16");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == tokens &&
+                  seq_lens.is_contiguous(), "seq_lens must be contiguous int32 [tokens] (the prep writes it)");
+
+  mla_core_cuda::LayerPrepParams lp{};
+  lp.q = q_src.data_ptr();
+  lp.q_stride_t = q_src.stride(0);
+  lp.q_stride_h = q_src.stride(1);
+  lp.kv = kv.data_ptr();
+  lp.kv_stride_t = kv.stride(0);
+  lp.offsets = offsets.data_ptr();
+  lp.offsets_i64 = offsets.scalar_type() == at::kLong;
+  lp.starts = starts.data_ptr();
+  lp.starts_i64 = starts.scalar_type() == at::kLong;
+  lp.freqs = freqs.data_ptr<float>();
+  lp.freqs_stride = freqs.stride(0);
+  lp.max_pos = freqs.size(0);
+  lp.gamma = gamma.data_ptr();
+  lp.gamma_dtype = dtype_code(gamma);
+  lp.cache = cache.data_ptr();
+  lp.num_pages = cache.size(0);
+  lp.page_size = cache.size(1);
+  lp.table = block_table.data_ptr();
+  lp.table_i64 = p.table_i64;
+  lp.table_stride_b = block_table.stride(0);
+  lp.width = block_table.size(1);
+  lp.q_out = q.data_ptr();
+  lp.qo_stride_t = q.stride(0);
+  lp.qo_stride_h = q.stride(1);
+  lp.tok_len = seq_lens.data_ptr<int32_t>();
+  lp.tokens = static_cast<int>(tokens);
+  lp.batch = static_cast<int>(tokens);
+  lp.heads = static_cast<int>(q.size(1));
+  lp.nope = static_cast<int>(q_src.size(2) - 64);
+  lp.eps = static_cast<float>(eps);
+  lp.interleave = interleave;
+  lp.sum_order = static_cast<int>(sum_order);
+  lp.rope_order = static_cast<int>(rope_order);
+  lp.dtype = p.dtype;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  cudaError_t err = mla_core_cuda::launch_layer_prep(lp, stream);
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda layer prep launch failed: ", cudaGetErrorString(err));
+  err = kernel == 0 ? mla_core_cuda::launch_decode(p, stream) : mla_core_cuda::launch_decode_wgmma(p, stream);
+  TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (layer) launch failed: ", cudaGetErrorString(err));
+}
 
 }  // namespace
 
@@ -506,6 +618,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("k_scale"), pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"),
         pybind11::arg("v_fmt"), pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
         pybind11::arg("keys_m") = false);
+  m.def("layer_decode", &layer_decode,
+        "The fused layer's decode step: the CUDA prep, then the decode (see backends/cuda/mla_core_cuda/decode.py)",
+        pybind11::arg("q_src"), pybind11::arg("kv"), pybind11::arg("offsets"), pybind11::arg("starts"),
+        pybind11::arg("freqs"), pybind11::arg("gamma"), pybind11::arg("eps"), pybind11::arg("interleave"),
+        pybind11::arg("sum_order"), pybind11::arg("rope_order"), pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"),
+        pybind11::arg("seq_lens"),
+        pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
+        pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"),
+        pybind11::arg("k_scale"), pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"),
+        pybind11::arg("v_fmt"), pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
+        pybind11::arg("kernel"), pybind11::arg("head_tiles"), pybind11::arg("warps"));
   m.def("sparse_decode_wgmma", &sparse_decode_wgmma,
         "FP8 top-k sparse MLA decode on WGMMA, 576- or 656-byte rows (see backends/cuda/mla_core_cuda/sparse.py)",
         pybind11::arg("query"), pybind11::arg("cache"), pybind11::arg("indices"), pybind11::arg("valid_lens"),

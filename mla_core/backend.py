@@ -13,7 +13,7 @@ import torch
 from . import env
 from .numerics import MAX_KV_SPLITS
 from .problem import OPS, Problem
-from .specs import SPARSE_LATENT
+from .specs import SPARSE_LATENT, LayerDecodePrep
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ class Backend:
     ``sparse_decode(call: SparseDecodeCall, config) -> (out, lse)``.
 
     A method writes into ``call.out`` / ``call.lse`` when they are given, and returns the tensors.
+    Optional: ``decode_with_prep(call: DecodeCall, config, prep: LayerDecodePrep) -> (out, lse | None)``, the fused
+    layer's decode with its prep run inside the backend's own launch (:meth:`run_decode_with_prep`).
     """
 
     name: str = "unnamed"
@@ -156,6 +158,24 @@ class Backend:
         if config is None:
             config = self.configs(problem)[0]
         result = getattr(self, problem.op)(call, dict(config))
+        if _result_checks_on(call):
+            check_result(self.name, problem, call, result)
+        return result
+
+    def decode_prep_reason(self) -> str | None:
+        """Why this backend cannot run the fused layer's decode prep inside its decode call
+        (:meth:`run_decode_with_prep`), or None when it can. Default: it has no such path (no ``decode_with_prep``)."""
+        if getattr(self, "decode_with_prep", None) is None:
+            return f"{self.name} has no decode_with_prep"
+        return None
+
+    def run_decode_with_prep(self, problem: Problem, call: Any, config: Mapping[str, Any],
+                             prep: LayerDecodePrep):
+        """:meth:`run` of a decode whose inputs the fused layer's prep (:class:`~mla_core.specs.LayerDecodePrep`)
+        writes first, inside this backend's own launch; only where :meth:`decode_prep_reason` is None. The backend
+        implements ``decode_with_prep(call: DecodeCall, config, prep) -> (out, lse | None)``; results checked as
+        :meth:`run`'s."""
+        result = self.decode_with_prep(call, dict(config), prep)
         if _result_checks_on(call):
             check_result(self.name, problem, call, result)
         return result

@@ -201,6 +201,35 @@ class DecodeCall:
     kv_scale: float | None = None
 
 
+@dataclass
+class LayerDecodePrep:
+    """The fused layer's decode prep, for a backend that runs it inside its own decode call
+    (:meth:`mla_core.Backend.run_decode_with_prep`) instead of the layer launching it separately.
+
+    One token per request: token t of request t (``input_row_offsets`` [batch + 1] = 0..batch) at position
+    ``cache_offsets[t]``. Before the decode reads them, the prep writes (a) the new cache row of each request:
+    RMSNorm of ``kv[t, :latent]`` with ``kv_norm_gamma`` [latent] and ``epsilon``, then RoPE of ``kv[t, latent:]``
+    with ``freqs_cis`` [positions, rope] float32 (cos | sin halves; ``rope_interleave``: pairs (2i, 2i + 1), else
+    halves), at its page of the decode call's block table; (b) q_src [batch, heads, nope + rope]'s rope part,
+    rotated the same way, into the decode call's ``q[:, :, latent:]``; (c) the decode call's ``seq_lens`` =
+    position + 1. Its float32 arithmetic is the layer's own prep's, operation for operation (docs/layer.md):
+    ``sum_order`` (a thread's four squares: 0 a tree, 1 a left fold from x0, 2 a left fold from x1) and
+    ``rope_order`` (which product of each rotation is fused) name the orders the layer's prep compiles to, so the
+    two paths are bit-equal.
+    """
+
+    q_src: torch.Tensor
+    kv: torch.Tensor
+    input_row_offsets: torch.Tensor
+    cache_offsets: torch.Tensor
+    freqs_cis: torch.Tensor
+    kv_norm_gamma: torch.Tensor
+    epsilon: float
+    rope_interleave: bool
+    sum_order: int
+    rope_order: int
+
+
 DEFAULT_SM_COUNT = 132
 """Multiprocessors assumed off a CUDA device (H100 / H200 SXM): CPU interpreter runs and other device types
 plan their split counts as on the GPU they stand in for."""

@@ -224,6 +224,23 @@ def test_pre_split_source_override(monkeypatch, tmp_path):
     assert build.layout(split) is None
 
 
+def test_split_source_without_layer_prep(tmp_path):
+    """A split csrc/ from before the layer's CUDA prep (main's at round m, an A/B base) builds without
+    mla_layer_prep.cu / .h; one of the two alone is not a csrc/ folder."""
+    split = tmp_path / "split"
+    split.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        if name not in build.LAYER_PREP_FILES:
+            (split / name).write_text(f"// {name}\n")
+    units, headers = build.layout(split)
+    assert "mla_layer_prep.cu" not in units and "mla_layer_prep.h" not in headers and "bindings.cpp" in units
+    assert len(units) == len(build.SOURCES) - 1 and len(headers) == len(build.HEADERS) - 1
+    (split / "mla_layer_prep.cu").write_text("// half of it\n")
+    assert build.layout(split) is None
+    (split / "mla_layer_prep.h").write_text("// the other half\n")
+    assert build.layout(split) == (build.SOURCES, build.HEADERS)
+
+
 def test_cache_dir_private(monkeypatch, tmp_path):
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "deep" / "cache"))
     d = build.build_dir("0123456789abcdef")

@@ -4,7 +4,8 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
 (or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
-``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
+``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``; ``layerprep``: ``LAYER_PREP_SELECTION``),
+``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ producer warp's rows across pages, copied row by row)."""
 KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
+LAYER_PREP_SELECTION = "tests/test_layer_cuda_prep.py -k 'gpu_cuda_prep'"
+"""The layer's CUDA prep (csrc/mla_layer_prep.cu, mutants 57-63): bit-equality against the Triton prep at 16 and 128
+heads, pages 64 and 37, batch 1 and 3, the layouts (fp16, split halves, float32 gamma, int64 indices, sinks, padded
+q heads) and pages outside the cache."""
 
 MUTANTS = [
     dict(file="csrc/mla_decode_mma.cuh",
@@ -322,14 +327,44 @@ MUTANTS = [
 ]
 
 
+LAYER_PREP = "csrc/mla_layer_prep.cu"
+# MUTANT_INDICES 57-63 (run.py ids cuda#58-64): the layer's CUDA prep (round m); each must fail a bit-equality test
+MUTANTS += [
+    dict(file=LAYER_PREP, old="for (int off = 16; off > 0; off >>= 1) s =",
+         new="for (int off = 16; off > 1; off >>= 1) s =",
+         tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="the warp's butterfly stops one step early: half the lanes' squares missing from the RMS"),
+    dict(file=LAYER_PREP, old="  const int64_t col = pos / p.page_size;",
+         new="  const int64_t col = (pos + 1) / p.page_size;",
+         tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="off by one at a page edge: position 63 of page 64 (36 of 37) written into the next page"),
+    dict(file=LAYER_PREP, old="const float sn = p.freqs[row * p.freqs_stride + 2 * lane + 1];",
+         new="const float sn = p.freqs[row * p.freqs_stride + 2 * lane];", tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="the sine read from the cosine's column: every rotation wrong"),
+    dict(file=LAYER_PREP, old="  for (int h = warp; h < p.heads; h += kWarps) {",
+         new="  for (int h = warp; h < p.heads - 1; h += kWarps) {", tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="the last head's q_rope never rotated (the poisoned absorbed query keeps NaN there)"),
+    dict(file=LAYER_PREP,
+         old="b += __syncthreads_count(i < p.batch && load_index(p.offsets, p.offsets_i64, 1 + i) <= t);",
+         new="b += __syncthreads_count(i < p.batch && load_index(p.offsets, p.offsets_i64, 1 + i) < t);",
+         tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="the request search off by one: token t takes request t - 1's position and pages (batch 3)"),
+    dict(file=LAYER_PREP, old="  const int p2 = p.interleave ? 2 * lane + 1 : lane + kHalf;",
+         new="  const int p2 = p.interleave ? 2 * lane + 1 : lane + kHalf - 1;", tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="split halves: the second element of each pair one column early"),
+    dict(file=LAYER_PREP, old="  if (tid == 0) p.tok_len[t] = static_cast<int32_t>(pos + 1);",
+         new="  if (tid == 0) p.tok_len[t] = static_cast<int32_t>(pos);", tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="the key count one short: the new row is not attended to"),
+]
+
 if __name__ == "__main__":
     import os
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm: judge with WGMMA_SELECTION / QDQ_SELECTION /
-    # FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm / layerprep: judge with WGMMA_SELECTION / QDQ_SELECTION /
+    # FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION / LAYER_PREP_SELECTION
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION, "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION,
-              "keysm": KEYS_M_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+              "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))

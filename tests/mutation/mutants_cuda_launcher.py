@@ -27,4 +27,16 @@ MUTANTS = [
     dict(file="backends/cuda/mla_core_cuda/backend.py", old="        self._loaded = module\n", new="",
          tests=[PLAN_TESTS + " -k asked_for_once"],
          why="the loaded extension not kept: every decode asks the build again (host time per eager step)"),
+    # run.py ids cuda_launcher#8-10: the fused layer's decode with its prep inside the extension call (round m)
+    dict(file=DECODE, old="        return 0, args[-2], args[-1]", new="        return 0, args[-1], args[-2]",
+         tests=["tests/test_layer_cuda_prep.py -k layer_kernel"],
+         why="the mma.sync CTA shape handed to layer_decode as (warps, head_tiles)"),
+    dict(file=DECODE, old="    return (2 if len(args) == 12 and args[-1] else 1), 0, 0", new="    return 1, 0, 0",
+         tests=["tests/test_layer_cuda_prep.py -k layer_kernel"],
+         why="a keys-as-M plan runs the 64-head WGMMA kernel inside layer_decode"),
+    dict(file="backends/cuda/mla_core_cuda/backend.py",
+         old="        return decode.run(self._module(), call, config, prep)",
+         new="        return decode.run(self._module(), call, config)",
+         tests=["-m gpu tests/test_layer_cuda_prep.py -k 'bit_equal and 16-64'"], gpu=True,
+         why="the prep's tensors dropped: the decode runs on the poisoned absorbed query and key counts"),
 ]

@@ -47,7 +47,8 @@ class CudaBackend(mla_core.Backend):
     SDPA-cuDNN's in bf16 (benchmarks/NOTES.md, "cuda prefill: the TMA kernel in the library")."""
     device_types = frozenset({"cuda"})
     description = ("CUDA C++ kernels from csrc/ (pybind11, built with ninja on first use): fused fake-quant MLA "
-                   "decode, FP8 top-k sparse decode, varlen prefill (q/k 192, v 128)")
+                   "decode, FP8 top-k sparse decode, varlen prefill (q/k 192, v 128); the fused layer's decode prep "
+                   "inside the decode call (decode_with_prep)")
     capabilities = {
         "decode": OpCapability(
             limits={"dtype": frozenset({"bfloat16", "float16", decode.FP8_CACHE}),
@@ -155,6 +156,19 @@ class CudaBackend(mla_core.Backend):
 
     def decode(self, call, config):
         return decode.run(self._module(), call, config)
+
+    def decode_prep_reason(self) -> str | None:
+        """None when the built extension has ``layer_decode`` (the layer's prep and the decode in one call), else why
+        not (an extension built from a csrc/ without mla_layer_prep.cu: an A/B base snapshot)."""
+        if not hasattr(self._module(), "layer_decode"):
+            return "the built extension has no layer_decode (csrc/ from before mla_layer_prep.cu)"
+        return None
+
+    def decode_with_prep(self, call, config, prep):
+        """:meth:`decode` with the fused layer's prep (:class:`mla_core.specs.LayerDecodePrep`) in the same extension
+        call (:func:`decode.run` with ``prep``). The caller (the layer) checked the prep's layout: bf16 / fp16 cache,
+        one token per request, float32 freqs, aligned rows."""
+        return decode.run(self._module(), call, config, prep)
 
     def sparse_decode(self, call, config):
         from . import sparse

@@ -22,7 +22,7 @@ import math
 import torch
 
 from mla_core import numerics
-from mla_core.specs import DecodeCall, decode_num_splits, sm_count
+from mla_core.specs import DecodeCall, LayerDecodePrep, decode_num_splits, sm_count
 
 from .launch_args import EXACT_DIV_FREE_RANGE, f32
 
@@ -174,9 +174,21 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     return plan
 
 
-def run(module, call: DecodeCall, config: dict):
+def _layer_kernel(entry: str, args: tuple) -> tuple:
+    """(kernel, head_tiles, warps) of a plan for the extension's ``layer_decode``: 0 mma.sync (its CTA shape), 1 WGMMA,
+    2 keys-as-M."""
+    if entry == "decode":
+        return 0, args[-2], args[-1]
+    return (2 if len(args) == 12 and args[-1] else 1), 0, 0
+
+
+def run(module, call: DecodeCall, config: dict, prep: LayerDecodePrep | None = None):
     """Decode with the built extension ``module``: one call of its ``decode_wgmma`` or ``decode`` (split kernel and
     combine), with the launch constants of :func:`_plan` (cached per key: a repeated shape reads one dict).
+
+    ``prep`` (the fused layer's decode step): then the one call is the extension's ``layer_decode``: the prep (the
+    new cache rows, q_rope into ``call.q``'s columns 512.., the key counts into ``call.seq_lens``) and this decode,
+    on the same stream.
 
     Returns (out [batch, heads, 512] in ``call.out_dtype``, lse [batch, heads] float32 natural log, or None).
     """
@@ -199,5 +211,11 @@ def run(module, call: DecodeCall, config: dict):
     else:   # scratch of this call (a buffer kept across calls would be shared by streams and CUDA graphs)
         part_o = torch.empty(parts[0], dtype=torch.float32, device=device)
         part_lse = torch.empty(parts[1], dtype=torch.float32, device=device)
+    if prep is not None:
+        module.layer_decode(prep.q_src, prep.kv, prep.input_row_offsets, prep.cache_offsets, prep.freqs_cis,
+                            prep.kv_norm_gamma, prep.epsilon, prep.rope_interleave, prep.sum_order, prep.rope_order,
+                            q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse,
+                            *args[:11], *_layer_kernel(entry, args))
+        return out, lse
     getattr(module, entry)(q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, *args)
     return out, lse

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import re
 import weakref
 
 import torch
@@ -274,13 +276,13 @@ its tensors) (at most :data:`_DECODE_CALLS_MAX` keys; cleared when full)."""
 _DECODE_CALLS_MAX = 256
 
 
-def _attention(call, q_dec, key_table, key_len):
-    """:func:`mla_core.mla_decode` of the absorbed query (o_lat [T, H, latent], lse [T, H]) without its per-call checks.
+def _inner_decode(call, q_dec, key_table, key_len):
+    """(Problem, DecodeCall) of :func:`mla_core.mla_decode` of the absorbed query without its per-call checks.
 
     Its metadata checks (:func:`mla_core.specs.validate_decode`) run once per key of everything they read (each
     tensor's shape, dtype, device and strides, the scalars); a hit reuses that Problem and the validated call's
     other fields with this call's tensors. Its content checks are skipped as inside :func:`values_checked`: the
-    layer checked offsets, lengths and pages, and these tensors are derived from them. Dispatch runs every call.
+    layer checked offsets, lengths and pages, and these tensors are derived from them.
     """
     cache = call.latent_cache
     key = (tuple([(t.shape, t.dtype, t.device, t.stride()) for t in (q_dec, cache, key_table, key_len)]),
@@ -299,9 +301,64 @@ def _attention(call, q_dec, key_table, key_len):
                         if f.name not in ("q", "latent_cache", "block_table", "seq_lens")}
         _DECODE_CALLS[key] = hit
     problem, fields = hit
-    inner = specs.DecodeCall(q=q_dec, latent_cache=cache, block_table=key_table, seq_lens=key_len, **fields)
-    choice = dispatch.choose(problem, call.attention_backend)
-    return choice.backend.run(problem, inner, choice.config)
+    return problem, specs.DecodeCall(q=q_dec, latent_cache=cache, block_table=key_table, seq_lens=key_len, **fields)
+
+
+def _cuda_prep_switch() -> bool:
+    """``MLA_CORE_LAYER_CUDA_PREP``: unset or 1 (the CUDA prep where it applies), 0 (the Triton prep always)."""
+    raw = os.environ.get("MLA_CORE_LAYER_CUDA_PREP", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"MLA_CORE_LAYER_CUDA_PREP={raw!r}: expected 0 (the Triton prep) or 1 (the CUDA prep "
+                         "inside the cuda decode call where it applies)")
+    return raw != "0"
+
+
+CUDA_PREP = _cuda_prep_switch()
+"""The switch of the decode's in-call prep (read each call; the environment variable ``MLA_CORE_LAYER_CUDA_PREP=0``
+sets it False at import): when True and the backend dispatch chose for the decode's attention offers
+``decode_with_prep`` (:meth:`mla_core.Backend.decode_prep_reason`; today the cuda backend, csrc/mla_layer_prep.cu),
+the prep runs inside that backend's own call, bit-equal to :func:`_prep_kernel`, instead of as a Triton launch of
+its own (~60-70 us of host time a step on the H200); else, and for every other case, the Triton prep."""
+
+
+def _prep_order(version: str) -> tuple[int, int]:
+    """(sum_order, rope_order) of the CUDA prep equal to the Triton prep of Triton ``version`` (csrc/mla_layer_prep.cu):
+    a thread's squares summed as a tree from 3.7 (triton-lang/triton#9220) and as a left fold before; the rope
+    products fused as 3.9's PTX shows. ``MLA_CORE_LAYER_PREP_ORDER="S,R"`` overrides both (a device whose Triton
+    fuses otherwise; benchmarks/run_layer_prep_ab.sh searches them when a bit-equality test fails)."""
+    raw = os.environ.get("MLA_CORE_LAYER_PREP_ORDER", "").strip()
+    if raw:
+        match = re.fullmatch(r"([012]),([01])", raw)
+        if match is None:
+            raise ValueError(f"MLA_CORE_LAYER_PREP_ORDER={raw!r}: expected 'S,R' with S in 0..2 and R in 0..1")
+        return int(match.group(1)), int(match.group(2))
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", version).groups())
+    return (1 if (major, minor) < (3, 7) else 0), 0
+
+
+_PREP_ORDER = _prep_order(triton.__version__)
+_PREP_DTYPES = (torch.bfloat16, torch.float16)
+_GAMMA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _prep_in_decode(call, backend) -> specs.LayerDecodePrep | None:
+    """The prep of :func:`_decode` (one token per request) for ``backend.run_decode_with_prep``, or None when the
+    Triton prep runs: the switch off, a backend without the path, or a layout whose Triton prep order the
+    :class:`~mla_core.specs.LayerDecodePrep` orders do not name (cache dtype other than bf16 / fp16, freqs not
+    float32, gamma, offsets or the block table's rows not contiguous, kv not 16-byte aligned or its row stride not a
+    multiple of 16: Triton then loads the row one element per thread and sums the squares in another order; gamma
+    or the cache not 16-byte aligned: a layout Triton could pick for the row then was not read from its PTX)."""
+    if not CUDA_PREP or backend.decode_prep_reason() is not None:
+        return None
+    gamma, table, kv = call.kv_norm_gamma, call.block_table, call.kv
+    if (call.latent_cache.dtype not in _PREP_DTYPES or call.freqs_cis.dtype != torch.float32
+            or kv.data_ptr() % 16 or kv.stride(0) % 16      # the Triton prep's vectorized (summation) layout
+            or gamma.data_ptr() % 16 or call.latent_cache.data_ptr() % 16
+            or gamma.dtype not in _GAMMA_DTYPES or not gamma.is_contiguous() or table.stride(1) != 1
+            or not call.input_row_offsets.is_contiguous() or not call.cache_offsets.is_contiguous()):
+        return None
+    return specs.LayerDecodePrep(call.q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, gamma,
+                                 call.epsilon, call.rope_interleave, *_PREP_ORDER)
 
 
 def _decode(call, config):
@@ -316,8 +373,14 @@ def _decode(call, config):
         key_table, tok_table = call.block_table, None
     else:
         tok_table = key_table = _new_output((tokens, call.block_table.shape[1]), call.block_table.dtype, q.device)
-    _prep(call, q_dec, latent, False, tok_table, key_len, config)
-    o_lat, lse = _attention(call, q_dec, key_table, key_len)
+    problem, inner = _inner_decode(call, q_dec, key_table, key_len)
+    choice = dispatch.choose(problem, call.attention_backend)    # reads no tensor: the prep may run after it
+    prep = _prep_in_decode(call, choice.backend) if tok_table is None else None
+    if prep is not None:    # the prep inside the decode backend's own call
+        o_lat, lse = choice.backend.run_decode_with_prep(problem, inner, choice.config, prep)
+    else:
+        _prep(call, q_dec, latent, False, tok_table, key_len, config)
+        o_lat, lse = choice.backend.run(problem, inner, choice.config)
     out = _new_output((tokens, heads, call.v_dim), q.dtype, q.device)
     torch.bmm(o_lat.transpose(0, 1), _w_uv(call, dtype).transpose(1, 2), out=out.transpose(0, 1))
     return _sinks(out, lse, call.attn_sinks)
