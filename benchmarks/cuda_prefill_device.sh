@@ -8,8 +8,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 cd "$(dirname "$0")/.."
-t0=$(date +%s)
-stamp() { echo "--- $1 done at +$(( $(date +%s) - t0 )) s"; }
+. benchmarks/device_clock.sh   # t0, stamp, left, cap
 prep=
 if [ "${MUTANTS:-1}" = 1 ]; then
   PYTHONPATH=$PWD/backends/cuda nice -n 10 python3 tests/mutation/mutants_cuda_prefill.py --prepare >/tmp/prefill_mutant_builds.log 2>&1 &

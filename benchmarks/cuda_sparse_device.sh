@@ -7,8 +7,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 cd "$(dirname "$0")/.."
-t0=$(date +%s)
-stamp() { echo "--- $1 done at +$(( $(date +%s) - t0 )) s"; }
+. benchmarks/device_clock.sh   # t0, stamp, left, cap
 MUTANTS=${MUTANTS:-1}  # 0: no mutants (a shorter call)
 prep=
 if [ "$MUTANTS" = 1 ]; then

@@ -16,8 +16,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-$(mktemp -d)}
-t0=$(date +%s)
-stamp() { echo "--- $1 done at +$(( $(date +%s) - t0 )) s"; }
+. benchmarks/device_clock.sh   # t0, stamp, left, cap
 echo "commit ${MLA_COMMIT:-unknown}, A ${A_DIR:?A_DIR}"
 [ -f "$A_DIR/csrc/mla_prefill_wgmma.cu" ] && [ -f "$A_DIR/backends/cuda/mla_core_cuda/prefill.py" ] \
   || { echo "A_DIR holds no csrc/ and backends/cuda/mla_core_cuda/ (see the preparation above)"; exit 2; }

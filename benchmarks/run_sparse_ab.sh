@@ -16,8 +16,7 @@ set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-/tmp}
-t0=$(date +%s)
-stamp() { echo "--- $1 done at +$(( $(date +%s) - t0 )) s"; }
+. benchmarks/device_clock.sh   # t0, stamp, left, cap
 echo "commit ${MLA_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 if [ -z "${A_SRC:-}" ] && [ -n "${A_REV:-}" ]; then
