@@ -355,6 +355,19 @@ def test_p_nvfp4_register_layout_emulation(monkeypatch):
     assert module.main() == 0
 
 
+def test_q_nvfp4_swizzle_emulation():
+    """The kernel's Q NVFP4 step (q_nvfp4: every aligned 32-byte unit of the 128-byte-swizzled Q tile one block),
+    emulated on the CPU over a warpgroup's 64 x 192 rows, gives the pre-pass's values (numerics.nvfp4_unscaled along
+    features) bit for bit, and mutant 35's unit layout does not (benchmarks/probes/q_nvfp4_swizzle_emulation.py)."""
+    import importlib.util
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("q_nvfp4_emulation",
+                                                  root / "benchmarks/probes/q_nvfp4_swizzle_emulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main() == 0
+
+
 def test_p_scale_outside_the_division_free_range_takes_ieee_division():
     inputs = make_inputs([(3, 3)], 1, 1, device="cpu")
     rec = _Recorder()
