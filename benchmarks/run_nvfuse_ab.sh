@@ -8,7 +8,7 @@
 #      (control: SASS-identical kernel), nvfp4 (p_fmt 3, q_fmt 3) and nvfp4-ieee (p_fmt 4) at 4x4096, 1x16384,
 #      ragged16, cuDNN SDPA beside the dense nvfp4 rows; then the pre-pass launches alone (rows q+k, rows k, keys v:
 #      each build's own); B's outputs equal to A's bit for bit (exit 1 if not);
-#   3. B's nvfp4 GPU tests of tests/test_cuda_prefill.py (-k "nvfp4 or q_codes": 18 + 3 cases) with what is left;
+#   3. B's nvfp4 GPU tests of tests/test_cuda_prefill.py (-k "nvfp4 or q_codes": 17 + 3 cases) with what is left;
 #   4. compute-sanitizer memcheck of the nvfp4 cases (mla_core_cuda.sanitize prefill_nvfp4) if >= 30 s are left.
 # Logs and JSON in $OUT: build_a.log, build_b.log, ab.log + bench_prefill_nvfp4_ab.json, gpu_tests.log, memcheck.log.
 # Preparation, in main's checkout (both snapshots untracked folders, so they travel):
