@@ -137,18 +137,14 @@ __device__ __forceinline__ float nvfp4_value(float x, const BlockScale& b) {
   return round_e2m1_signed(nvfp4_quotient<kExact>(x, b.s, b.inv_s)) * b.code;
 }
 
-// The maximum magnitude of a block's first n values, NaN if one of them is NaN (fmaxf alone would drop it).
+// The maximum magnitude of a block's first n values, NaN (the canonical 0x7fffffff) if one of them is NaN: max.NaN
+// (one FMNMX.NAN with |x| a value) keeps a NaN where fmaxf would drop it.
 __device__ __forceinline__ float nvfp4_block_max(const float (&x)[16], int n) {
   float m = 0.f;
-  bool nan = false;
 #pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    if (e < n) {
-      m = fmaxf(m, fabsf(x[e]));
-      nan |= x[e] != x[e];
-    }
-  }
-  return nan ? __int_as_float(0x7fffffff) : m;
+  for (int e = 0; e < 16; ++e)
+    if (e < n) asm("max.NaN.f32 %0, %0, %1;\n" : "+f"(m) : "f"(fabsf(x[e])));
+  return m;
 }
 
 // One NVFP4 block of 16 consecutive bf16 values of a row (8 words, value 2i in word i's low half), replaced in place
