@@ -1,8 +1,8 @@
 """A/B of the cuda prefill's nvfp4 recipe through its whole launcher (pre-pass + kernel; round (n)'s cheaper P step,
-benchmarks/pending/prefill-nvfp4-p-step.patch): one process, the same inputs, A (a snapshot's mla_core_cuda package
+then wip/nvfuse's Q values in the kernel and cheaper pre-pass): one process, the same inputs, A (a snapshot's mla_core_cuda package
 and csrc: main) and B (this checkout's) timed alternately, so clock and run-to-run drift fall on both alike.
 
-    python benchmarks/bench_prefill_nvfp4_ab.py --base DIR_A [--cases 4x4096 1x16384 ragged16] [--rounds 3]
+    python benchmarks/bench_prefill_nvfp4_ab.py --base DIR_A [--cases 4x4096 1x16384 ragged16] [--rounds 3] [--parts]
 
 DIR_A: a folder holding A's ``csrc/`` and ``backends/cuda/mla_core_cuda/`` (run_prefill_nvfp4_ab.sh says how); A's
 launcher is imported from there under another package name. Cases as bench_prefill.py (causal, 128 heads, q/k 192, v
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="A: folder with csrc/ and backends/cuda/mla_core_cuda/")
     ap.add_argument("--cases", nargs="*", default=["4x4096", "1x16384", "ragged16"], choices=list(CASES))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", action="store_true", help="also time each build's NVFP4 pre-pass launches alone")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     mods = {"A": load_cuda_extension(os.path.join(args.base, "csrc")),
@@ -93,14 +94,47 @@ def main() -> None:
                   + f"; bit-equal {r['same']}; A {[round(t) for t in times['A']]} B {[round(t) for t in times['B']]}",
                   flush=True)
             torch.cuda.empty_cache()
+        if args.parts:
+            rows += prepass_parts(case, inputs, mods, launchers, args.rounds)
         del inputs, cudnn
         torch.cuda.empty_cache()
     print()
     print_table(rows, COLUMNS)
+    mismatches += sum(r["same"] != "yes" for r in rows if r["recipe"].startswith("prepass"))
     print(f"\nsummary: {len(rows)} rows, {mismatches} not bit-equal")
     write_json("bench_prefill_nvfp4_ab.json", {"device": device_info(), "rows": rows, "amax": AMAX})
     if mismatches:
         raise SystemExit(1)
+
+
+def prepass_parts(case, inputs, mods, launchers, rounds) -> list[dict]:
+    """The nvfp4 pre-pass launches alone, each build's own on the same inputs (graph replays, A B B A): ``rows q+k``
+    (Q and K in one launch: what A's recipe runs), ``rows k`` (K alone: B's, whose kernel makes Q's values) and
+    ``keys v`` (V along keys); B's values equal to A's bit for bit."""
+    q, k, v, _, cu_k, _ = inputs
+    cu_k = cu_k.to(torch.int32)
+    parts = {"prepass rows q+k": lambda s: [x for x, _ in launchers[s].nvfp4_rows(mods[s], [(q, AMAX["q_amax"]),
+                                                                                          (k, AMAX["k_amax"])])],
+             "prepass rows k": lambda s: [x for x, _ in launchers[s].nvfp4_rows(mods[s], [(k, AMAX["k_amax"])])],
+             "prepass keys v": lambda s: [launchers[s].nvfp4_keys(mods[s], v, cu_k, AMAX["v_amax"])[0]]}
+    out = []
+    for name, fn in parts.items():
+        got = {s: fn(s) for s in "AB"}
+        same = all(same_bits(x, y) for x, y in zip(got["A"], got["B"]))
+        del got
+        times = {s: [] for s in "AB"}
+        for _ in range(rounds):
+            for s in "ABBA":
+                times[s].append(time_graph(lambda s=s: fn(s), iters=10))
+        r = dict(case=case, recipe=name, same="yes" if same else "NO", us_A=statistics.median(times["A"]),
+                 us_B=statistics.median(times["B"]))
+        r.update(b_over_a=r["us_B"] / r["us_A"], saved_us=r["us_A"] - r["us_B"],
+                 spread=max(max(t) / min(t) - 1 for t in times.values()))
+        print(f"  {case} {name}: A {r['us_A']:.0f} µs, B {r['us_B']:.0f} µs, B/A {r['b_over_a']:.3f}; "
+              f"bit-equal {r['same']}", flush=True)
+        out.append(r)
+        torch.cuda.empty_cache()
+    return out
 
 
 COLUMNS = [("case", "case", "s"), ("recipe", "recipe", "s"), ("us_A", "A µs", ".0f"), ("us_B", "B µs", ".0f"),

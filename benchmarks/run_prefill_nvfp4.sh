@@ -2,7 +2,7 @@
 # One device call (~190 s expected; the step limits are cut to CALL_LIMIT = 275 s) for branch wip/nvfp4 (round (m):
 # the nvfp4 recipe of the prefill on cuda: the NVFP4 pre-pass (csrc/mla_prefill_nvfp4.cu) + the bf16-wgmma kernel
 # with P's NVFP4 in registers (p_fmt 3 / 4)), run from the root of the branch's tree:
-#   1. build the extension (~60-75 s cold, 16 cores); with RUN_MUTANTS=1 the mutants 23-34's builds then start in
+#   1. build the extension (~60-75 s cold, 16 cores); with RUN_MUTANTS=1 the mutants 23-39's builds then start in
 #      the background (tests/mutation/mutants_cuda_prefill.py --prepare);
 #   2. bench_prefill_nvfp4.py: sdpa-cudnn (bf16), cuda bf16, cuda fp8 (FP8 wgmma), triton nvfp4, cuda nvfp4 at 4x4096,
 #      1x16384 and ragged16 in graph replays (median µs, TFLOP/s, x cudnn, x triton), the pre-pass alone, cuda's and
@@ -10,7 +10,7 @@
 #   3. the nvfp4 GPU tests of tests/test_cuda_prefill.py (14), with the bf16-wgmma kernel's fp8 (3) and tile-edge (2)
 #      ones (the kernel is shared; its other instances are SASS-identical to main's);
 #   4. compute-sanitizer memcheck of the nvfp4 cases (mla_core_cuda.sanitize prefill_nvfp4), if >= 30 s are left;
-#   5. RUN_MUTANTS=1 only: the mutants 23-34 judged (each must be killed; ~5 min: a call of its own, see below).
+#   5. RUN_MUTANTS=1 only: the mutants 23-39 judged (each must be killed; ~5 min: a call of its own, see below).
 # Logs in $OUT: build.log, bench.log + bench_prefill_nvfp4.json, gpu_tests.log, memcheck.log (, mutants.log).
 # Preparation, in main's checkout (snapshots are untracked folders: they travel with the tree):
 #   bash benchmarks/prep_snapshots.sh ab_base=main ab_pn4=wip/nvfp4
@@ -35,7 +35,7 @@ stamp "build (rc $rb)"
 [ $rb = 0 ] || { tail -n 30 "$LOGS/build.log"; exit 3; }
 pm=""
 if [ "${RUN_MUTANTS:-0}" = 1 ]; then
-  export MUTANT_WORK=/tmp/mla_core_prefill_nvfp4_mutants MUTANT_INDICES=${MUTANT_INDICES:-23,24,25,26,27,28,29,30,31,32,33,34}
+  export MUTANT_WORK=/tmp/mla_core_prefill_nvfp4_mutants MUTANT_INDICES=${MUTANT_INDICES:-23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39}
   python3 tests/mutation/mutants_cuda_prefill.py --prepare >"$LOGS/mutants.log" 2>&1 &
   pm=$!
 fi

@@ -237,7 +237,8 @@ void sparse_decode_wgmma(const at::Tensor& query, const at::Tensor& cache, const
 // v [total_k, kv_heads, 128] bf16 (last dimension contiguous, data and strides 16-byte aligned), cu_q / cu_k
 // [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
 // contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient); q_fmt
-// likewise for Q's FP8 codes made in the kernel (q_scale's factor folded into scale_log2 by the caller).
+// likewise for Q's FP8 codes made in the kernel (q_scale's factor folded into scale_log2 by the caller); p_fmt 3 / 4
+// = P's NVFP4, with q_fmt 3 / 4 = Q's NVFP4 values made in the kernel (q_scale = Q's g).
 void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_q,
                    const at::Tensor& cu_k, int64_t max_seqlen_q, at::Tensor out, std::optional<at::Tensor> lse,
                    bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale,

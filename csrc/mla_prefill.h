@@ -32,7 +32,9 @@ struct PrefillParams {
   float p_scale, p_rscale;
   // Q's FP8 codes made in the kernel (the fp8 recipe's Q; its factor is in scale_log2): 0 = q read as it is; 1 =
   // each consumer warpgroup turns its loaded Q rows into e4m3(q / q_scale) in place before its first S (the
-  // pre-pass's codes: division-free quotient, q_rscale = RN(1 / q_scale)); 2 = the same through the IEEE division.
+  // pre-pass's codes: division-free quotient, q_rscale = RN(1 / q_scale)); 2 = the same through the IEEE division;
+  // 3 / 4 (p_fmt 3 / 4 only) = Q's NVFP4 values without the global scale q_scale = g, the pre-pass's rows rule
+  // (nvfp4_row_block: blocks of 16 features), division-free / IEEE.
   int q_fmt;
   float q_scale, q_rscale;
   // out [total_q, heads, 128] bf16 (raw bits), contiguous; lse [heads, total_q] float32 natural log (-inf: no visible
@@ -42,7 +44,7 @@ struct PrefillParams {
 };
 
 // Whether the kernel covers `params`: heads >= 1 and a multiple of kv_heads, total_q and total_k >= 1 and below 2^31,
-// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt and q_fmt 0..2.
+// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt 0..4, q_fmt 0..2 (or 3..4 with p_fmt 3..4).
 bool prefill_wgmma_supported(const PrefillParams& params);
 
 // The prefill kernel on `stream` (tensor maps encoded on the host from the pointers and strides; no -lcuda: the

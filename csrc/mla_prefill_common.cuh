@@ -208,9 +208,10 @@ constexpr int kMaxDevices = 64;  // devices whose per-device facts (SM count, sh
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Blocks for a grid-stride launch: one resident wave of 256-thread CTAs (8 per SM), or fewer where `items` (one per
-// thread) run out. The SM count is asked once per device (not a stream operation: capture-safe).
-inline cudaError_t wave_blocks(int64_t items, unsigned& blocks) {
+// Blocks for a grid-stride launch: one resident wave of 256-thread CTAs (per_sm per SM: 8 unless the kernel's
+// registers allow fewer, resident_ctas), or fewer where `items` (one per thread) run out. The SM count is asked once
+// per device (not a stream operation: capture-safe).
+inline cudaError_t wave_blocks(int64_t items, unsigned& blocks, int per_sm = 8) {
   static int sms[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -221,7 +222,25 @@ inline cudaError_t wave_blocks(int64_t items, unsigned& blocks) {
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) sms[device] = count;
   }
-  blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{8} * count));
+  blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{per_sm} * count));
+  return cudaSuccess;
+}
+
+// How many 256-thread CTAs of `kernel` one SM holds at once (its registers decide), asked once per device into
+// `cache` (one array per kernel; not a stream operation: capture-safe). A grid-stride launch of more CTAs than that
+// per SM runs its last ones in a second, partly empty wave (8 launched, 6 resident: the last 2 alone).
+template <typename Kernel>
+inline cudaError_t resident_ctas(Kernel kernel, int (&cache)[kMaxDevices], int& per_sm) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  per_sm = device < kMaxDevices ? cache[device] : 0;
+  if (per_sm == 0) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+    if (err != cudaSuccess) return err;
+    per_sm = std::max(per_sm, 1);
+    if (device < kMaxDevices) cache[device] = per_sm;
+  }
   return cudaSuccess;
 }
 

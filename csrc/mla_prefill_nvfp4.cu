@@ -1,5 +1,5 @@
 // The nvfp4 recipe's pre-pass of the varlen prefill (the bf16-wgmma kernel, mla_prefill_wgmma.cu, then runs on its
-// outputs): Q, K and V fake-quantized to NVFP4 as mla_core.numerics.qdq_nvfp4 defines it (E2M1 values in blocks of
+// outputs; with P's NVFP4 that kernel makes Q's values itself, by the same nvfp4_row_block): Q, K and V fake-quantized to NVFP4 as mla_core.numerics.qdq_nvfp4 defines it (E2M1 values in blocks of
 // 16, each block's E4M3 code c = e4m3(bmax / 6 / g), the per-tensor global scale g = amax / 2688), written WITHOUT g:
 // e2m1(x / (c·g))·c, exact in bf16 (an E2M1 value times an E4M3 code has at most 6 significant bits and lies in
 // 2^-10 .. 2688; benchmarks/probes/nvfp4_e4m3_representable.py checks every pair). The caller folds g into the
@@ -13,8 +13,8 @@
 // correctly rounded (nvfp4_quotient: IEEE or the division-free form), an all-zero block gives zeros, a block holding
 // a NaN becomes all NaN (its code is NaN), ±Inf saturates (code 448, value ±6).
 //
-// rows_kernel: one thread per block of 16 features (two 16-byte loads, two stores), grid-stride over the operands'
-// concatenated blocks. keys_kernel: one thread per (16-key block of a sequence, kv head, 4 columns): its 16 rows' 8
+// rows_kernel: one thread per block of 16 features (two 16-byte loads, qdq.cuh's nvfp4_row_block, two stores),
+// grid-stride over the operands' concatenated blocks. keys_kernel: one thread per (16-key block of a sequence, kv head, 4 columns): its 16 rows' 8
 // bytes (one 256-byte row of a head spread over 32 consecutive threads: coalesced), 4 blocks (one per column).
 // Sequence b's block i is slot start_b / 16 + b + i (start_b its clamped first key): no two sequences' blocks share
 // a slot for non-decreasing cu_seqlens_k, total_k / 16 + batch + 1 slots hold them all, found by binary search
@@ -40,24 +40,6 @@ constexpr int kVChunks = 32;     // 128 columns / 4 per thread
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-// Two floats that are bf16 values (exact) packed back, lo in the low half.
-__device__ __forceinline__ uint32_t pack_exact(float lo, float hi) {
-  return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-}
-
-// A block's maximum magnitude, NaN if it holds a NaN (fmaxf alone would drop it).
-__device__ __forceinline__ float block_max(const float (&x)[kBlock], int n) {
-  float m = 0.f;
-  bool nan = false;
-#pragma unroll
-  for (int e = 0; e < kBlock; ++e) {
-    if (e < n) {
-      m = fmaxf(m, fabsf(x[e]));
-      nan |= x[e] != x[e];
-    }
-  }
-  return nan ? __int_as_float(0x7fffffff) : m;
-}
 
 template <bool kExact>
 __global__ void __launch_bounds__(256) rows_kernel(const Nvfp4RowsJobs jobs, int64_t total_blocks) {
@@ -73,18 +55,8 @@ __global__ void __launch_bounds__(256) rows_kernel(const Nvfp4RowsJobs jobs, int
     const int h = static_cast<int>(row % heads);
     const uint4* src = reinterpret_cast<const uint4*>(jobs.x[j] + token * jobs.stride_t[j] + h * jobs.stride_h[j] + f);
     const uint4 w0 = __ldg(src), w1 = __ldg(src + 1);
-    const uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    float x[kBlock];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      x[2 * c] = bf16_lo(w[c]);
-      x[2 * c + 1] = bf16_hi(w[c]);
-    }
-    const BlockScale bs = nvfp4_block_scale(block_max(x, kBlock), jobs.g[j]);
-    uint32_t o[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-      o[c] = pack_exact(nvfp4_value<kExact>(x[2 * c], bs), nvfp4_value<kExact>(x[2 * c + 1], bs));
+    uint32_t o[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    nvfp4_row_block<kExact>(o, jobs.g[j]);
     uint4* dst = reinterpret_cast<uint4*>(jobs.out[j] + b * kBlock);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
@@ -128,7 +100,7 @@ __global__ void __launch_bounds__(256) keys_kernel(const Nvfp4KeysParams p, int6
         const uint32_t word = (c >> 1) == 0 ? w[r].x : w[r].y;
         x[r] = (c & 1) ? bf16_hi(word) : bf16_lo(word);
       }
-      const BlockScale bs = nvfp4_block_scale(block_max(x, keys), p.g);
+      const BlockScale bs = nvfp4_block_scale(nvfp4_block_max(x, keys), p.g);
 #pragma unroll
       for (int r = 0; r < kBlock; ++r) {
         const uint32_t v = __float_as_uint(nvfp4_value<kExact>(x[r], bs)) >> 16;  // exact: the low half is zero
@@ -143,6 +115,21 @@ __global__ void __launch_bounds__(256) keys_kernel(const Nvfp4KeysParams p, int6
   }
 }
 
+// A grid-stride kernel of the pre-pass over `items` threads: one wave of the CTAs it can hold (rows: 39-40 registers,
+// 6 per SM, not 8; keys: ~100, 2), each kernel's count asked once per device.
+template <typename Params>
+cudaError_t launch_wave(void (*kernel)(Params, int64_t), int (&resident)[prefill::kMaxDevices], const Params& p,
+                        int64_t items, cudaStream_t stream) {
+  int per_sm = 0;
+  cudaError_t err = prefill::resident_ctas(kernel, resident, per_sm);
+  if (err != cudaSuccess) return err;
+  unsigned blocks = 0;
+  err = wave_blocks(items, blocks, per_sm);
+  if (err != cudaSuccess) return err;
+  kernel<<<blocks, 256, 0, stream>>>(p, items);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_nvfp4_rows_bf16(const Nvfp4RowsJobs& jobs, bool exact_div, cudaStream_t stream) {
@@ -155,14 +142,9 @@ cudaError_t launch_nvfp4_rows_bf16(const Nvfp4RowsJobs& jobs, bool exact_div, cu
     total += jobs.rows[j] * jobs.heads[j] * kRowBlocks;
   }
   if (total == 0) return cudaSuccess;
-  unsigned blocks = 0;
-  const cudaError_t err = wave_blocks(total, blocks);
-  if (err != cudaSuccess) return err;
-  if (exact_div)
-    rows_kernel<true><<<blocks, 256, 0, stream>>>(jobs, total);
-  else
-    rows_kernel<false><<<blocks, 256, 0, stream>>>(jobs, total);
-  return cudaGetLastError();
+  static int resident[2][prefill::kMaxDevices] = {};
+  return exact_div ? launch_wave(rows_kernel<true>, resident[1], jobs, total, stream)
+                   : launch_wave(rows_kernel<false>, resident[0], jobs, total, stream);
 }
 
 cudaError_t launch_nvfp4_keys_bf16(const Nvfp4KeysParams& p, bool exact_div, cudaStream_t stream) {
@@ -171,14 +153,9 @@ cudaError_t launch_nvfp4_keys_bf16(const Nvfp4KeysParams& p, bool exact_div, cud
       p.v_stride_h % 8 != 0)
     return cudaErrorInvalidValue;
   const int64_t items = (p.total_k / kBlock + p.batch + 1) * p.kv_heads * kVChunks;
-  unsigned blocks = 0;
-  const cudaError_t err = wave_blocks(items, blocks);
-  if (err != cudaSuccess) return err;
-  if (exact_div)
-    keys_kernel<true><<<blocks, 256, 0, stream>>>(p, items);
-  else
-    keys_kernel<false><<<blocks, 256, 0, stream>>>(p, items);
-  return cudaGetLastError();
+  static int resident[2][prefill::kMaxDevices] = {};
+  return exact_div ? launch_wave(keys_kernel<true>, resident[1], p, items, stream)
+                   : launch_wave(keys_kernel<false>, resident[0], p, items, stream);
 }
 
 }  // namespace mla_core_cuda

@@ -8,7 +8,8 @@
 // arithmetic (ex2.approx, wgmma summation order). Fake-quantized K / V arrive as FP8 codes in bf16 (exact;
 // launch_fp8_codes_bf16 below, one launch for both), Q's codes are made in shared memory by each consumer
 // warpgroup from its loaded rows (q_fmt; the same function), the per-tensor factors folded into scale_log2 and
-// out_scale.
+// out_scale. NVFP4 (the pre-pass mla_prefill_nvfp4.cu for K / V): Q's values likewise in the P-NVFP4 instances
+// (q_fmt 3 / 4, q_nvfp4).
 //
 // Schedule (FlashAttention-3's structure; measured as variant TMA / TMX8 of benchmarks/probes/prefill_wgmma_probe.cu):
 // one CTA of 384 threads per (128 query rows, head, sequence), longest (causal) blocks first:
@@ -253,6 +254,37 @@ __device__ __forceinline__ void q_codes(uint32_t sq, int t, float scale, float r
   }
 }
 
+// Q's NVFP4 values in the kernel (q_fmt 3 / 4, kernels with P's NVFP4 only: kP >= 3): a consumer warpgroup's 64
+// loaded Q rows (24 KB at shared address `sq`) replaced in place by their values without g (nvfp4_row_block, the
+// pre-pass's function on each block). Every aligned 32-byte unit of the tile is one 16-feature block: the 128-byte
+// swizzle moves 16-byte chunk c of row r to c ^ (r % 8), so chunks 2i and 2i + 1 land on an aligned pair (in either
+// order; a block's maximum and values do not depend on it). Thread t takes units t, t + 128, ... (6; 3 at a time,
+// 6 loads in flight).
+constexpr int kQUnitsInFlight = 3, kQUnitRounds = 6 / kQUnitsInFlight;  // 6 blocks a thread
+template <bool kExact>
+__device__ __forceinline__ void q_nvfp4(uint32_t sq, int t, float g) {
+#pragma unroll
+  for (int round = 0; round < kQUnitRounds; ++round) {
+    uint32_t w[kQUnitsInFlight][8];
+#pragma unroll
+    for (int u = 0; u < kQUnitsInFlight; ++u)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(w[u][4 * c]), "=r"(w[u][4 * c + 1]), "=r"(w[u][4 * c + 2]), "=r"(w[u][4 * c + 3])
+                     : "r"(sq + 32 * (t + 128 * (kQUnitsInFlight * round + u)) + 16 * c));
+#pragma unroll
+    for (int u = 0; u < kQUnitsInFlight; ++u) {
+      nvfp4_row_block<kExact>(w[u], g);
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
+                     ::"r"(sq + 32 * (t + 128 * (kQUnitsInFlight * round + u)) + 16 * c), "r"(w[u][4 * c]),
+                     "r"(w[u][4 * c + 1]), "r"(w[u][4 * c + 2]), "r"(w[u][4 * c + 3]) : "memory");
+    }
+  }
+}
+
 // TMA: one box (64 features x 64 rows of head h from token `row`, feature `col`) into a 1024-aligned slab, completing
 // on `bar` (the producer's one arrival on a full barrier is mbar_arrive_expect_tx with the boxes' bytes).
 __device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
@@ -397,8 +429,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tile 0: S alone in the first turn.
   mbar_wait(full_q, 0);
   if (wg == 1) nb_arrive<kPairThreads>(kBarTurn0);
-  if (p.q_fmt != 0) {  // Q's codes in place (the fp8 recipe), the warpgroup's own rows; WG1's under WG0's turn
-    if (p.q_fmt == 1)
+  if (p.q_fmt != 0) {  // Q's codes or NVFP4 values in place, the warpgroup's own rows; WG1's under WG0's turn
+    if (kP >= 3 && p.q_fmt == 3)  // NVFP4 (q_scale = Q's g): only the P-NVFP4 instances have it
+      q_nvfp4<false>(smem_u32(sqw), t, p.q_scale);
+    else if (kP >= 3 && p.q_fmt == 4)
+      q_nvfp4<true>(smem_u32(sqw), t, p.q_scale);
+    else if (p.q_fmt == 1)
       q_codes<false>(smem_u32(sqw), t, p.q_scale, p.q_rscale);
     else
       q_codes<true>(smem_u32(sqw), t, p.q_scale, p.q_rscale);
@@ -534,7 +570,8 @@ bool prefill_wgmma_supported(const PrefillParams& p) {
   return p.heads >= 1 && p.kv_heads >= 1 && p.heads % p.kv_heads == 0 && p.heads <= 65535 && p.batch >= 1 &&
          p.max_seqlen_q >= 1 && p.total_q >= 1 && p.total_k >= 1 && p.total_q < (int64_t{1} << 31) &&
          p.total_k < (int64_t{1} << 31) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && p.out &&
-         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 4 && p.q_fmt >= 0 && p.q_fmt <= 2;
+         aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 4 && p.q_fmt >= 0 && p.q_fmt <= 4 &&
+         (p.q_fmt <= 2 || p.p_fmt >= 3);
 }
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdint>
+
 namespace mla_core_cuda {
 
 // float32 -> E4M3, nearest even, saturating at +-448 (NaN stays NaN), back to float32.
@@ -119,11 +121,49 @@ __device__ __forceinline__ float nvfp4_quotient(float x, float s, float inv_s) {
   }
 }
 
+// round_e2m1's rule on any float32 (the prefill's Q / K / V quotients) in 7 instructions instead of its select form's
+// ~13: round_e2m1_nonneg of |x|, then round_e2m1's own sign select (x < 0: -r, so -0 and NaN give +0 / NaN as there).
+// The magnitudes agree on all 2^31 non-negative float32 patterns (benchmarks/probes/e2m1_prepass_check.py,
+// exhaustive), and the select is the same, so the bits agree on every float32.
+__device__ __forceinline__ float round_e2m1_signed(float x) {
+  const float r = round_e2m1_nonneg(fabsf(x));
+  return x < 0.f ? -r : r;
+}
+
 // An NVFP4 value of the prefill without the global scale: e2m1(x / (code * g)) * code, exact in bf16 (an E2M1 value
 // times an E4M3 code has at most 6 significant bits, 2^-10 .. 2688: benchmarks/probes/nvfp4_e4m3_representable.py).
 template <bool kExact>
 __device__ __forceinline__ float nvfp4_value(float x, const BlockScale& b) {
-  return round_e2m1(nvfp4_quotient<kExact>(x, b.s, b.inv_s)) * b.code;
+  return round_e2m1_signed(nvfp4_quotient<kExact>(x, b.s, b.inv_s)) * b.code;
+}
+
+// The maximum magnitude of a block's first n values, NaN (the canonical 0x7fffffff) if one of them is NaN: max.NaN
+// (one FMNMX.NAN with |x| a value) keeps a NaN where fmaxf would drop it.
+__device__ __forceinline__ float nvfp4_block_max(const float (&x)[16], int n) {
+  float m = 0.f;
+#pragma unroll
+  for (int e = 0; e < 16; ++e)
+    if (e < n) asm("max.NaN.f32 %0, %0, %1;\n" : "+f"(m) : "f"(fabsf(x[e])));
+  return m;
+}
+
+// One NVFP4 block of 16 consecutive bf16 values of a row (8 words, value 2i in word i's low half), replaced in place
+// by its values without the global scale g (nvfp4_value: exact in bf16, so the pack truncates nothing). The prefill's
+// Q / K blocks along features: the pre-pass (mla_prefill_nvfp4.cu, rows_kernel) and the kernel's Q (q_nvfp4 of
+// mla_prefill_wgmma.cu) both call this, so their values are the same bits.
+template <bool kExact>
+__device__ __forceinline__ void nvfp4_row_block(uint32_t (&w)[8], float g) {
+  float x[16];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    x[2 * c] = __uint_as_float(w[c] << 16);
+    x[2 * c + 1] = __uint_as_float(w[c] & 0xffff0000u);
+  }
+  const BlockScale bs = nvfp4_block_scale(nvfp4_block_max(x, 16), g);
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    w[c] = (__float_as_uint(nvfp4_value<kExact>(x[2 * c], bs)) >> 16) |
+           (__float_as_uint(nvfp4_value<kExact>(x[2 * c + 1], bs)) & 0xffff0000u);
 }
 
 // nvfp4_block_code without a division instruction (P's blocks in the prefill kernel, g inside the division-free

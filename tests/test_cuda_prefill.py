@@ -282,32 +282,48 @@ def test_fp8_mma_runs_the_fp8_recipe_only():
 
 
 def test_launch_arguments_nvfp4_recipe():
-    """The nvfp4 recipe on the bf16-wgmma kernel: Q and K through one pre-pass launch along features, V through the
-    pre-pass along keys (with cu_seqlens_k), their outputs the kernel's operands; the global scales g = amax / 2688
-    (float32) folded into the score scale (Q's and K's) and the output scale (V's and P's); P's NVFP4 in the kernel
-    (p_fmt 3, p_scale = P's g); no FP8 pre-pass, no Q codes in the kernel."""
+    """The nvfp4 recipe on the bf16-wgmma kernel: K through the pre-pass along features, V through the pre-pass
+    along keys (with cu_seqlens_k), their outputs the kernel's operands; Q's values made in the kernel (q_fmt 3,
+    q_scale = Q's g, Q itself the operand); the global scales g = amax / 2688 (float32) folded into the score scale
+    (Q's and K's) and the output scale (V's and P's); P's NVFP4 in the kernel (p_fmt 3, p_scale = P's g); no FP8
+    pre-pass."""
     inputs = make_inputs([(5, 9), (0, 70)], 4, 2, device="cpu")
     rec = _Recorder()
     out, lse = cuda_prefill.run(rec, _call(inputs, **NVFP4, **AMAX), {})
     assert [c[0] for c in rec.calls] == ["nvfp4_rows", "nvfp4_keys", "prefill"]
     _, xs, outs, gs, exact = rec.calls[0]
-    assert xs[0] is inputs[0] and xs[1] is inputs[1] and exact is False
-    assert gs == [_f32(3.5 / 2688), _f32(4.0 / 2688)]
+    assert len(xs) == 1 and xs[0] is inputs[1] and exact is False
+    assert gs == [_f32(4.0 / 2688)]
     _, v, cu_k, v_out, g_v, exact_v = rec.calls[1]
     assert v is inputs[2] and cu_k.dtype == torch.int32 and cu_k.tolist() == [0, 9, 79]
     assert g_v == _f32(3.0 / 2688) and exact_v is False
     args = rec.calls[2][1]
-    assert args[0] is outs[0] and args[1] is outs[1] and args[2] is v_out and args[7] is lse
-    scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_fmt, q_scale, _ = args[9:]
-    assert scale_log2 == pytest.approx(192 ** -0.5 * gs[0] * gs[1] * math.log2(math.e), rel=1e-6)
-    assert (p_fmt, p_scale, q_fmt, q_scale) == (3, _f32(1.0 / 2688), 0, 1.0)
-    assert p_rscale == cuda_prefill._f32_reciprocal(p_scale)
+    assert args[0] is inputs[0] and args[1] is outs[0] and args[2] is v_out and args[7] is lse
+    scale_log2, out_scale, p_fmt, p_scale, p_rscale, q_fmt, q_scale, q_rscale = args[9:]
+    assert scale_log2 == pytest.approx(192 ** -0.5 * q_scale * gs[0] * math.log2(math.e), rel=1e-6)
+    assert (p_fmt, p_scale, q_fmt, q_scale) == (3, _f32(1.0 / 2688), 3, _f32(3.5 / 2688))
+    assert p_rscale == cuda_prefill._f32_reciprocal(p_scale) and q_rscale == cuda_prefill._f32_reciprocal(q_scale)
     assert out_scale == pytest.approx(g_v * p_scale, rel=1e-7) and out_scale == _f32(out_scale)
+
+
+def test_nvfp4_q_without_nvfp4_p_goes_through_the_prepass():
+    """Q's NVFP4 values are made in the kernel only by the instances with P's NVFP4 (p_fmt 3 / 4): with P unquantized
+    or FP8, Q goes through the pre-pass along features with K (one launch) and the kernel gets q_fmt 0."""
+    inputs = make_inputs([(5, 9)], 2, 2, device="cpu")
+    for p_kw, p_fmt in ((dict(p_quant=None), 0), (dict(p_quant="fp8"), 1)):
+        rec = _Recorder()
+        cuda_prefill.run(rec, _call(inputs, **dict(NVFP4, **p_kw), **AMAX), {})
+        assert [c[0] for c in rec.calls] == ["nvfp4_rows", "nvfp4_keys", "prefill"]
+        _, xs, outs, gs, _ = rec.calls[0]
+        assert xs[0] is inputs[0] and xs[1] is inputs[1] and gs == [_f32(3.5 / 2688), _f32(4.0 / 2688)]
+        args = rec.calls[2][1]
+        assert args[0] is outs[0] and args[11] == p_fmt and args[14:16] == (0, 1.0)
 
 
 def test_nvfp4_operands_mixed_with_fp8_and_the_ieee_division():
     """NVFP4 and FP8 operands mix (Q's FP8 codes in the kernel, K's NVFP4 values, V's FP8 codes, P's NVFP4); a g
-    outside the division-free range makes its own launch take the IEEE division (V's keys launch alone, P: p_fmt 4);
+    outside the division-free range makes its own launch take the IEEE division (V's keys launch alone, P: p_fmt 4,
+    Q's values in the kernel: q_fmt 4);
     a strided Q / K view goes to the pre-pass as it is (it reads token / head strides)."""
     inputs = make_inputs([(5, 9)], 2, 2, device="cpu", strided=True)
     rec = _Recorder()
@@ -319,11 +335,11 @@ def test_nvfp4_operands_mixed_with_fp8_and_the_ieee_division():
     assert args[9] == pytest.approx(192 ** -0.5 * _f32(3.5 / 448) * _f32(4.0 / 2688) * math.log2(math.e), rel=1e-6)
     assert args[11:13] == (3, _f32(1.0 / 2688))
     assert args[10] == pytest.approx(_f32(3.0 / 448) / 2688, rel=1e-6)
-    for amaxes, flags in ((dict(q_amax=1e-14), (True, False, 3)), (dict(k_amax=1e-14), (True, False, 3)),
-                          (dict(v_amax=1e-14), (False, True, 3)), (dict(p_amax=1e-20), (False, False, 4))):
+    for amaxes, flags in ((dict(q_amax=1e-14), (False, False, 3, 4)), (dict(k_amax=1e-14), (True, False, 3, 3)),
+                          (dict(v_amax=1e-14), (False, True, 3, 3)), (dict(p_amax=1e-20), (False, False, 4, 3))):
         rec = _Recorder()
-        cuda_prefill.run(rec, _call(inputs, **NVFP4, **dict(AMAX, **amaxes)), {})
-        assert (rec.calls[0][-1], rec.calls[1][-1], rec.calls[2][1][11]) == flags, amaxes
+        cuda_prefill.run(rec, _call(inputs, **NVFP4, **dict(AMAX, **amaxes)), {})  # (K's, V's, P's, Q's division)
+        assert (rec.calls[0][-1], rec.calls[1][-1], rec.calls[2][1][11], rec.calls[2][1][14]) == flags, amaxes
 
 
 def test_p_nvfp4_register_layout_emulation(monkeypatch):
@@ -334,6 +350,19 @@ def test_p_nvfp4_register_layout_emulation(monkeypatch):
     root = pathlib.Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("p_nvfp4_emulation",
                                                   root / "benchmarks/probes/prefill_p_nvfp4_emulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main() == 0
+
+
+def test_q_nvfp4_swizzle_emulation():
+    """The kernel's Q NVFP4 step (q_nvfp4: every aligned 32-byte unit of the 128-byte-swizzled Q tile one block),
+    emulated on the CPU over a warpgroup's 64 x 192 rows, gives the pre-pass's values (numerics.nvfp4_unscaled along
+    features) bit for bit, and mutant 35's unit layout does not (benchmarks/probes/q_nvfp4_swizzle_emulation.py)."""
+    import importlib.util
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("q_nvfp4_emulation",
+                                                  root / "benchmarks/probes/q_nvfp4_swizzle_emulation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main() == 0
@@ -875,6 +904,45 @@ def test_gpu_nvfp4_prepass_values_equal_the_numerics_definition(amax):
             got = values[k0:k1].float()
             assert torch.equal(got.isnan(), want.isnan()), (k0, k1)
             assert torch.equal(got[~want.isnan()], want[~want.isnan()]), (k0, k1)
+
+
+@gpu
+@pytest.mark.parametrize("q_amax", [3.5, 2688 * 2.0 ** -60], ids=["division_free", "ieee"])
+@pytest.mark.parametrize("p_amax", [1.0, 1e-13], ids=["p_div_free", "p_ieee"])
+def test_gpu_nvfp4_q_in_the_kernel_equals_the_prepass_values(q_amax, p_amax):
+    """The kernel's Q NVFP4 values (q_fmt 3: division-free; Q's g outside the range: q_fmt 4, IEEE; in both P-NVFP4
+    instances, p_fmt 3 / 4) give the outputs and LSE of the kernel run on the pre-pass's Q values (q_fmt 0) bit for
+    bit: Q holds E2M1 ties, saturation, Inf, NaN, zero and -0 blocks, subnormal block codes (_nvfp4_specials) in
+    blocks of every 128-byte swizzle row (rows 0..7 of a slab), rows of a sequence without keys NaN, rows past the
+    tensor's end (TMA's zeros), a strided view (TMA reads it in place)."""
+    module, reason = build.load_or_reason()
+    assert module is not None, reason
+    seqs = [(130, 130), (64, 200), (3, 0), (1, 1)]
+    q, k, v, cu_q, cu_k, max_q = make_inputs(seqs, 4, 2, seed=54, strided=True)
+    g = _f32(numerics.nvfp4_global_scale(q_amax))
+    sp = _nvfp4_specials(g).to(torch.bfloat16).cuda()  # 112 values: 7 blocks
+    for r in range(8):  # each swizzle row of the first slabs; the specials' blocks at shifted feature offsets
+        q[r, r % 4, 16 * (r % 5):16 * (r % 5) + 112] = sp
+    q[194:197] = float("nan")
+    (kv, gk), = cuda_prefill.nvfp4_rows(module, [(k, 4.0)])
+    vv, gv = cuda_prefill.nvfp4_keys(module, v, cu_k.to(torch.int32), 3.0)
+    (qv, gq), = cuda_prefill.nvfp4_rows(module, [(q, q_amax)])
+    assert gq == g
+    q_fmt = 3 if cuda_prefill.EXACT_DIV_FREE_RANGE[0] <= g <= cuda_prefill.EXACT_DIV_FREE_RANGE[1] else 4
+    assert q_fmt == (3 if q_amax == 3.5 else 4)
+    p_scale = _f32(numerics.nvfp4_global_scale(p_amax))
+    p_fmt = 3 if cuda_prefill.EXACT_DIV_FREE_RANGE[0] <= p_scale <= cuda_prefill.EXACT_DIV_FREE_RANGE[1] else 4
+    assert p_fmt == (3 if p_amax == 1.0 else 4)
+    scale_log2 = _f32(192 ** -0.5) * g * gk * math.log2(math.e)
+    got, want = [], []
+    for qx, fmt, out in ((q, q_fmt, got), (qv, 0, want)):
+        o = torch.full((q.shape[0], 4, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((4, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
+        module.prefill_wgmma(qx, kv, vv, cu_q, cu_k, max_q, o, lse, True, scale_log2, _f32(gv * p_scale), p_fmt,
+                             p_scale, cuda_prefill._f32_reciprocal(p_scale), fmt, g, cuda_prefill._f32_reciprocal(g))
+        out += [o, lse]
+    assert torch.equal(got[0].view(torch.int16), want[0].view(torch.int16))
+    assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32))
 
 
 @gpu

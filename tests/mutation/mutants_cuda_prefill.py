@@ -26,9 +26,11 @@ reference on tile-edge lengths, cached prefixes with GQA, and factors outside th
 NVFP4_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_nvfp4_prepass_values_equal_the_numerics_definition "
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_p_blocks_are_the_reference_blocks "
                    "tests/test_cuda_prefill.py::test_gpu_nvfp4_boundary_lengths "
-                   "tests/test_cuda_prefill.py::test_gpu_nvfp4_cached_prefix_and_gqa")
-"""The nvfp4 recipe's mutants (indices 23-34): the pre-pass's values bit for bit, P's blocks against the reference,
-then the recipe end to end on tile-edge lengths and cached prefixes with GQA."""
+                   "tests/test_cuda_prefill.py::test_gpu_nvfp4_cached_prefix_and_gqa "
+                   "tests/test_cuda_prefill.py::test_gpu_nvfp4_q_in_the_kernel_equals_the_prepass_values")
+"""The nvfp4 recipe's mutants (indices 23-39): the pre-pass's values bit for bit, P's blocks against the reference,
+then the recipe end to end on tile-edge lengths and cached prefixes with GQA, and the kernel's Q values against the
+pre-pass's bit for bit."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -94,8 +96,8 @@ MUTANTS = [
          tests=[PREPASS_SELECTION], gpu=True,
          why="Q's codes in the kernel: half of each warpgroup's chunks left raw (the rows' later features)"),
     dict(file="csrc/mla_prefill_wgmma.cu",
-         old="    if (p.q_fmt == 1)\n      q_codes<false>",
-         new="    if (p.q_fmt == 2)\n      q_codes<false>",
+         old="if (p.q_fmt == 1)\n      q_codes<false>",
+         new="if (p.q_fmt == 2)\n      q_codes<false>",
          tests=[PREPASS_SELECTION], gpu=True,
          why="Q's codes in the kernel: the IEEE / division-free choice swapped (q_amax 1e-40: a subnormal factor, "
              "its reciprocal Inf, zeros become NaN without the division)"),
@@ -175,9 +177,9 @@ MUTANTS = [
          new='        ops["v"] = nvfp4_keys(module, ops["v"], cu_k, call.v_amax)[0]',
          tests=[NVFP4_SELECTION], gpu=True,
          why="V's global scale left out of the output scale"),
-    dict(file="csrc/mla_prefill_nvfp4.cu",
-         old="  return nan ? __int_as_float(0x7fffffff) : m;",
-         new="  return m;",
+    dict(file="csrc/qdq.cuh",
+         old='    if (e < n) asm("max.NaN.f32 %0, %0, %1;\\n" : "+f"(m) : "f"(fabsf(x[e])));',
+         new="    if (e < n) m = fmaxf(m, fabsf(x[e]));",
          tests=[NVFP4_SELECTION], gpu=True,
          why="a block holding a NaN keeps its other values (fmaxf drops the NaN) instead of becoming all NaN"),
     dict(file="csrc/qdq.cuh",
@@ -217,6 +219,32 @@ MUTANTS = [
          new='asm("min.NaN.f32 %0, %1, 0f41000000;\\n" : "=f"(x6) : "f"(x));',
          tests=[NVFP4_SELECTION], gpu=True,
          why="P's E2M1 rounding saturating at 8 instead of 6 (quotients above 7: saturated or subnormal block codes)"),
+    # 35-39: Q's NVFP4 values in the kernel (round n, wip/nvfuse), the pre-pass's signed 7-instruction rounding
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old=": \"r\"(sq + 32 * (t + 128 * (kQUnitsInFlight * round + u)) + 16 * c));",
+         new=": \"r\"(sq + 32 * (t + 128 * (kQUnitsInFlight * round + u)) + 2048 * c));",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="Q's block in the kernel from two rows' chunks (16 rows apart) and stored back as one"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="kQUnitRounds = 6 / kQUnitsInFlight;",
+         new="kQUnitRounds = 1;",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="Q's NVFP4 in the kernel: half of each warpgroup's blocks left raw (the bf16 values, not NVFP4)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="    if (kP >= 3 && p.q_fmt == 3)",
+         new="    if (kP >= 4 && p.q_fmt == 3)",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="the division-free P instance (kP 3) lacks Q's NVFP4 step: q_fmt 3 falls through to Q's FP8 codes"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old='("q", call.q_quant if q_fmt == 0 else None)',
+         new='("q", call.q_quant)',
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="Q through the pre-pass and the kernel's NVFP4 step both: the values (without g) quantized a second time"),
+    dict(file="csrc/qdq.cuh",
+         old="  return x < 0.f ? -r : r;\n}\n\n// An NVFP4 value of the prefill",
+         new="  return r;\n}\n\n// An NVFP4 value of the prefill",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="the Q / K / V E2M1 rounding drops the sign (|x|'s value for negative x)"),
 ]
 
 

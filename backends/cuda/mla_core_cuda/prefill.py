@@ -9,12 +9,15 @@ launch for both: E4M3 codes of ``x / scale``, the correctly rounded quotient, st
 every code exactly) and Q's in the kernel (the same codes, made in shared memory once per CTA: ``q_fmt``), the
 kernel working on the codes with the per-tensor factors folded into the score scale and the output scale: the fused
 definition up to float32 summation order (tests/test_cuda_prefill.py checks the codes against
-:func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands (the nvfp4 recipe, or any one of them): Q / K / V
-through a pre-pass (``nvfp4_rows_bf16`` along features for Q and K, one launch; ``nvfp4_keys_bf16`` along each
-sequence's keys for V) writing :func:`mla_core.numerics.nvfp4_unscaled`, the values without the global scale g,
-exact in bf16, g folded into the scales as the FP8 factors are; P's NVFP4 in the kernel (``p_fmt`` 3 / 4: P rounded
-to bf16, blocks of 16 keys, its g in the output scale). Not FP8 codes on FP8 wgmma: an E2M1 value times an E4M3 block
-code is an E4M3 value for only 741 of the 1,016 (value, code) pairs (benchmarks/probes/nvfp4_e4m3_representable.py).
+:func:`mla_core.numerics.qdq_fp8` bit for bit). NVFP4 operands (the nvfp4 recipe, or any one of them): K / V
+through a pre-pass (``nvfp4_rows_bf16`` along features for K, and Q unless the kernel makes Q's; ``nvfp4_keys_bf16``
+along each sequence's keys for V) writing :func:`mla_core.numerics.nvfp4_unscaled`, the values without the global
+scale g, exact in bf16, g folded into the scales as the FP8 factors are; P's NVFP4 in the kernel (``p_fmt`` 3 / 4: P
+rounded to bf16, blocks of 16 keys, its g in the output scale), and with it Q's (``q_fmt`` 3 / 4: the pre-pass's
+function on each block of the CTA's Q tile in shared memory, once per CTA; Q's NVFP4 with P unquantized or FP8 stays
+in the pre-pass, since only the P-NVFP4 kernel instances hold this step). Not FP8 codes on FP8 wgmma: an E2M1 value
+times an E4M3 block code is an E4M3 value for only 741 of the 1,016 (value, code) pairs
+(benchmarks/probes/nvfp4_e4m3_representable.py).
 N:M sparsity, other dtypes and head dims are refused by :func:`why_not` (triton and the reference run them).
 
 The fp8 recipe has a second config, :data:`FP8_MMA`: a pre-pass writes each 64-key tile's K and V^T codes as one
@@ -168,11 +171,14 @@ def run(module, call: PrefillCall, config: dict):
     if call.q_quant == "fp8":  # Q's codes are made in the kernel, once per CTA after its Q tile lands
         q_scale = f32(numerics.fp8_scale(call.q_amax))
         q_fmt = 1 if EXACT_DIV_FREE_RANGE[0] <= q_scale <= EXACT_DIV_FREE_RANGE[1] else 2
+    elif call.q_quant == "nvfp4" and call.p_quant == "nvfp4":  # Q's values in the kernels with P's NVFP4 (q_fmt 3 / 4)
+        q_scale = f32(numerics.nvfp4_global_scale(call.q_amax))
+        q_fmt = 3 if EXACT_DIV_FREE_RANGE[0] <= q_scale <= EXACT_DIV_FREE_RANGE[1] else 4
     ops = dict(q=q, k=k, v=v)
     factor = dict(q=q_scale, k=1.0, v=1.0)
     amaxes = dict(q=call.q_amax, k=call.k_amax, v=call.v_amax)
-    rows = [name for name, fmt in (("q", call.q_quant), ("k", call.k_quant)) if fmt == "nvfp4"]
-    if rows:  # the nvfp4 pre-pass along features: Q and K's values (without g) in one launch
+    rows = [name for name, fmt in (("q", call.q_quant if q_fmt == 0 else None), ("k", call.k_quant)) if fmt == "nvfp4"]
+    if rows:  # the nvfp4 pre-pass along features: K's values (without g), Q's too where the kernel does not make them
         for name, (values, g) in zip(rows, nvfp4_rows(module, [(ops[name], amaxes[name]) for name in rows])):
             ops[name], factor[name] = values, g
     if call.v_quant == "nvfp4":  # and along each sequence's keys: V's
