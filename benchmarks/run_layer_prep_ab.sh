@@ -19,7 +19,7 @@
 # gpu_tests_layer.log, host_*.log.
 # Device command (the lead's, from the root of a checkout with this patch applied; timeout_s 210):
 #   MLA_COMMIT=<hash> bash benchmarks/run_layer_prep_ab.sh
-# Mutants, a later call (timeout_s 480; the csrc mutants 57-63 are 7 full builds in parallel):
+# Mutants, a later call (timeout_s 480; the csrc mutants 57-64 are 8 full builds in parallel):
 #   RUN_MUTANTS=1 CALL_LIMIT=470 bash benchmarks/run_layer_prep_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -39,7 +39,7 @@ stamp "build (rc $rb)"
 [ "$rb" = 0 ] || exit 1
 if [ "${RUN_MUTANTS:-0}" = 1 ]; then
   # seven full builds at once: MAX_JOBS bounds each one's nvcc processes (memory)
-  MAX_JOBS=${MAX_JOBS:-4} MUTANT_SELECTION=layerprep MUTANT_INDICES=${MUTANT_INDICES:-57,58,59,60,61,62,63} \
+  MAX_JOBS=${MAX_JOBS:-4} MUTANT_SELECTION=layerprep MUTANT_INDICES=${MUTANT_INDICES:-57,58,59,60,61,62,63,64} \
     timeout "$(cap 400)" python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/mutants.log" | tail -12
   timeout "$(cap 120)" python3 tests/mutation/run.py --only 'cuda_launcher#10' --timeout 110 2>&1 \
     | tee -a "$LOGS/mutants.log" | tail -3

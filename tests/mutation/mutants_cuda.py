@@ -30,7 +30,7 @@ KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
 LAYER_PREP_SELECTION = "tests/test_layer_cuda_prep.py -k 'gpu_cuda_prep'"
-"""The layer's CUDA prep (csrc/mla_layer_prep.cu, mutants 57-63): bit-equality against the Triton prep at 16 and 128
+"""The layer's CUDA prep (csrc/mla_layer_prep.cu, mutants 57-64): bit-equality against the Triton prep at 16 and 128
 heads, pages 64 and 37, batch 1 and 3, the layouts (fp16, split halves, float32 gamma, int64 indices, sinks, padded
 q heads) and pages outside the cache."""
 
@@ -341,8 +341,8 @@ MUTANTS += [
     dict(file=LAYER_PREP, old="const float sn = p.freqs[row * p.freqs_stride + 2 * lane + 1];",
          new="const float sn = p.freqs[row * p.freqs_stride + 2 * lane];", tests=[LAYER_PREP_SELECTION], gpu=True,
          why="the sine read from the cosine's column: every rotation wrong"),
-    dict(file=LAYER_PREP, old="  for (int h = warp; h < p.heads; h += kWarps) {",
-         new="  for (int h = warp; h < p.heads - 1; h += kWarps) {", tests=[LAYER_PREP_SELECTION], gpu=True,
+    dict(file=LAYER_PREP, old="      if (h < p.heads) {",
+         new="      if (h < p.heads - 1) {", tests=[LAYER_PREP_SELECTION], gpu=True,
          why="the last head's q_rope never rotated (the poisoned absorbed query keeps NaN there)"),
     dict(file=LAYER_PREP,
          old="b += __syncthreads_count(i < p.batch && load_index(p.offsets, p.offsets_i64, 1 + i) <= t);",
@@ -355,6 +355,10 @@ MUTANTS += [
     dict(file=LAYER_PREP, old="  if (tid == 0) p.tok_len[t] = static_cast<int32_t>(pos + 1);",
          new="  if (tid == 0) p.tok_len[t] = static_cast<int32_t>(pos);", tests=[LAYER_PREP_SELECTION], gpu=True,
          why="the key count one short: the new row is not attended to"),
+    # MUTANT_INDICES 64 (run.py id cuda#65): the prep's head groups (round n)
+    dict(file=LAYER_PREP, old="  const dim3 grid(p.tokens, (p.heads + kHeadsPerCta - 1) / kHeadsPerCta);",
+         new="  const dim3 grid(p.tokens, 1);", tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="one head group launched: heads past the first 16 keep the poisoned absorbed query's rope columns"),
 ]
 
 if __name__ == "__main__":
