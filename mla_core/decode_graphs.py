@@ -70,7 +70,7 @@ class DecodeGraphs:
 
     def _capture(self, step: Callable[[], torch.Tensor], device) -> tuple[torch.Tensor, Callable[[], None]]:
         """Warm ``step`` up on a side stream, capture it there; (its static output, the replay)."""
-        if self.stream is None:
+        if self.stream is None or self.stream.device != device:
             self.stream = torch.cuda.Stream(device=device)
         stream = self.stream
         stream.wait_stream(torch.cuda.current_stream(device))

@@ -111,8 +111,8 @@ MUTANTS = [
          tests=["tests/test_layer.py -k once_per_key"],
          why="metadata memo keyed without strides: a strided q reuses a contiguous q's checked call"),
     dict(file="mla_core/layer.py",
-         old="    if content_checks_enabled(input_row_offsets, q):\n        _content_checks(call)\n    choice",
-         new="    if hit is None and content_checks_enabled(input_row_offsets, q):\n        _content_checks(call)\n    choice",
+         old="**scalars)\n    if content_checks_enabled(input_row_offsets, q):",
+         new="**scalars)\n    if hit is None and content_checks_enabled(input_row_offsets, q):",
          tests=["tests/test_layer.py -k checked_key_keeps_every_check"],
          why="content checks only when the metadata was checked: bad values on a checked key reach the kernels"),
     # run.py ids layer#22-27: the decode's prep inside the decode backend's call (round m)
