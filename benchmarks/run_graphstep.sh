@@ -69,8 +69,10 @@ if [ -n "${A_DIR:-}" ] && [ "$(left)" -gt 70 ]; then
 fi
 echo "=== summary (commit ${MLA_COMMIT:-unknown}, +$(( $(date +%s) - t0 )) s)"
 echo "graph step GPU tests rc $rt: $(tail -1 "$LOGS/gpu_tests.log")"
+grep -E "^FAILED|^ERROR" "$LOGS/gpu_tests.log" | cut -c1-160 | head -6
 echo "layer GPU tests rc $rl: $(tail -1 "$LOGS/gpu_tests_layer.log" 2>/dev/null)"
 echo "B module table (rc $rm_), eager rows then the replayed rows:"
+grep -o "^module H[0-9]* B[0-9]*\|graph-replayed step.*" "$LOGS/bench_layer_module.log" | paste - - | head -2
 sed -n '/^# decode step of the whole/,$p' "$LOGS/bench_layer_module.log" | grep -v '^$' | head -14
 if [ "$ra" != skipped ]; then
   echo "A (main) module table (rc $ra):"
