@@ -281,7 +281,8 @@ def bench_module(shapes, device, baseline_gb):
                          module_graphstep_us=gs["full"], module_graphstep_metadata_us=gs["metadata"],
                          speedup_graphstep=ratio(gs["full"]), speedup_graphstep_metadata=ratio(gs["metadata"]),
                          graphstep_target_met=None if hf_us is None else hf_us >= 3 * gs["full"],
-                         module_graphstep_wall_us=gs["full_wall"], module_graphstep_metadata_wall_us=gs["metadata_wall"],
+                         module_graphstep_wall_us=gs["full_wall"],
+                         module_graphstep_metadata_wall_us=gs["metadata_wall"],
                          speedup_graphstep_wall=wall_ratio(gs["full_wall"]),
                          speedup_graphstep_wall_metadata=wall_ratio(gs["metadata_wall"]), graphstep_replays=replays))
         print(f"module H{heads} B{batch}: eager {mine_us:.1f} µs, metadata {mine_meta_us:.1f}, graph "

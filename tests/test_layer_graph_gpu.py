@@ -89,7 +89,8 @@ def test_bad_input_raises_before_any_launch():
     hidden = torch.randn(2, config.hidden_size, device="cuda", dtype=torch.bfloat16)
     offsets = torch.arange(3, device="cuda")
     for bad in (dict(block_table=table.block_table.clone().fill_(table.num_pages)),
-                dict(cache_lengths=table.lengths - 400), dict(input_row_offsets=torch.tensor([0, 2, 2], device="cuda"))):
+                dict(cache_lengths=table.lengths - 400),
+                dict(input_row_offsets=torch.tensor([0, 2, 2], device="cuda"))):
         args = dict(hidden_states=hidden, input_row_offsets=offsets, block_table=table.block_table,
                     cache_lengths=table.lengths)
         args.update(bad)
