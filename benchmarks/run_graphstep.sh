@@ -21,10 +21,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-$(mktemp -d)}
-t0=$(date +%s)
-stamp() { echo "--- $1 done at +$(( $(date +%s) - t0 )) s"; }
-left() { echo $(( ${CALL_LIMIT:-195} - ($(date +%s) - t0) )); }
-cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }  # a step's limit
+DEFAULT_CALL_LIMIT=195
+. benchmarks/device_clock.sh   # t0, stamp, left, cap
 echo "commit ${MLA_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 ROOT=$PWD
