@@ -15,7 +15,8 @@ Three tables, one run, ceilings measured in the same run (copy GB/s, bf16 TFLOP/
 2. the whole attention module, MLAAttention.forward (eager with full checks, eager with metadata checks, and a
    CUDA graph) against transformers' DeepseekV3Attention (eager attention, its dense latent cache expanded through
    kv_b_proj every step; the cache passed under the keyword the installed version takes, and the step refused
-   unless its attention saw all ``length`` tokens), same bf16 weights, hidden 7168.
+   unless its attention saw all ``length`` tokens), same bf16 weights, hidden 7168; and MLAAttention with
+   ``cuda_graph_decode=True`` (each step: the checks, copy-in, a graph replay, copy-out), full and metadata checks.
    Target: >= 3 x faster. Shapes whose expanded K/V would pass --baseline-gb are skipped.
 3. prefill of 4 x 4096 tokens through the layer against the attention kernel alone (mla_prefill on K/V of the same
    shapes): TFLOP/s of the attention FLOPs (causal pairs x heads x 2 x (192 + 128)). Target: >= 70 %.
@@ -215,6 +216,21 @@ def bench_module(shapes, device, baseline_gb):
             with _checks("metadata"):
                 mine_meta_wall_us = wall(lambda: mine(hidden, offsets, table.block_table, table.lengths,
                                                       max_seq_len=1))
+            # the opt-in graph-replayed step: checks on the host, copy-in, replay, copy-out (warm-up: eager, capture)
+            replayed = MLAAttention(config, num_pages=table.num_pages, page_size=64, dtype=torch.bfloat16,
+                                    device=device, cuda_graph_decode=True)
+            replayed.load_state_dict(mine.state_dict())
+            replayed.latent_cache.copy_(mine.latent_cache)
+            gs = {}
+            for mode in ("full", "metadata"):
+                with _checks(mode):
+                    gs[mode] = eager(lambda: replayed(hidden, offsets, table.block_table, table.lengths,
+                                                      max_seq_len=1))
+                    gs[mode + "_wall"] = wall(lambda: replayed(hidden, offsets, table.block_table, table.lengths,
+                                                               max_seq_len=1))
+            graphs = replayed.__dict__.get("_decode_graphs")
+            replays = graphs.replays if graphs is not None else 0
+            del replayed
         expanded_gb = batch * length * heads * (NOPE + ROPE + V_DIM) * 2 / 1e9
         hf_us = hf_wall_us = None
         if expanded_gb <= baseline_gb:
@@ -261,11 +277,20 @@ def bench_module(shapes, device, baseline_gb):
                          target_met=None if hf_us is None else hf_us >= 3 * mine_us,
                          module_wall_us=mine_wall_us, module_metadata_wall_us=mine_meta_wall_us,
                          transformers_wall_us=hf_wall_us, speedup_wall=wall_ratio(mine_wall_us),
-                         speedup_wall_metadata=wall_ratio(mine_meta_wall_us)))
+                         speedup_wall_metadata=wall_ratio(mine_meta_wall_us),
+                         module_graphstep_us=gs["full"], module_graphstep_metadata_us=gs["metadata"],
+                         speedup_graphstep=ratio(gs["full"]), speedup_graphstep_metadata=ratio(gs["metadata"]),
+                         graphstep_target_met=None if hf_us is None else hf_us >= 3 * gs["full"],
+                         module_graphstep_wall_us=gs["full_wall"],
+                         module_graphstep_metadata_wall_us=gs["metadata_wall"],
+                         speedup_graphstep_wall=wall_ratio(gs["full_wall"]),
+                         speedup_graphstep_wall_metadata=wall_ratio(gs["metadata_wall"]), graphstep_replays=replays))
         print(f"module H{heads} B{batch}: eager {mine_us:.1f} µs, metadata {mine_meta_us:.1f}, graph "
               f"{mine_graph_us:.1f}, transformers {'-' if hf_us is None else f'{hf_us:.1f}'}; host clock with a "
               f"synchronize: {mine_wall_us:.1f} / {mine_meta_wall_us:.1f}, transformers "
-              f"{'-' if hf_wall_us is None else f'{hf_wall_us:.1f}'}", flush=True)
+              f"{'-' if hf_wall_us is None else f'{hf_wall_us:.1f}'}; graph-replayed step (cuda_graph_decode) "
+              f"{gs['full']:.1f} / {gs['metadata']:.1f} µs ({replays} replays), host clock {gs['full_wall']:.1f} / "
+              f"{gs['metadata_wall']:.1f}", flush=True)
         del hf, mine
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -275,6 +300,15 @@ def bench_module(shapes, device, baseline_gb):
                        ("module_us", "MLAAttention µs", ".1f"), ("module_metadata_us", "metadata µs", ".1f"),
                        ("module_graph_us", "graph µs", ".1f"), ("transformers_us", "transformers µs", ".1f"), ("speedup", "speedup", ".2f"),
                        ("speedup_metadata", "speedup (metadata)", ".2f")])
+    print("\n# the same step with cuda_graph_decode=True (checks, copy-in, graph replay, copy-out; event-timed)")
+    print_table(rows, [("heads", "heads", "d"), ("batch", "batch", "d"), ("length", "len", "d"),
+                       ("module_graphstep_us", "replayed µs", ".1f"),
+                       ("module_graphstep_metadata_us", "metadata µs", ".1f"),
+                       ("transformers_us", "transformers µs", ".1f"), ("speedup_graphstep", "speedup", ".2f"),
+                       ("speedup_graphstep_metadata", "speedup (metadata)", ".2f"),
+                       ("module_graphstep_wall_us", "host clock µs", ".1f"),
+                       ("module_graphstep_metadata_wall_us", "host metadata µs", ".1f"),
+                       ("speedup_graphstep_wall", "host speedup", ".2f")])
     print("\n# the same steps by the host's clock, one call and a synchronize each, no L2 flush "
           "(an eager caller's latency)")
     print_table(rows, [("heads", "heads", "d"), ("batch", "batch", "d"), ("length", "len", "d"),

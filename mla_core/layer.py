@@ -428,6 +428,27 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
             max_seq_len, w_k, w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, list(weight_block_size),
             softmax_scale, epsilon, attn_sinks, rope_interleave, sparse_indices, topk_lengths, attention_backend,
             backend)
+    problem, call = checked_call(
+        q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets,
+        max_seq_len=max_seq_len, w_k=w_k, w_uk=w_uk, w_uv=w_uv, softmax_scale=softmax_scale, epsilon=epsilon,
+        w_k_scale=w_k_scale, w_uk_scale=w_uk_scale, w_uv_scale=w_uv_scale, weight_block_size=weight_block_size,
+        attn_sinks=attn_sinks, rope_interleave=rope_interleave, sparse_indices=sparse_indices,
+        topk_lengths=topk_lengths, attention_backend=attention_backend)
+    choice = dispatch.choose(problem, backend)
+    if not torch.is_grad_enabled():
+        return choice.backend.run(problem, call, choice.config)
+    with torch.no_grad():  # an inference op (the cache is written in place): no autograd graph, on any backend
+        return choice.backend.run(problem, call, choice.config)
+
+
+def checked_call(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, *,
+                 max_seq_len, w_k, w_uk, w_uv, softmax_scale, epsilon=1e-6, w_k_scale=None, w_uk_scale=None,
+                 w_uv_scale=None, weight_block_size=DEFAULT_WEIGHT_BLOCK, attn_sinks=None, rope_interleave=True,
+                 sparse_indices=None, topk_lengths=None,
+                 attention_backend: str | None = None) -> tuple[Problem, LayerCall]:
+    """Every check :func:`mla_forward` runs before it launches anything (its arguments, less ``backend``): the
+    metadata checks (memoized per key) and, unless ``MLA_CORE_CHECKS=metadata``, the content checks. Raises
+    :class:`MLAInputError`; reads no tensor but the index tensors (one host read, full checks only)."""
     tensors = (q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache, block_table, cache_offsets, w_k,
                w_k_scale, w_uk, w_uk_scale, w_uv, w_uv_scale, attn_sinks, sparse_indices, topk_lengths)
     try:
@@ -456,8 +477,4 @@ def mla_forward(q, kv, input_row_offsets, freqs_cis, kv_norm_gamma, latent_cache
                          topk_lengths=topk_lengths, **scalars)
     if content_checks_enabled(input_row_offsets, q):
         _content_checks(call)
-    choice = dispatch.choose(problem, backend)
-    if not torch.is_grad_enabled():
-        return choice.backend.run(problem, call, choice.config)
-    with torch.no_grad():  # an inference op (the cache is written in place): no autograd graph, on any backend
-        return choice.backend.run(problem, call, choice.config)
+    return problem, call

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import dequantize_weight, mla_forward
+from .decode_graphs import DEFAULT_MAX_GRAPHS, DecodeGraphs
+from .layer import checked_call, dequantize_weight, mla_forward
 
 FP8 = torch.float8_e4m3fn
 DEFAULT_NORM_EPS = 1e-6
@@ -219,6 +220,9 @@ class MLAAttention(nn.Module):
         dtype, device: of the parameters and the cache (FP8 weights keep FP8 E4M3 and float32 scales).
         tp_group: a ``torch.distributed`` process group to shard the heads over (None: all heads here).
         attention_backend: backend name for the inner attention (None: automatic dispatch).
+        cuda_graph_decode: replay each CUDA decode step (one token per request, ``max_seq_len=1``, grad off) as a
+            CUDA graph per key, after one eager call of that key (docs/layer.md); every other call runs eagerly.
+        max_decode_graphs: keys (graphs) kept with ``cuda_graph_decode``, least recently used evicted.
 
     ``forward(hidden_states [tokens, hidden], input_row_offsets [batch + 1], block_table [batch, max_pages],
     cache_lengths [batch], max_seq_len=None) -> [tokens, hidden]`` writes the tokens' latent rows into the cache
@@ -227,8 +231,13 @@ class MLAAttention(nn.Module):
     """
 
     def __init__(self, config: Any, *, num_pages: int = 0, page_size: int = 64, dtype: torch.dtype | None = None,
-                 device=None, tp_group=None, attention_backend: str | None = None):
+                 device=None, tp_group=None, attention_backend: str | None = None, cuda_graph_decode: bool = False,
+                 max_decode_graphs: int = DEFAULT_MAX_GRAPHS):
         super().__init__()
+        if cuda_graph_decode is not False and cuda_graph_decode is not True:
+            raise ValueError(f"cuda_graph_decode: got {cuda_graph_decode!r}, needs a bool")
+        if cuda_graph_decode:
+            self.__dict__["_decode_graphs"] = DecodeGraphs(max_decode_graphs)
         dtype = dtype or torch.get_default_dtype()
         self.tp_group = tp_group
         self.tp_size, self.tp_rank = 1, 0
@@ -354,24 +363,55 @@ class MLAAttention(nn.Module):
 
         ``max_seq_len``: the longest request's token count in this call (None: read from ``input_row_offsets``,
         a host sync); 1 runs the absorbed decode. ``sparse_indices`` [tokens, top_k] / ``topk_lengths`` [tokens]:
-        DeepSeek-V3.2's selected cache rows per token (see :func:`mla_core.mla_forward`).
+        DeepSeek-V3.2's selected cache rows per token (see :func:`mla_core.mla_forward`). With
+        ``cuda_graph_decode`` a CUDA decode step replays a CUDA graph (docs/layer.md).
         """
+        graphs = self.__dict__.get("_decode_graphs")
+        if graphs is not None and sparse_indices is None and topk_lengths is None:
+            key = graphs.key(self, hidden_states, input_row_offsets, block_table, cache_lengths, max_seq_len)
+            if key is not None:
+                out = graphs.run(self, key, hidden_states, input_row_offsets, block_table, cache_lengths)
+                if out is None:              # a new key: this call runs eagerly, its next one captures
+                    out = self._step(hidden_states, input_row_offsets, block_table, cache_lengths, max_seq_len)
+                    graphs.seen(key)
+                return out
+        return self._step(hidden_states, input_row_offsets, block_table, cache_lengths, max_seq_len, sparse_indices,
+                          topk_lengths)
+
+    def _layer_args(self, q: torch.Tensor, kv: torch.Tensor, input_row_offsets, block_table, cache_lengths,
+                    max_seq_len: int, sparse_indices=None, topk_lengths=None) -> tuple[tuple, dict[str, Any]]:
+        """mla_forward's positional and keyword arguments for q [tokens, heads, qk] and kv [tokens, latent + rope]."""
+        norm = self._modules["kv_a_layernorm"]
+        buffers = self._buffers
+        return ((q, kv, input_row_offsets, buffers["freqs_cis"], norm._parameters["weight"], buffers["latent_cache"],
+                 block_table, cache_lengths),
+                dict(max_seq_len=max_seq_len, softmax_scale=self.softmax_scale, epsilon=norm.eps,
+                     rope_interleave=self.rope_interleave, attention_backend=self.attention_backend,
+                     sparse_indices=sparse_indices, topk_lengths=topk_lengths, **self.layer_weights()))
+
+    def _check_decode(self, q: torch.Tensor, kv: torch.Tensor, input_row_offsets, block_table, cache_lengths) -> None:
+        """The checks the decode step's mla_forward runs (current MLA_CORE_CHECKS mode) on the caller's index
+        tensors, with q / kv stand-ins of the step's shapes: raises MLAInputError, launches nothing."""
+        args, kwargs = self._layer_args(q, kv, input_row_offsets, block_table, cache_lengths, 1)
+        checked_call(*args, **kwargs)
+
+    def _step(self, hidden_states: torch.Tensor, input_row_offsets: torch.Tensor, block_table: torch.Tensor,
+              cache_lengths: torch.Tensor, max_seq_len: int | None = None, sparse_indices: torch.Tensor | None = None,
+              topk_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The eager step (what forward runs without a graph)."""
         tokens = hidden_states.shape[0]
         if max_seq_len is None:
             lens = input_row_offsets[1:] - input_row_offsets[:-1]
             max_seq_len = int(lens.max()) if lens.numel() else 0
-        mods, buffers = self._modules, self._buffers      # (what self.<name> finds, without Module.__getattr__)
+        mods = self._modules      # (what self.<name> finds, without Module.__getattr__)
         if self.q_lora_rank is None:
             q = mods["q_proj"](hidden_states)
         else:
             q = mods["q_b_proj"](mods["q_a_layernorm"](mods["q_a_proj"](hidden_states)))
         kv = mods["kv_a_proj_with_mqa"](hidden_states)
-        norm = mods["kv_a_layernorm"]
-        attn = mla_forward(q.view(tokens, self.local_heads, self.qk_dim), kv, input_row_offsets, buffers["freqs_cis"],
-                           norm._parameters["weight"], buffers["latent_cache"], block_table, cache_lengths,
-                           max_seq_len=max_seq_len, softmax_scale=self.softmax_scale, epsilon=norm.eps,
-                           rope_interleave=self.rope_interleave, attention_backend=self.attention_backend,
-                           sparse_indices=sparse_indices, topk_lengths=topk_lengths, **self.layer_weights())
+        args, kwargs = self._layer_args(q.view(tokens, self.local_heads, self.qk_dim), kv, input_row_offsets,
+                                        block_table, cache_lengths, max_seq_len, sparse_indices, topk_lengths)
+        attn = mla_forward(*args, **kwargs)
         attn = attn.reshape(tokens, self.local_heads * self.v_dim)
         if self.tp_size == 1:
             return mods["o_proj"](attn)
