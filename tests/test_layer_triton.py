@@ -109,19 +109,6 @@ def test_prefill_without_prefix_keys_from_the_kernel(monkeypatch, checks):
     _compare(case, weights, torch.float32, against_math=checks == "full")
 
 
-@pytest.mark.parametrize("starts", [[0, 0, 0], [3, 0, 9]])
-def test_prefill_head_groups(monkeypatch, starts):
-    """The prefill prep runs one program per (token, 16 heads): 40 heads are 3 groups, the last one partial; only
-    group 0 writes the token's cache row and key row (without a prefix a row on a page outside the cache stays
-    zeros, not another group's zeros over group 0's values)."""
-    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
-    case, weights = make_case([4, 2, 3], starts, fp8=True, seed=13, heads=40, nope=8, rope=4, latent=16, v_dim=8,
-                              block=(8, 8), page=2, extra_pages=1)
-    if starts == [0, 0, 0]:
-        case["block_table"][1, 0] = case["latent_cache"].shape[0] + 2      # request 1's rows: nowhere to go
-    _compare(case, weights, torch.float32, against_math=False)
-
-
 def test_weight_cache_follows_in_place_updates():
     from mla_core_triton import layer
     case, weights = make_case([1, 1], [3, 8], fp8=True, seed=6)

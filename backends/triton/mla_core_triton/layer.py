@@ -152,7 +152,7 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_NOPE: tl.constexpr, BLOCK_H: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, Q_ROPE_AT: tl.constexpr, COPY_NOPE: tl.constexpr,
                  INTERLEAVE: tl.constexpr, TOKEN_LEN: tl.constexpr, TOKEN_TABLE: tl.constexpr,
-                 ROWS: tl.constexpr, HEAD_GROUPS: tl.constexpr):
+                 ROWS: tl.constexpr):
     t = tl.program_id(0)
     # the token's request: the number of offsets[1:] entries <= t (clamped: memory-safe whatever the offsets)
     b = t * 0                   # an int32 tensor: a loop-carried value keeps its type
@@ -186,9 +186,6 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
     col = pos // page_size
     page = tl.load(table_ptr + b.to(tl.int64) * stride_tb + tl.minimum(tl.maximum(col, 0), width - 1)).to(tl.int64)
     ok = ((pos >= 0) & (col < width) & (page >= 0) & (page < num_pages)).to(tl.int32)
-    if HEAD_GROUPS:         # program (t, g) rotates head group g; only (t, 0) writes the token's row
-        mine = (tl.program_id(1) == 0).to(tl.int32)
-        ok = ok * mine
     dst = cache_ptr + (page * page_size + pos % page_size) * (LATENT + ROPE)
     # (scalar masks broadcast by arithmetic: Triton's interpreter refuses a scalar bool in a vector mask)
     tl.store(dst + lat, (x * inv * gamma).to(cache_ptr.dtype.element_ty), mask=lmask & (lat * 0 + ok != 0))
@@ -198,24 +195,15 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
     if ROWS:                # prefill without a cached prefix: the token's key row (zeros where not written)
         keep = lat * 0 + ok != 0
         r_row = rows_ptr + t.to(tl.int64) * (LATENT + ROPE)
-        rmask, rhmask = lmask, hmask
-        if HEAD_GROUPS:
-            rmask, rhmask = lmask & (lat * 0 + mine != 0), hmask & (half * 0 + mine != 0)
-        tl.store(r_row + lat, tl.where(keep, x * inv * gamma, 0.0).to(rows_ptr.dtype.element_ty), mask=rmask)
+        tl.store(r_row + lat, tl.where(keep, x * inv * gamma, 0.0).to(rows_ptr.dtype.element_ty), mask=lmask)
         keep_h = half * 0 + ok != 0
         _rotate_store(tl.where(keep_h, k1, 0.0), tl.where(keep_h, k2, 0.0), cos, sin, r_row + LATENT, half,
-                      INTERLEAVE, HALF, rhmask)
+                      INTERLEAVE, HALF, hmask)
 
-    # the query's rope part (and its nope part for prefill), BLOCK_H heads at a time (HEAD_GROUPS: this program's)
+    # the query's rope part (and its nope part for prefill), BLOCK_H heads at a time
     hh = tl.arange(0, BLOCK_H)
     nn = tl.arange(0, BLOCK_NOPE)
-    if HEAD_GROUPS:
-        h_first = tl.program_id(1) * BLOCK_H
-        h_stop = h_first + 1
-    else:
-        h_first = 0
-        h_stop = heads
-    for h0 in range(h_first, h_stop, BLOCK_H):
+    for h0 in range(0, heads, BLOCK_H):
         h = h0 + hh
         m2 = (h < heads)[:, None] & hmask[None, :]
         q_row = q_ptr + t.to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
@@ -240,16 +228,13 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
 def _prep_constants(nope: int, rope: int, latent: int, heads: int, batch: int, width: int, q_rope_at: int,
                     copy_nope: bool, interleave: bool, with_len: bool, with_table: bool, rows: bool,
                     num_warps: int) -> dict:
-    """The prep kernel's constexprs and launch options (a pure function of its arguments, cached). The prefill
-    form (``copy_nope``: the whole query copied) runs one program per (token, BLOCK_H heads): one program per token
-    took 1.2 ms for 4 x 4096 tokens at 128 heads on the H200, 3x its memory floor."""
+    """The prep kernel's constexprs and launch options (a pure function of its arguments, cached)."""
     return dict(
         NOPE=nope, ROPE=rope, LATENT=latent, BLOCK_LAT=triton.next_power_of_2(latent), HALF=rope // 2,
         BLOCK_HALF=triton.next_power_of_2(rope // 2), BLOCK_NOPE=triton.next_power_of_2(nope),
         BLOCK_H=min(16, triton.next_power_of_2(heads)), BLOCK_B=min(1024, triton.next_power_of_2(max(batch, 1))),
         BLOCK_W=min(1024, triton.next_power_of_2(max(width, 1))), Q_ROPE_AT=q_rope_at, COPY_NOPE=copy_nope,
-        INTERLEAVE=interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table, ROWS=rows,
-        HEAD_GROUPS=copy_nope and not (with_len or with_table), num_warps=num_warps)
+        INTERLEAVE=interleave, TOKEN_LEN=with_len, TOKEN_TABLE=with_table, ROWS=rows, num_warps=num_warps)
 
 
 def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, config, rows=None) -> None:
@@ -258,17 +243,15 @@ def _prep(call, q_out, q_rope_at: int, copy_nope: bool, token_table, token_len, 
     batch = call.input_row_offsets.shape[0] - 1
     width = table.shape[1]
     with_table, with_len = token_table is not None, token_len is not None
-    constants = _prep_constants(call.nope_dim, call.rope_dim, call.kv_lora_rank, heads, batch, width, q_rope_at,
-                                copy_nope, call.rope_interleave, with_len, with_table, rows is not None,
-                                config.get("num_warps", 4))
-    groups = triton.cdiv(heads, constants["BLOCK_H"]) if constants["HEAD_GROUPS"] else 1
-    _prep_kernel[(tokens, groups)](
+    _prep_kernel[(tokens,)](
         q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, call.kv_norm_gamma, cache, table, q_out,
         token_table if with_table else table, token_len if with_len else call.cache_offsets,
         rows if rows is not None else cache,
         q.stride(0), q.stride(1), kv.stride(0), call.freqs_cis.stride(0), table.stride(0), q_out.stride(0),
         q_out.stride(1), tokens, batch, heads, call.freqs_cis.shape[0], cache.shape[0], width, cache.shape[1],
-        call.epsilon, **constants)
+        call.epsilon, **_prep_constants(call.nope_dim, call.rope_dim, call.kv_lora_rank, heads, batch, width,
+                                        q_rope_at, copy_nope, call.rope_interleave, with_len, with_table,
+                                        rows is not None, config.get("num_warps", 4)))
 
 
 # --------------------------------------------------------------------------------------------------
