@@ -29,19 +29,7 @@ echo "commit ${MLA_COMMIT:-unknown}, A ${A_DIR:?A_DIR}"
 A_DIR=$(cd "$A_DIR" && pwd)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 . benchmarks/checkout_first.sh  # this tree's packages first (a warm machine may hold another install)
-build() {  # $1: a csrc folder, $2: its log (the build cache is the default one, keyed by the sources' contents)
-  (cd benchmarks && timeout "$(cap "${BUILD_S:-75}")" python3 -c "import sys; from common import load_cuda_extension; \
-print('built', load_cuda_extension(sys.argv[1]).__name__)" "$1") >"$2" 2>&1
-}
-build "$A_DIR/csrc" "$LOGS/build_a.log" &
-pa=$!
-build "$PWD/csrc" "$LOGS/build_b.log"
-rb=$?
-wait $pa
-ra=$?
-tail -n 1 "$LOGS/build_a.log" "$LOGS/build_b.log"
-stamp "builds (A rc $ra, B rc $rb)"
-[ $ra = 0 ] && [ $rb = 0 ] || { tail -n 30 "$LOGS/build_a.log" "$LOGS/build_b.log"; exit 3; }
+build_ab "$A_DIR/csrc"   # (benchmarks/device_clock.sh)
 OUT=$LOGS timeout "$(cap "${AB_S:-130}")" python3 benchmarks/bench_prefill_nvfp4_ab.py --base "$A_DIR" \
   --rounds "${ROUNDS:-3}" ${AB_ARGS---parts} 2>&1 | tee "$LOGS/ab.log" | tail -22
 rab=${PIPESTATUS[0]}
