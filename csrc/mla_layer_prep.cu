@@ -21,9 +21,10 @@
 // - mean + eps = fma(div.approx(1, 512), sum, eps) (Triton turned `sum / 512 + eps` into that; 1 / 512 is exact);
 // - inv = div.full.f32(1, sqrt.rn(mean + eps)) (Triton's `/` on float32 is div.full, not a correctly rounded one);
 // - the row = cvt.rn((inv * x) * gamma);
-// - rope: r1 = fma(cos, x1, -(sin * x2)), r2 = fma(sin, x1, cos * x2) (the products LLVM fused in
-//   `x1 * cos - x2 * sin` and `x2 * cos + x1 * sin`: rope_order 0, 3.9's), each rounded once to the cache dtype;
-//   rope_order 1: the other product of each line fused.
+// - rope: r1 = fma(cos, x1, -(sin * x2)), r2 = fma(sin, x1, cos * x2) (rope_order 0: layer.py's `_rotate` writes
+//   these fma out, so every Triton compiles them), each rounded once to the cache dtype; rope_order 1: the other
+//   product of each line fused (what LLVM chose for `x1 * cos - x2 * sin` before `_rotate` wrote it out; kept for
+//   the MLA_CORE_LAYER_PREP_ORDER override only).
 // Every operation is an explicit intrinsic (__fmul_rn, __fadd_rn, __fmaf_rn) or inline PTX, so nvcc can neither
 // contract nor reorder them. The two orders are launch arguments (uniform branches), so a device whose Triton fuses
 // otherwise is matched without a rebuild (MLA_CORE_LAYER_PREP_ORDER; benchmarks/run_layer_prep_ab.sh searches them

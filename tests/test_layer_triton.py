@@ -109,6 +109,80 @@ def test_prefill_without_prefix_keys_from_the_kernel(monkeypatch, checks):
     _compare(case, weights, torch.float32, against_math=checks == "full")
 
 
+def _prefill_q_pre(monkeypatch, case, weights, **over):
+    """The prefill prep's q_pre [T, H, nope + rope] and the prep's call, from one triton layer run."""
+    from mla_core_triton import layer
+    seen, prep = [], layer._prep
+
+    def spy(call, q_out, q_rope_at, copy_nope, *args, **kwargs):
+        prep(call, q_out, q_rope_at, copy_nope, *args, **kwargs)
+        if copy_nope:
+            seen.append((call, q_out.clone()))
+    monkeypatch.setattr(layer, "_prep", spy)
+    run(case, weights, backend="triton", **over)
+    (call, q_pre), = seen
+    return call, q_pre
+
+
+def _q_rope_by_decode_form(call, nope):
+    """The decode form's (COPY_NOPE False: stride-2 pair loads) q_rope written at column ``nope`` of a NaN buffer."""
+    from mla_core_triton import layer
+    tokens, heads = call.q.shape[:2]
+    out = torch.full((tokens, heads, nope + call.rope_dim), float("nan"), dtype=call.latent_cache.dtype,
+                     device=call.q.device)
+    layer._prep(call, out, nope, False, None, None, {"num_warps": 4})
+    return out
+
+
+def _q_rope_torch(call, fused=False):
+    """q_rope rotated in float32 in the kernel's operation order: ``fused``, fma(cos, x1, -(sin x2)) and
+    fma(sin, x1, cos x2) rounded once (the product in float64 is exact; the sum's float64 rounding before float32
+    differs from one rounding only on a float32 tie, ~2^-29 of elements); else each product and the sum rounded to
+    float32 (Triton 3.6's interpreter evaluates tl.fma so)."""
+    offsets = call.input_row_offsets.long()
+    tokens = call.q.shape[0]
+    t = torch.arange(tokens, device=offsets.device)
+    b = (torch.searchsorted(offsets[1:], t, right=True)).clamp(max=offsets.numel() - 2)
+    pos = (call.cache_offsets.long()[b] + t - offsets[b]).clamp(0, call.freqs_cis.shape[0] - 1)
+    cos, sin = call.freqs_cis[pos, 0::2][:, None].float(), call.freqs_cis[pos, 1::2][:, None].float()
+    x = call.q[..., call.nope_dim:].float()
+    half = call.rope_dim // 2
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if call.rope_interleave else (x[..., :half], x[..., half:])
+    if fused:
+        r1 = (cos.double() * x1.double() - (sin * x2).double()).float()
+        r2 = (sin.double() * x1.double() + (cos * x2).double()).float()
+    else:
+        r1, r2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    rot = torch.stack((r1, r2), -1).flatten(-2) if call.rope_interleave else torch.cat((r1, r2), -1)
+    return rot.to(call.latent_cache.dtype)
+
+
+def _check_q_pre(call, q_pre, exact_torch):
+    nope = call.nope_dim
+    assert torch.equal(q_pre[..., :nope], call.q[..., :nope].to(q_pre.dtype))           # the nope copy, exact
+    assert torch.equal(q_pre[..., nope:], _q_rope_by_decode_form(call, nope)[..., nope:])  # bit-equal to decode's
+    if exact_torch:     # the interpreter's tl.fma: one rounding (newer Triton) or two (3.6); either, bit for bit
+        rope = q_pre[..., nope:]
+        assert torch.equal(rope, _q_rope_torch(call, fused=True)) or torch.equal(rope, _q_rope_torch(call))
+
+
+@pytest.mark.parametrize("heads,nope,rope", [(3, 16, 8), (40, 16, 8), (20, 24, 12), (128, 8, 4), (5, 4, 2)])
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("dtype,starts", [(torch.bfloat16, [0, 0, 0]), (torch.float16, [0, 0, 0]),
+                                          (torch.float32, [0, 5, 2])])
+def test_prefill_q_pre_bit_equal(monkeypatch, heads, nope, rope, interleave, dtype, starts):
+    """The prefill form's q_pre (rope rows loaded whole, pairs split in registers when interleaved): the nope part
+    copied, the rope part bit-equal to the decode form's stride-2 path and to float32 torch in the same order
+    (heads not a multiple of the 16-head block, a rope whose half is not a power of two, with / without rows; not
+    for bf16 here: the interpreter rounds float32 to bf16 toward zero, the device to nearest)."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    case, weights = make_case([5, 3, 4], starts, dtype=dtype, seed=heads + rope, heads=heads, nope=nope, rope=rope)
+    if starts == [0, 0, 0]:
+        case["block_table"][1, 0] = case["latent_cache"].shape[0] + 2      # request 1's rows: nowhere to go
+    call, q_pre = _prefill_q_pre(monkeypatch, case, weights, rope_interleave=interleave)
+    _check_q_pre(call, q_pre, exact_torch=dtype != torch.bfloat16)
+
+
 def test_weight_cache_follows_in_place_updates():
     from mla_core_triton import layer
     case, weights = make_case([1, 1], [3, 8], fp8=True, seed=6)
@@ -215,6 +289,20 @@ def test_gpu_deepseek_v3_sizes_match_reference(fp8, lens, starts):
     assert not out.isnan().any()
     assert rel_l2(out, ref) < 2e-2
     _check_same_cache(caches[1], caches[0], torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interleave", [True, False])
+def test_gpu_prefill_q_pre_bit_equal_to_decode_form(monkeypatch, interleave):
+    """DeepSeek-V3 sizes: the prefill form's q_pre is the decode form's rotation bit for bit (both fma-contracted),
+    its nope part the query's; within one bf16 rounding of float32 torch."""
+    case, weights = make_case([300, 7, 64], [0, 0, 0], dtype=torch.bfloat16, heads=128, nope=128, rope=64,
+                              latent=512, v_dim=128, block=(128, 128), page=64)
+    case, w = _cuda(case, weights)
+    weights = types.SimpleNamespace(kwargs=lambda: w)
+    call, q_pre = _prefill_q_pre(monkeypatch, case, weights, rope_interleave=interleave, attention_backend=None)
+    _check_q_pre(call, q_pre, exact_torch=False)
+    assert torch.allclose(q_pre[..., 128:].float(), _q_rope_torch(call).float(), rtol=2 ** -6, atol=1e-5)
 
 
 @pytest.mark.gpu

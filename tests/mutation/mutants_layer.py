@@ -8,6 +8,7 @@ _LAYER = "backends/reference/mla_core_reference/layer.py"
 _FAST = "tests/test_layer.py -k 'not compile and not any_backend'"
 _GRAPHS = "mla_core/decode_graphs.py"
 _GRAPH_TESTS = "tests/test_nn_decode_graphs.py"
+_PREP = "tests/test_layer_triton.py -k q_pre_bit_equal"
 
 MUTANTS = [
     dict(file=_LAYER,
@@ -192,4 +193,30 @@ MUTANTS = [
          new="        self.entries.move_to_end(key)\n        return entry.output",
          tests=[_GRAPH_TESTS],
          why="the static output returned: step i's output overwritten by step i + 1"),
+    # the Triton prefill prep's rope rows (round n, wip/tprep): loaded whole, pairs split / joined in registers
+    dict(file="backends/triton/mla_core_triton/layer.py",
+         old="            x1, x2 = tl.split(tl.reshape(xr, (BLOCK_H, BLOCK_HALF, 2)))",
+         new="            x2, x1 = tl.split(tl.reshape(xr, (BLOCK_H, BLOCK_HALF, 2)))",
+         tests=[_PREP],
+         why="prefill q_rope: the pair's halves swapped when split (rotated the other way)"),
+    dict(file="backends/triton/mla_core_triton/layer.py",
+         old="            rot = tl.reshape(tl.join(r1, r2), (BLOCK_H, 2 * BLOCK_HALF))",
+         new="            rot = tl.reshape(tl.join(r2, r1), (BLOCK_H, 2 * BLOCK_HALF))",
+         tests=[_PREP],
+         why="prefill q_rope: the rotated pair stored swapped"),
+    dict(file="backends/triton/mla_core_triton/layer.py",
+         old="            rot = tl.reshape(tl.join(r1, r2), (BLOCK_H, 2 * BLOCK_HALF))",
+         new="            rot = tl.reshape(tl.permute(tl.join(r1, r2), (0, 2, 1)), (BLOCK_H, 2 * BLOCK_HALF))",
+         tests=[_PREP],
+         why="prefill q_rope: stored as split halves although the rope is interleaved"),
+    dict(file="backends/triton/mla_core_triton/layer.py",
+         old="            r1, r2 = _rotate(x1, x2, cos[None, :], sin[None, :])",
+         new="            r1, r2 = _rotate(x1, x2, sin[None, :], cos[None, :])",
+         tests=[_PREP],
+         why="prefill q_rope: cos and sin swapped"),
+    dict(file="backends/triton/mla_core_triton/layer.py",
+         old="            mr = (h < heads)[:, None] & (rr < ROPE)[None, :]",
+         new="            mr = (h < heads)[:, None] & (rr < 2 * BLOCK_HALF)[None, :]",
+         tests=[_PREP],
+         why="prefill q_rope: a rope whose half is not a power of two spills its padding into the next head's row"),
 ]

@@ -131,10 +131,17 @@ def _w_k(call, dtype):
 
 
 @triton.jit
+def _rotate(x1, x2, cos, sin):
+    """The rotated pair ``(x1 cos - x2 sin, x2 cos + x1 sin)`` (float32; the one form every rope path compiles):
+    ``fma(cos, x1, -(sin x2))``, ``fma(sin, x1, cos x2)`` written out, so no Triton / LLVM version picks the other
+    product to fuse (Triton 3.6 fused the other one after ``tl.split``; csrc/mla_layer_prep.cu's rope_order 0)."""
+    return tl.fma(cos, x1, -(sin * x2)), tl.fma(sin, x1, cos * x2)
+
+
+@triton.jit
 def _rotate_store(x1, x2, cos, sin, dst, half_offs, INTERLEAVE: tl.constexpr, HALF: tl.constexpr, mask):
     """Store ``rope([x1, x2])`` (float32 pairs) at ``dst`` + pair offsets (interleaved or split halves)."""
-    r1 = x1 * cos - x2 * sin
-    r2 = x2 * cos + x1 * sin
+    r1, r2 = _rotate(x1, x2, cos, sin)
     if INTERLEAVE:
         tl.store(dst + 2 * half_offs, r1.to(dst.dtype.element_ty), mask=mask)
         tl.store(dst + 2 * half_offs + 1, r2.to(dst.dtype.element_ty), mask=mask)
@@ -203,14 +210,26 @@ def _prep_kernel(q_ptr, kv_ptr, offsets_ptr, starts_ptr, freqs_ptr, gamma_ptr, c
     # the query's rope part (and its nope part for prefill), BLOCK_H heads at a time
     hh = tl.arange(0, BLOCK_H)
     nn = tl.arange(0, BLOCK_NOPE)
+    rr = tl.arange(0, 2 * BLOCK_HALF)
     for h0 in range(0, heads, BLOCK_H):
         h = h0 + hh
         m2 = (h < heads)[:, None] & hmask[None, :]
         q_row = q_ptr + t.to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
         o_row = qo_ptr + t.to(tl.int64) * stride_ot + h[:, None].to(tl.int64) * stride_oh
-        x1 = tl.load(q_row + NOPE + p1[None, :], mask=m2, other=0.0).to(tl.float32)
-        x2 = tl.load(q_row + NOPE + p2[None, :], mask=m2, other=0.0).to(tl.float32)
-        _rotate_store(x1, x2, cos[None, :], sin[None, :], o_row + Q_ROPE_AT, half[None, :], INTERLEAVE, HALF, m2)
+        if COPY_NOPE and INTERLEAVE:
+            # prefill: each head's rope row loaded and stored contiguously (16-byte vectors), its pairs split and
+            # joined in registers (the stride-2 2-byte gathers and scatters of the decode form cost ~3x the floor)
+            mr = (h < heads)[:, None] & (rr < ROPE)[None, :]
+            xr = tl.load(q_row + NOPE + rr[None, :], mask=mr, other=0.0).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(xr, (BLOCK_H, BLOCK_HALF, 2)))
+            r1, r2 = _rotate(x1, x2, cos[None, :], sin[None, :])
+            rot = tl.reshape(tl.join(r1, r2), (BLOCK_H, 2 * BLOCK_HALF))
+            tl.store(o_row + Q_ROPE_AT + rr[None, :], rot.to(qo_ptr.dtype.element_ty), mask=mr)
+        else:
+            x1 = tl.load(q_row + NOPE + p1[None, :], mask=m2, other=0.0).to(tl.float32)
+            x2 = tl.load(q_row + NOPE + p2[None, :], mask=m2, other=0.0).to(tl.float32)
+            _rotate_store(x1, x2, cos[None, :], sin[None, :], o_row + Q_ROPE_AT, half[None, :], INTERLEAVE, HALF,
+                          m2)
         if COPY_NOPE:
             mn = (h < heads)[:, None] & (nn < NOPE)[None, :]
             tl.store(o_row + nn[None, :], tl.load(q_row + nn[None, :], mask=mn, other=0.0), mask=mn)
@@ -324,7 +343,7 @@ its own (~60-70 us of host time a step on the H200); else, and for every other c
 def _prep_order(version: str) -> tuple[int, int]:
     """(sum_order, rope_order) of the CUDA prep equal to the Triton prep of Triton ``version`` (csrc/mla_layer_prep.cu):
     a thread's squares summed as a tree from 3.7 (triton-lang/triton#9220) and as a left fold before; the rope
-    products fused as 3.9's PTX shows. ``MLA_CORE_LAYER_PREP_ORDER="S,R"`` overrides both (a device whose Triton
+    rotation is :func:`_rotate`'s written-out fma on every version (rope_order 0). ``MLA_CORE_LAYER_PREP_ORDER="S,R"`` overrides both (a device whose Triton
     fuses otherwise; benchmarks/run_layer_prep_ab.sh searches them when a bit-equality test fails)."""
     raw = os.environ.get("MLA_CORE_LAYER_PREP_ORDER", "").strip()
     if raw:
