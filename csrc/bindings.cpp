@@ -238,11 +238,12 @@ void sparse_decode_wgmma(const at::Tensor& query, const at::Tensor& cache, const
 // [batch + 1] int32 contiguous, out [total_q, heads, 128] bf16 and lse [heads, total_q] float32 (optional), both
 // contiguous and written. p_fmt: 0 = P in bf16, 1 / 2 = P's FP8 codes (division-free / IEEE quotient); q_fmt
 // likewise for Q's FP8 codes made in the kernel (q_scale's factor folded into scale_log2 by the caller); p_fmt 3 / 4
-// = P's NVFP4, with q_fmt 3 / 4 = Q's NVFP4 values made in the kernel (q_scale = Q's g).
+// = P's NVFP4, with q_fmt 3 / 4 = Q's NVFP4 values made in the kernel (q_scale = Q's g). work_counter: one int64,
+// zero (p_fmt 0 and q_fmt 0 only): the persistent kernel (mla_prefill_persistent.cu) claims its work items from it.
 void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_q,
                    const at::Tensor& cu_k, int64_t max_seqlen_q, at::Tensor out, std::optional<at::Tensor> lse,
                    bool causal, double scale_log2, double out_scale, int64_t p_fmt, double p_scale, double p_rscale,
-                   int64_t q_fmt, double q_scale, double q_rscale) {
+                   int64_t q_fmt, double q_scale, double q_rscale, std::optional<at::Tensor> work_counter) {
   const auto bf16 = at::kBFloat16;
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
               "mla_core cuda prefill: tensors must be on CUDA");
@@ -290,6 +291,13 @@ void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     TORCH_CHECK(lse->is_cuda() && lse->scalar_type() == at::kFloat && lse->is_contiguous() &&
                     lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
     p.lse = lse->data_ptr<float>();
+  }
+  p.work_counter = nullptr;
+  if (work_counter.has_value()) {
+    TORCH_CHECK(work_counter->is_cuda() && work_counter->scalar_type() == at::kLong && work_counter->numel() == 1 &&
+                    work_counter->device() == q.device() && p_fmt == 0 && q_fmt == 0,
+                "work_counter (the persistent kernel, P and Q unquantized) must be one int64 on q's device");
+    p.work_counter = reinterpret_cast<unsigned long long*>(work_counter->data_ptr<int64_t>());
   }
   TORCH_CHECK(mla_core_cuda::prefill_wgmma_supported(p),
               "the WGMMA prefill needs heads a multiple of kv_heads, non-empty q and k, and data and token / head "
@@ -640,7 +648,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cu_q"), pybind11::arg("cu_k"),
         pybind11::arg("max_seqlen_q"), pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("causal"),
         pybind11::arg("scale_log2"), pybind11::arg("out_scale"), pybind11::arg("p_fmt"), pybind11::arg("p_scale"),
-        pybind11::arg("p_rscale"), pybind11::arg("q_fmt"), pybind11::arg("q_scale"), pybind11::arg("q_rscale"));
+        pybind11::arg("p_rscale"), pybind11::arg("q_fmt"), pybind11::arg("q_scale"), pybind11::arg("q_rscale"),
+        pybind11::arg("work_counter") = pybind11::none());
   m.def("fp8_codes_bf16", &fp8_codes_bf16,
         "FP8 E4M3 codes of each x / scale as bf16 values, one launch (the prefill's QDQ pre-pass)",
         pybind11::arg("xs"), pybind11::arg("outs"), pybind11::arg("scales"), pybind11::arg("rscales"),

@@ -41,15 +41,23 @@ struct PrefillParams {
   // key), contiguous, or null.
   uint16_t* out;
   float* lse;
+  // The persistent kernel (p_fmt 0 and q_fmt 0 only): a uint64 counter of claimed work items, 0 before the launch
+  // (the caller zeroes it for every call); null = one CTA per (query block, head, sequence).
+  unsigned long long* work_counter;
 };
 
 // Whether the kernel covers `params`: heads >= 1 and a multiple of kv_heads, total_q and total_k >= 1 and below 2^31,
-// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt 0..4, q_fmt 0..2 (or 3..4 with p_fmt 3..4).
+// max_seqlen_q >= 1, every pointer and stride 16-byte aligned, p_fmt 0..4, q_fmt 0..2 (or 3..4 with p_fmt 3..4); a
+// work_counter with p_fmt 0 and q_fmt 0 only.
 bool prefill_wgmma_supported(const PrefillParams& params);
 
 // The prefill kernel on `stream` (tensor maps encoded on the host from the pointers and strides; no -lcuda: the
 // driver's encoder is looked up through the runtime); the first CUDA error or cudaSuccess.
 cudaError_t launch_prefill_wgmma(const PrefillParams& params, cudaStream_t stream);
+
+// The persistent kernel (mla_prefill_persistent.cu; launch_prefill_wgmma calls it for a params.work_counter, after
+// its checks): tensor_maps points at the call's Q / K / V maps (mla_prefill_wgmma.cuh's TmaMaps).
+cudaError_t launch_prefill_persistent(const PrefillParams& params, const void* tensor_maps, cudaStream_t stream);
 
 // The FP8 pre-pass's operands (up to three; unused ones n8 = 0): x[j] and out[j] bf16 (raw bits), n8[j] chunks of 8
 // values each, contiguous and 16-byte aligned; scale[j] the per-tensor factor, rscale[j] = RN(1 / scale[j]).

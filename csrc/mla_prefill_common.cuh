@@ -183,17 +183,18 @@ __device__ __forceinline__ bool cta_start(const P& p, int b0, Cta& c) {
   return true;
 }
 
-// Tile 0 of a prefill consumer warpgroup (both kernels; after its wait for tile 0's K): S(0) alone in the warpgroup's
-// first turn (named barriers my_turn / other_turn, 256 threads: the other warpgroup's turn follows unless this is
-// warpgroup 1 with a single tile), then the softmax of S(0) (O is 0: no rescale) and P's A fragments.
-// issue_s(j): S(j) into sc; softmax(j, a_lo, a_hi); pack_p(): the kernel's own.
+// Tile 0 of a prefill consumer warpgroup (the kernels; after its wait for tile 0's K): S(0) alone in the warpgroup's
+// first turn (named barriers my_turn / other_turn, 256 threads: the other warpgroup's turn follows if `pass_turn`:
+// one CTA an item, unless this is warpgroup 1 with a single tile; always in the persistent kernel), then the softmax
+// of S(0) (O is 0: no rescale) and P's A fragments. issue_s(j): S(j) into sc; softmax(j, a_lo, a_hi); pack_p(): the
+// kernel's own.
 template <typename IssueS, typename Softmax, typename PackP>
-__device__ __forceinline__ void first_tile(float (&sc)[32], int my_turn, int other_turn, int wg, int n, IssueS& issue_s,
-                                           Softmax& softmax, PackP& pack_p) {
+__device__ __forceinline__ void first_tile(float (&sc)[32], int my_turn, int other_turn, bool pass_turn,
+                                           IssueS& issue_s, Softmax& softmax, PackP& pack_p) {
   nb_sync<256>(my_turn);
   wg_fence();
   issue_s(0);
-  if (wg == 0 || n > 1) nb_arrive<256>(other_turn);
+  if (pass_turn) nb_arrive<256>(other_turn);
   wg_wait<0>();
   reg_fence(sc);
   {
@@ -208,20 +209,27 @@ constexpr int kMaxDevices = 64;  // devices whose per-device facts (SM count, sh
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Blocks for a grid-stride launch: one resident wave of 256-thread CTAs (per_sm per SM: 8 unless the kernel's
-// registers allow fewer, resident_ctas), or fewer where `items` (one per thread) run out. The SM count is asked once
-// per device (not a stream operation: capture-safe).
-inline cudaError_t wave_blocks(int64_t items, unsigned& blocks, int per_sm = 8) {
+// The current device's SM count, asked once per device (not a stream operation: capture-safe).
+inline cudaError_t sm_count(int& count) {
   static int sms[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  int count = device < kMaxDevices ? sms[device] : 0;
+  count = device < kMaxDevices ? sms[device] : 0;
   if (count == 0) {
     err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     if (device < kMaxDevices) sms[device] = count;
   }
+  return cudaSuccess;
+}
+
+// Blocks for a grid-stride launch: one resident wave of 256-thread CTAs (per_sm per SM: 8 unless the kernel's
+// registers allow fewer, resident_ctas), or fewer where `items` (one per thread) run out.
+inline cudaError_t wave_blocks(int64_t items, unsigned& blocks, int per_sm = 8) {
+  int count = 0;
+  const cudaError_t err = sm_count(count);
+  if (err != cudaSuccess) return err;
   blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{per_sm} * count));
   return cudaSuccess;
 }

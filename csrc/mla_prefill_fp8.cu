@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_fp8_kernel(const PrefillF
 
   // Tile 0: S alone in the first turn.
   mbar_wait(&full[0], 0);
-  prefill::first_tile(sc, my_turn, other_turn, wg, n, issue_s, softmax, pack_p);
+  prefill::first_tile(sc, my_turn, other_turn, wg == 0 || n > 1, issue_s, softmax, pack_p);
 
   for (int j = 1; j < n; ++j) {
     mbar_wait(&full[j % kStages], (j / kStages) & 1);

@@ -44,6 +44,7 @@
 #include "hopper.cuh"
 #include "mla_prefill.h"
 #include "mla_prefill_common.cuh"
+#include "mla_prefill_wgmma.cuh"
 #include "qdq.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
@@ -61,64 +62,6 @@
 
 namespace mla_core_cuda {
 namespace {
-
-using prefill::aligned16;
-using prefill::kMaxDevices;
-using prefill::wave_blocks;
-
-using prefill::kBM, prefill::kBN, prefill::kDv;  // 128 query rows a CTA, 64-key tiles, v 128
-constexpr int kDqk = 192, kStages = 4;
-constexpr int kThreads = 384;                           // 2 consumer warpgroups + the producer warpgroup
-constexpr int kProducerRegs = 80, kConsumerRegs = 208;  // setmaxnreg: 80 + 2 x 208 <= 3 x 168
-constexpr int kBarTurn0 = 1, kBarTurn1 = 2, kPairThreads = 256;
-constexpr int kBarQCodes0 = 3, kWgThreads = 128;         // named barriers 3 / 4: a warpgroup's Q codes written
-constexpr int kSlab = 64 * 128;                         // one [64 rows x 128 B] slab
-constexpr int kQWgBytes = 64 * kDqk * 2;                // one consumer's Q rows: 3 slabs
-constexpr int kKBytes = kBN * kDqk * 2;                 // K tile: 3 slabs
-constexpr int kVBytes = kBN * kDv * 2;                  // V tile: 2 slabs (row-major: the MN-major operand)
-constexpr int kStageBytes = kKBytes + kVBytes;          // 40,960
-constexpr int kBars = 2 + 3 * kStages;                  // fullQ, tailV, fullK[4], fullV[4], empty[4]
-constexpr int kSmemBytes = 2 * kQWgBytes + kStages * kStageBytes + kBars * 8 + 1024;  // + 1024-alignment slack
-constexpr int kMaxGridZ = 65535;                        // sequences per launch (grid z)
-static_assert(kSmemBytes <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
-
-struct TmaMaps {
-  CUtensorMap q, k, v;
-};
-
-// K-major operand (64-row slabs), start `byte_off` bytes in: SBO 1024 (8 rows x 128 B), LBO unused (16).
-__device__ __forceinline__ uint64_t kmajor_desc(const uint8_t* s) { return make_desc(smem_u32(s), 16u, 1024u); }
-// V [64 keys x 128] row-major as the MN-major operand: LBO = one slab (the next 64 columns), SBO 1024 (8 keys).
-__device__ __forceinline__ uint64_t mnmajor_desc(const uint8_t* s) { return make_desc(smem_u32(s), kSlab, 1024u); }
-// The wgmma products, bf16 x bf16 -> f32. S: m64n64k16, A = Q and B = K rows, both K-major (`accumulate` 0: D = A B).
-// P V: m64n128k16, A = P from registers (the m64k16 fragment a[0] = (row r, keys c, c + 1), a[1] = (r + 8, c..),
-// a[2] = (r, c + 8..), a[3] = (r + 8, c + 8..), r = row_lo, c = 16 ks + 2 (t % 4): S's accumulator layout), B = V
-// MN-major (imm-trans-b 1); always accumulates.
-#define MLA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define MLA_F16(i) MLA_F4(i), MLA_F4(i + 4), MLA_F4(i + 8), MLA_F4(i + 12)
-__device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : MLA_F16(0), MLA_F16(16)
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_pv_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n}\n"
-      : MLA_F16(0), MLA_F16(16), MLA_F16(32), MLA_F16(48)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-#undef MLA_F16
-#undef MLA_F4
-
 
 // Two quotients to their E4M3 codes as bf16 values, packed (low half = lo): the hardware's round-to-nearest-even,
 // saturating conversion; E4M3 -> f16 is exact, f16 -> f32 -> bf16 too (4 significant bits, exponents 2^-9..2^8).
@@ -285,21 +228,6 @@ __device__ __forceinline__ void q_nvfp4(uint32_t sq, int t, float g) {
   }
 }
 
-// TMA: one box (64 features x 64 rows of head h from token `row`, feature `col`) into a 1024-aligned slab, completing
-// on `bar` (the producer's one arrival on a full barrier is mbar_arrive_expect_tx with the boxes' bytes).
-__device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(h), "r"(row), "r"(smem_u32(bar))
-      : "memory");
-}
-
-// A basic-block boundary ptxas cannot remove (a branch on a row sum, never negative): without it ptxas hoisted the
-// wait for P·V(j-1) above the softmax of tile j, which then no longer ran under the warpgroup's own P·V.
-__device__ __forceinline__ void block_boundary(float never_negative) {
-  if (never_negative < 0.f) asm volatile("trap;");
-}
-
 template <int kP>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_kernel(const PrefillParams p, const __grid_constant__ TmaMaps tm, int b0) {
@@ -382,10 +310,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pa[4][4];                         // P of the previous tile: the RS A fragments of 4 k16 steps
   prefill::Rows rows{-INFINITY, -INFINITY, 0.f, 0.f};  // the thread's running maxima and row sums
 
-  // Descriptors built once per operand; each k-step adds its byte offset / 16 to the start-address field (shared
-  // addresses stay below 2^18: the add never carries out of the field).
   const uint64_t dq = kmajor_desc(sqw);
   const uint64_t dk0 = kmajor_desc(sstage), dv0 = mnmajor_desc(sstage + kKBytes);
+  // Descriptors built once per operand; each k-step adds its byte offset / 16 to the start-address field (shared
+  // addresses stay below 2^18: the add never carries out of the field).
   // S(j) into sc: 12 k16 steps over the 192 features (32 B each inside a slab, one slab per 128 B).
   auto issue_s = [&](int j) {
     const uint64_t dk = dk0 + static_cast<uint64_t>((j % kStages) * (kStageBytes >> 4));
@@ -442,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     nb_sync<kWgThreads>(kBarQCodes0 + wg);    // every thread's chunks written before the warpgroup's first S
   }
   mbar_wait(&full_k[0], 0);
-  prefill::first_tile(sc, my_turn, other_turn, wg, n, issue_s, softmax, pack_p);
+  prefill::first_tile(sc, my_turn, other_turn, wg == 0 || n > 1, issue_s, softmax, pack_p);
 
   for (int j = 1; j < n; ++j) {
     const int s = j % kStages, sp = (j - 1) % kStages;
@@ -509,37 +437,6 @@ __global__ void __launch_bounds__(256) fp8_codes_kernel(const FP8CodesJobs jobs,
   }
 }
 
-typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver, looked up once (null when the driver has none).
-EncodeTiledFn encoder() {
-  static EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult res;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res) != cudaSuccess ||
-        res != cudaDriverEntryPointSuccess)
-      return static_cast<EncodeTiledFn>(nullptr);
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
-
-// X [rows, heads, d] bf16 with token / head strides (elements) as the 3D tensor (d, heads, rows), box (64, 1, 64) =
-// one [64 rows x 128 B] slab with the 128-byte swizzle (the consumers' slab layout); rows past `rows` read as zeros.
-bool slab_map(CUtensorMap* m, EncodeTiledFn encode, const uint16_t* x, int64_t rows, int heads, int d,
-              int64_t stride_t, int64_t stride_h) {
-  std::memset(m, 0, sizeof(*m));
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_h) * 2, static_cast<cuuint64_t>(stride_t) * 2};
-  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
-  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(x), dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <int kP>
 cudaError_t launch(const PrefillParams& p, const TmaMaps& maps, cudaStream_t stream) {
   static bool attribute_set[kMaxDevices] = {};  // once per device (not a stream operation: capture-safe)
@@ -571,7 +468,7 @@ bool prefill_wgmma_supported(const PrefillParams& p) {
          p.max_seqlen_q >= 1 && p.total_q >= 1 && p.total_k >= 1 && p.total_q < (int64_t{1} << 31) &&
          p.total_k < (int64_t{1} << 31) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && p.out &&
          aligned16(p.out) && p.cu_q && p.cu_k && p.p_fmt >= 0 && p.p_fmt <= 4 && p.q_fmt >= 0 && p.q_fmt <= 4 &&
-         (p.q_fmt <= 2 || p.p_fmt >= 3);
+         (p.q_fmt <= 2 || p.p_fmt >= 3) && (!p.work_counter || (p.p_fmt == 0 && p.q_fmt == 0));
 }
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
@@ -579,10 +476,8 @@ cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
   const EncodeTiledFn encode = encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   TmaMaps maps;
-  if (!slab_map(&maps.q, encode, p.q, p.total_q, p.heads, kDqk, p.q_stride_t, p.q_stride_h) ||
-      !slab_map(&maps.k, encode, p.k, p.total_k, p.kv_heads, kDqk, p.k_stride_t, p.k_stride_h) ||
-      !slab_map(&maps.v, encode, p.v, p.total_k, p.kv_heads, kDv, p.v_stride_t, p.v_stride_h))
-    return cudaErrorInvalidValue;
+  if (!prefill_maps(p, encode, maps)) return cudaErrorInvalidValue;
+  if (p.work_counter) return launch_prefill_persistent(p, &maps, stream);
   switch (p.p_fmt) {
     case 0: return launch<0>(p, maps, stream);
     case 1: return launch<1>(p, maps, stream);

@@ -241,6 +241,26 @@ def test_split_source_without_layer_prep(tmp_path):
     assert build.layout(split) == (build.SOURCES, build.HEADERS)
 
 
+def test_split_source_without_the_persistent_prefill(tmp_path):
+    """A csrc/ from before the persistent prefill (main's at round n, an A/B base) builds without
+    mla_prefill_persistent.cu / mla_prefill_wgmma.cuh, with or without the layer prep; one of the two alone is not a
+    csrc/ folder."""
+    split = tmp_path / "split"
+    split.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        if name not in build.PERSISTENT_PREFILL_FILES:
+            (split / name).write_text(f"// {name}\n")
+    units, headers = build.layout(split)
+    assert "mla_prefill_persistent.cu" not in units and "mla_prefill_wgmma.cuh" not in headers
+    assert len(units) == len(build.SOURCES) - 1 and len(headers) == len(build.HEADERS) - 1
+    for name in build.LAYER_PREP_FILES:
+        (split / name).unlink()
+    units, headers = build.layout(split)
+    assert len(units) == len(build.SOURCES) - 2 and len(headers) == len(build.HEADERS) - 2
+    (split / "mla_prefill_wgmma.cuh").write_text("// half of it\n")
+    assert build.layout(split) is None
+
+
 def test_cache_dir_private(monkeypatch, tmp_path):
     monkeypatch.setenv("MLA_CORE_CACHE_DIR", str(tmp_path / "deep" / "cache"))
     d = build.build_dir("0123456789abcdef")

@@ -122,22 +122,29 @@ def test_priority_and_configs():
     backend = mla_core.get_backend("cuda")
     assert backend.priority_for(_problem()) == backend.PRIORITY_PREFILL
     assert 200 < backend.PRIORITY_PREFILL < 250  # above triton, below cuDNN's dense / capturable path
-    assert backend.configs(_problem()) == [{}]
+    assert backend.configs(_problem()) == [{}, {"persistent": True}]  # the one-CTA-an-item grid stays the default
     assert backend.validate_config(_problem(), {}) == []
+    assert backend.validate_config(_problem(), {"persistent": True}) == []
     assert backend.configs(_problem(**FP8)) == [{"mma": "fp8"}, {}]  # the fp8 recipe: both kernels, FP8 MMA first
     assert backend.validate_config(_problem(**FP8), {"mma": "fp8"}) == []
-    for partial in (dict(p_quant="fp8"), dict(FP8, p_quant=None), dict(FP8, q_quant=None), dict(k_quant="fp8")):
+    for partial in (dict(p_quant="fp8"), dict(FP8, p_quant=None), dict(FP8, q_quant=None)):
         assert backend.configs(_problem(**partial)) == [{}]  # FP8 MMA only where every operand is FP8 codes
         assert backend.validate_config(_problem(**partial), {"mma": "fp8"}) != []
+    # the persistent kernel: P unquantized, Q not FP8 (K / V through their pre-passes, Q's NVFP4 too)
+    for covered in (dict(k_quant="fp8"), dict(k_quant="nvfp4", v_quant="fp8", q_quant="nvfp4")):
+        assert backend.configs(_problem(**covered)) == [{}, {"persistent": True}]
+        assert backend.validate_config(_problem(**covered), {"mma": "fp8"}) != []
     assert backend.configs(_problem(**NVFP4)) == [{}]  # the nvfp4 recipe: the bf16-wgmma kernel on NVFP4 values
     assert backend.validate_config(_problem(**NVFP4), {}) == []
     assert backend.validate_config(_problem(**NVFP4), {"mma": "fp8"}) != []
+    assert backend.validate_config(_problem(**NVFP4), {"persistent": True}) != []
     assert "wgmma prefill" in backend.version
 
 
 def test_sources_built():
     assert "mla_prefill_wgmma.cu" in build.SOURCES and "mla_prefill.h" in build.HEADERS
     assert "mla_prefill_fp8.cu" in build.SOURCES
+    assert "mla_prefill_persistent.cu" in build.SOURCES and "mla_prefill_wgmma.cuh" in build.HEADERS
 
 
 class _Recorder:
@@ -197,6 +204,24 @@ def test_launch_arguments_bf16():
     assert cu_q.dtype == torch.int32 and max_q == 5 and o is out and l is lse and causal is True
     assert scale_log2 == pytest.approx(192 ** -0.5 * math.log2(math.e), rel=1e-6)
     assert (out_scale, p_fmt, p_scale, q_fmt, q_scale) == (1.0, 0, 1.0, 0, 1.0)
+
+
+def test_launch_arguments_persistent():
+    """The persistent config: the same arguments as ``{}`` and a zeroed int64 item counter after them (none for
+    ``{}``: a binding from before it takes 17); P quantized or Q's FP8 codes are refused."""
+    inputs = make_inputs([(5, 9), (0, 3)], 2, 1, device="cpu")
+    rec = _Recorder()
+    cuda_prefill.run(rec, _call(inputs), {})
+    cuda_prefill.run(rec, _call(inputs), {"persistent": True})
+    (_, grid), (_, persistent) = rec.calls
+    assert len(grid) == 17 and len(persistent) == 18
+    assert all(a is b or a == b for a, b in zip(grid[:5], persistent[:5]))
+    assert grid[8:] == persistent[8:17]
+    counter = persistent[17]
+    assert counter.dtype == torch.int64 and counter.shape == (1,) and int(counter) == 0
+    for kw in (dict(p_quant="fp8"), dict(q_quant="fp8", q_amax=2.0)):
+        with pytest.raises(ValueError, match="persistent"):
+            cuda_prefill.run(_Recorder(), _call(inputs, **kw), {"persistent": True})
 
 
 def test_launch_arguments_fp8_recipe():
@@ -595,6 +620,90 @@ def test_gpu_cuda_graph_capture(poisoned_outputs):
     torch.cuda.synchronize()
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
     check(got, ref)
+
+
+# ------------------------------------------------------------------ GPU: the persistent config {"persistent": True}
+
+PERSISTENT = {"persistent": True}
+
+
+def _bit_equal_to_grid(inputs, causal, **kw):
+    """The persistent kernel's output and LSE equal the one-CTA-an-item kernel's bit for bit (NaN where it has NaN),
+    both from NaN-poisoned buffers (rows the grid leaves unwritten stay NaN in both)."""
+    call = _call(inputs, causal=causal, **kw)
+    module = build.build()
+    grid = cuda_prefill.run(module, call, {})
+    persistent = cuda_prefill.run(module, call, PERSISTENT)
+    for g, p in zip(grid, persistent):
+        assert torch.equal(g.isnan(), p.isnan())
+        assert torch.equal(g.nan_to_num(), p.nan_to_num())
+    return persistent
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_persistent_boundary_lengths_bit_equal(poisoned_outputs, causal):
+    """Ragged lengths 0, 1, 63..65, ..., 255..257 (tail tiles in many items, items without a key), against the
+    reference and bit for bit against the default config."""
+    seqs = [(n, n) for n in LENGTHS] + [(5, 0), (0, 7)]
+    inputs = make_inputs(seqs, 4, 4, seed=20 + int(causal))
+    out = _bit_equal_to_grid(inputs, causal)
+    check(out, mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference"))
+
+
+@gpu
+def test_gpu_persistent_gqa_cached_prefix_and_mostly_empty_blocks(poisoned_outputs):
+    """GQA (8 heads over 2), len_q < len_k and len_q > len_k (rows without a key), many short sequences under a long
+    one's block count (most blocks of the old grid empty), and single items (one head, one short sequence)."""
+    seqs = ([(1, 1)] * 20 + [(0, 9), (700, 700), (0, 0), (129, 300), (5, 0), (0, 3), (1, 1000), (200, 129)]
+            + [(64, 64)] * 6 + [(1500, 1500), (2, 1)])
+    for causal in (True, False):
+        _bit_equal_to_grid(make_inputs(seqs, 8, 2, seed=22), causal)
+    for seqs in ([(100, 100)], [(1, 1)], [(3, 700)]):
+        _bit_equal_to_grid(make_inputs(seqs, 1, 1, seed=23), True)
+
+
+@gpu
+def test_gpu_persistent_more_items_than_sms_and_kv_prepass(poisoned_outputs):
+    """128 heads x 3 sequences (hundreds of items a CTA claims in turn, long and short), and K / V through the FP8
+    pre-pass (the kernel on their codes): bit-equal to the default config."""
+    inputs = make_inputs([(1100, 1100), (300, 700), (129, 129)], 128, 128, seed=24)
+    _bit_equal_to_grid(inputs, True)
+    _bit_equal_to_grid(inputs, True, k_quant="fp8", v_quant="fp8", k_amax=4.0, v_amax=4.0)
+
+
+@gpu
+def test_gpu_persistent_nan_and_inf_rows_between_sequences(poisoned_outputs):
+    """NaN / Inf K and V rows past partial last tiles (the persistent kernel's own tail guard, one tailV a stage) and
+    NaN Q rows of a sequence without keys: finite, equal to the reference and to the default config bit for bit."""
+    def run(inputs, causal):
+        out = _bit_equal_to_grid(inputs, causal)
+        return out, mla_core.mla_prefill(*inputs, causal=causal, return_lse=True, backend="reference")
+    _check_nan_and_inf_rows(run, seed=26)
+
+
+@gpu
+def test_gpu_persistent_counter_zeroed_per_call_and_graph_capture(poisoned_outputs):
+    """Two calls in a row and a captured graph replayed twice: the counter is zeroed for each (a stale one would
+    leave rows unwritten: NaN)."""
+    inputs = make_inputs([(300, 300), (10, 77)], 4, 4, seed=25)
+    module = build.build()
+    call = _call(inputs, causal=True)
+    eager = cuda_prefill.run(module, call, PERSISTENT)
+    again = cuda_prefill.run(module, call, PERSISTENT)
+    assert torch.equal(eager[0], again[0]) and torch.equal(eager[1], again[1])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            got = cuda_prefill.run(module, call, PERSISTENT)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        got[0].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
 # ------------------------------------------------------------------------ GPU: the FP8-wgmma config {"mma": "fp8"}

@@ -1,6 +1,7 @@
-"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, mla_prefill_fp8.cu, mla_prefill_nvfp4.cu, qdq.cuh's
-prefill quotients and what the kernels share in mla_prefill_common.cuh, backends/cuda/mla_core_cuda/prefill.py): each is one
-plausible bug tests/test_cuda_prefill.py's GPU tests must notice. ``old`` occurs exactly once in ``file``.
+"""Mutants of the CUDA prefill (csrc/mla_prefill_wgmma.cu, mla_prefill_persistent.cu, mla_prefill_fp8.cu,
+mla_prefill_nvfp4.cu, qdq.cuh's prefill quotients and what the kernels share in mla_prefill_common.cuh,
+backends/cuda/mla_core_cuda/prefill.py): each is one plausible bug tests/test_cuda_prefill.py's GPU tests must
+notice. ``old`` occurs exactly once in ``file``.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda_prefill.py`` judges every mutant with its ``tests`` selection
 (the runner: gpu_mutants.py; builds reused from ``$MUTANT_WORK``); ``--prepare`` only builds (a device script starts
@@ -31,6 +32,14 @@ NVFP4_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_nvfp4_prepass_values_eq
 """The nvfp4 recipe's mutants (indices 23-39): the pre-pass's values bit for bit, P's blocks against the reference,
 then the recipe end to end on tile-edge lengths and cached prefixes with GQA, and the kernel's Q values against the
 pre-pass's bit for bit."""
+PERSISTENT_SELECTION = ("tests/test_cuda_prefill.py::test_gpu_persistent_boundary_lengths_bit_equal "
+                        "tests/test_cuda_prefill.py::test_gpu_persistent_gqa_cached_prefix_and_mostly_empty_blocks "
+                        "tests/test_cuda_prefill.py::test_gpu_persistent_nan_and_inf_rows_between_sequences "
+                        "tests/test_cuda_prefill.py::test_gpu_persistent_counter_zeroed_per_call_and_graph_capture")
+"""The persistent config's mutants (indices 40-47): bit-equal to the default config at ragged lengths (0, 1, tile
+edges; causal and not; GQA; mostly empty blocks), NaN / Inf rows past partial tiles, calls in a row and a graph.
+Each changes results deterministically (no hang: the protocol's own mutants are the emulator's, part PERSISTENT of
+benchmarks/probes/prefill_wgmma_emulation.py)."""
 
 MUTANTS = [
     dict(file="csrc/mla_prefill_wgmma.cu",
@@ -245,6 +254,48 @@ MUTANTS = [
          new="  return r;\n}\n\n// An NVFP4 value of the prefill",
          tests=[NVFP4_SELECTION], gpu=True,
          why="the Q / K / V E2M1 rounding drops the sign (|x|'s value for negative x)"),
+    # 40-47: the persistent bf16 kernel (round n, wip/ppers): its scheduler, Q slots, ring and tail guard across items
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="nb = min((len_q + kBM - 1) / kBM, blocks);",
+         new="nb = min(len_q / kBM, blocks);",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="the scheduler's block count rounds down: a sequence's partial last query block is never an item"),
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="if (lane == 0) w = atomicAdd(p.work_counter, 1ull);",
+         new="if (lane == 0) w = atomicAdd(p.work_counter, 2ull);",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="each claim takes two items and runs one: every other item is skipped"),
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="const int hk = h / (p.heads / p.kv_heads);",
+         new="const int hk = h % p.kv_heads;",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="the producer's GQA head: query heads interleaved over kv heads instead of grouped"),
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="const int h = item[kItemH], q_begin_seq = item[kItemQBegin], len_q = item[kItemLenQ];",
+         new="const int h = item[kItemH], q_begin_seq = item[kItemQBegin], len_q = item[kItemLenK];",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="the consumers read len_k for len_q from the item's words: the causal offset and the stored rows are "
+             "wrong wherever the two differ"),
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="      prefill::store_empty_rows(p.out, p.lse, p.total_q, p.heads, h, q_begin_seq, qrow_lo, len_q, t);\n",
+         new="",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="an item without a visible key releases its Q slot but leaves its rows unwritten (0 / -inf expected)"),
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="for (int idx = lane; idx < (kBN - tail_keys) * 16; idx += 32)",
+         new="for (int idx = lane; idx < 0; idx += 32)",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="the persistent kernel's tail guard dropped: the next sequence's NaN / Inf V rows reach P·V as 0 · Inf"),
+    dict(file="csrc/mla_prefill_persistent.cu",
+         old="    const uint32_t dq = static_cast<uint32_t>(kmajor_desc(sq + slot * kQSlotBytes + wg * kQWgBytes));",
+         new="    const uint32_t dq = static_cast<uint32_t>(kmajor_desc(sq + wg * kQWgBytes));",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="every item's S reads Q slot 0: odd items use the even item's Q (or Q still landing)"),
+    dict(file="backends/cuda/mla_core_cuda/prefill.py",
+         old="counter = (torch.zeros(1, dtype=torch.int64, device=device),) if persistent else ()",
+         new="counter = (torch.ones(1, dtype=torch.int64, device=device),) if persistent else ()",
+         tests=[PERSISTENT_SELECTION], gpu=True,
+         why="the item counter not zero at the launch: the first item (a sequence's longest block) never runs"),
 ]
 
 

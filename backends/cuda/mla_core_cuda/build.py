@@ -33,14 +33,15 @@ CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-li
 CXX_FLAGS = ("-O3",)
 SOURCES = ("bindings.cpp", "mla_decode.cu", "mla_decode_bf16.cu", "mla_decode_fp16.cu", "mla_decode_wgmma.cu",
            *(f"mla_decode_wgmma_{t}_{kv}.cu" for t in ("bf16", "fp16") for kv in ("kv", "kv_fp8", "cache_fp8")),
-           "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_fp8.cu", "mla_prefill_nvfp4.cu",
-           "mla_layer_prep.cu")
+           "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_persistent.cu", "mla_prefill_fp8.cu",
+           "mla_prefill_nvfp4.cu", "mla_layer_prep.cu")
 """The translation units, compiled in parallel by ninja (``MAX_JOBS``, else ninja's default: the CPU count + 2; the
 longest first). The decode kernels' instances are spread over several of them (csrc/mla_decode_mma.cuh: 8 kernels
 over 2 units, csrc/mla_decode_wgmma.cuh: 22 over 7) so no unit holds the build's critical path alone
 (benchmarks/NOTES.md, "CUDA build split for the TP 8 warm-up")."""
 HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_decode_mma.cuh", "mla_decode_wgmma.cuh",
-           "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh", "hopper.cuh", "seesaw.cuh", "mla_layer_prep.h")
+           "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh", "mla_prefill_wgmma.cuh", "hopper.cuh",
+           "seesaw.cuh", "mla_layer_prep.h")
 PRE_SPLIT_SOURCES = ("mla_decode.cu", "mla_decode_wgmma.cu", "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu",
                      "mla_prefill_fp8.cu", "bindings.cpp")
 """The translation units of a csrc/ from before the split (no mla_decode_wgmma.cuh): an A/B harness's base snapshot
@@ -48,6 +49,11 @@ built through ``MLA_CORE_CUDA_SRC`` may be one (:func:`layout`)."""
 LAYER_PREP_FILES = ("mla_layer_prep.cu", "mla_layer_prep.h")
 """The fused layer's decode prep (round m): a split csrc/ from before it (main's, as an A/B base) lacks these two files
 and is built without them (its bindings have no ``layer_decode``: the layer then keeps the Triton prep)."""
+PERSISTENT_PREFILL_FILES = ("mla_prefill_persistent.cu", "mla_prefill_wgmma.cuh")
+"""The persistent bf16 prefill (round n, wip/ppers): a csrc/ from before it (an A/B base) lacks these two files and is
+built without them (its binding has no ``work_counter``)."""
+OPTIONAL_FILES = (LAYER_PREP_FILES, PERSISTENT_PREFILL_FILES)
+"""Groups of files a split csrc/ may lack whole (each a later addition)."""
 LOCK_TIMEOUT_S = 900.0
 """Longest wait for another process's build (a cold build takes 16 s on 16 cores, minutes on a few)."""
 
@@ -76,15 +82,13 @@ def source_dir() -> Path:
 
 
 def layout(directory: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """(translation units, headers) of the csrc/ folder ``directory``, None when it is not one: SOURCES and HEADERS,
-    or for a copy from before the decode kernels' split (no mla_decode_wgmma.cuh) PRE_SPLIT_SOURCES and the headers
-    it has of HEADERS, so an A/B against an older snapshot still builds."""
-    if all((directory / name).is_file() for name in SOURCES + HEADERS):
-        return SOURCES, HEADERS
-    if (not any((directory / name).exists() for name in LAYER_PREP_FILES)
-            and all((directory / name).is_file() for name in SOURCES + HEADERS if name not in LAYER_PREP_FILES)):
-        return (tuple(n for n in SOURCES if n not in LAYER_PREP_FILES),
-                tuple(n for n in HEADERS if n not in LAYER_PREP_FILES))
+    """(translation units, headers) of the csrc/ folder ``directory``, None when it is not one: SOURCES and HEADERS
+    less any group of OPTIONAL_FILES the copy lacks whole, or for a copy from before the decode kernels' split (no
+    mla_decode_wgmma.cuh) PRE_SPLIT_SOURCES and the headers it has of HEADERS, so an A/B against an older snapshot
+    still builds."""
+    absent = {name for group in OPTIONAL_FILES if not any((directory / n).exists() for n in group) for name in group}
+    if all((directory / name).is_file() for name in SOURCES + HEADERS if name not in absent):
+        return tuple(n for n in SOURCES if n not in absent), tuple(n for n in HEADERS if n not in absent)
     if (not (directory / "mla_decode_wgmma.cuh").exists()
             and all((directory / name).is_file() for name in PRE_SPLIT_SOURCES)):
         return PRE_SPLIT_SOURCES, tuple(name for name in HEADERS if (directory / name).is_file())

@@ -51,16 +51,32 @@ FP8_MMA = {"mma": "fp8"}
 e4m3 products with the tensor cores' reduced precision, so it declares :data:`mla_core.numerics.FP8_MMA_LSE_RTOL`."""
 
 
+PERSISTENT = {"persistent": True}
+"""The persistent config of the bf16-wgmma kernel (csrc/mla_prefill_persistent.cu; P unquantized and Q not made in the
+kernel): one CTA per SM claims (query block, head, sequence) items from a counter zeroed per call; the next item's Q
+loads while the current one runs. The same outputs and LSE bit for bit as ``{}`` (each item computes what that
+config's CTA computes); only the timing differs, so the autotuner may pick either."""
+
+
+def persistent_covers(problem) -> bool:
+    """Whether :data:`PERSISTENT` runs ``problem``: P unquantized and Q not FP8 (whose codes the kernel would make)."""
+    return problem.get("p_quant") is None and problem.get("q_quant") != "fp8"
+
+
 def fp8_mma_covers(problem) -> bool:
     """Whether ``{"mma": "fp8"}`` runs ``problem``: the fp8 recipe (Q, K, V and P FP8) and no other quantization."""
     return all(problem.get(name) == "fp8" for name in ("q_quant", "k_quant", "v_quant", "p_quant"))
 
 
 def configs(problem) -> list[dict]:
-    """The bf16-wgmma kernel (128 query rows per CTA, 64-key tiles, 4 stages); for the fp8 recipe the FP8-wgmma
-    kernel (:data:`FP8_MMA`) first, so it is the default there (0.77-0.82x the bf16-wgmma kernel's time on the H200
-    at 4x4096, 1x16384 and a ragged batch: benchmarks/NOTES.md, round (l)), and the autotuner times both."""
-    return [dict(FP8_MMA), {}] if fp8_mma_covers(problem) else [{}]
+    """The bf16-wgmma kernel (128 query rows per CTA, 64-key tiles, 4 stages), the default; where P is unquantized
+    and Q not FP8 also its persistent variant (:data:`PERSISTENT`, second: 0.96-0.99x the grid kernel's time on the
+    H200, round (o)); for the fp8 recipe the FP8-wgmma kernel (:data:`FP8_MMA`) first, so it is the default there
+    (0.77-0.82x the bf16-wgmma kernel's time on the H200 at 4x4096, 1x16384 and a ragged batch: benchmarks/NOTES.md,
+    round (l)), and the autotuner times them all."""
+    if fp8_mma_covers(problem):
+        return [dict(FP8_MMA), {}]
+    return [{}, dict(PERSISTENT)] if persistent_covers(problem) else [{}]
 
 
 def _f32_reciprocal(x: float) -> float:
@@ -137,7 +153,7 @@ def _run_fp8_mma(module, call: PrefillCall, out: torch.Tensor, lse: torch.Tensor
 
 
 def run(module, call: PrefillCall, config: dict):
-    """Prefill with the built extension ``module`` (``config``: ``{}`` or :data:`FP8_MMA`).
+    """Prefill with the built extension ``module`` (``config``: ``{}``, :data:`PERSISTENT` or :data:`FP8_MMA`).
 
     Returns ``(out [total_q, heads, 128] bf16, lse [heads, total_q] float32 natural log, or None)``.
     """
@@ -165,6 +181,9 @@ def run(module, call: PrefillCall, config: dict):
             raise ValueError("cuda prefill: the FP8-wgmma config runs the fp8 recipe only (Q, K, V and P FP8)")
         _run_fp8_mma(module, call, out, lse)
         return out, lse
+    persistent = bool(config.get("persistent"))
+    if persistent and (call.p_quant is not None or call.q_quant == "fp8"):
+        raise ValueError("cuda prefill: the persistent config runs P unquantized and Q not FP8 only")
     cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
     q_fmt, q_scale = 0, 1.0
@@ -196,8 +215,10 @@ def run(module, call: PrefillCall, config: dict):
         p_scale = f32(numerics.nvfp4_global_scale(call.p_amax) if nv else numerics.fp8_scale(call.p_amax))
         p_fmt = (3 if nv else 1) + (0 if EXACT_DIV_FREE_RANGE[0] <= p_scale <= EXACT_DIV_FREE_RANGE[1] else 1)
         out_scale = f32(out_scale) * p_scale
+    # the persistent kernel's item counter, zero for each call (a memset: a graph node under capture)
+    counter = (torch.zeros(1, dtype=torch.int64, device=device),) if persistent else ()
     module.prefill_wgmma(_tma_ready(q), _tma_ready(k), _tma_ready(v), cu_q, cu_k, call.max_seqlen_q, out, lse,
                          call.causal, f32(call.softmax_scale) * f32(scale_qk) * math.log2(math.e),
                          f32(out_scale), p_fmt, p_scale, _f32_reciprocal(p_scale), q_fmt, q_scale,
-                         _f32_reciprocal(q_scale))
+                         _f32_reciprocal(q_scale), *counter)
     return out, lse

@@ -1,6 +1,7 @@
 """A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
 
-    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize [decode|sparse|prefill|prefill_nvfp4]
+    compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize \
+        [decode|sparse|prefill|prefill_nvfp4|prefill_persistent]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
 with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``; its
@@ -14,8 +15,9 @@ Then the FP8 sparse decode
 -1 slots, slots past each length naming rows past the cache and a NaN row, 2^31 - 1 within a length, 1 / 4 / auto
 splits. Then the varlen prefill (``prefill`` alone: only it): ragged batches with empty and one-token sequences,
 len_q < len_k (a cached prefix) and equal, causal and not, GQA, bf16, the fp8 recipe (both configs: the bf16
-products and FP8 wgmma) and the nvfp4 recipe (``prefill_nvfp4`` alone: only its cases), q / k / v packed inside
-buffers whose rows past the last sequence hold NaN, LSE on.
+products and FP8 wgmma), the nvfp4 recipe (``prefill_nvfp4`` alone: only its cases) and the persistent bf16 kernel
+(``prefill_persistent`` alone: only its cases), q / k / v packed inside buffers whose rows past the last sequence hold
+NaN, LSE on.
 """
 from __future__ import annotations
 
@@ -138,7 +140,16 @@ def _prefill_main() -> int:
     ok &= _prefill_case(128, 128, [200, 1], [331, 1], True, "fp8", config={})
     ok &= _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "fp8", config=prefill.FP8_MMA)
     ok &= _prefill_case(16, 2, [200, 1, 0, 70], [331, 1, 40, 64], True, "fp8", config=prefill.FP8_MMA)
-    return _prefill_nvfp4_main() | (0 if ok else 1)
+    return _prefill_nvfp4_main() | _prefill_persistent_main() | (0 if ok else 1)
+
+
+def _prefill_persistent_main() -> int:
+    """The persistent bf16 kernel's cases: more items than SMs (128 heads), items without a key, tail tiles, GQA."""
+    from . import prefill
+    ok = _prefill_case(128, 128, [0, 1, 70, 129, 300], [0, 1, 70, 129, 300], True, "bf16", config=prefill.PERSISTENT)
+    ok &= _prefill_case(16, 2, [1, 65, 17, 5], [300, 65, 200, 0], True, "bf16", config=prefill.PERSISTENT)
+    ok &= _prefill_case(8, 8, [64, 3, 0], [64, 130, 9], False, "bf16", config=prefill.PERSISTENT)
+    return 0 if ok else 1
 
 
 def _prefill_nvfp4_main() -> int:
@@ -157,6 +168,8 @@ def main() -> int:
         return _prefill_main()
     if sys.argv[1:] == ["prefill_nvfp4"]:
         return _prefill_nvfp4_main()
+    if sys.argv[1:] == ["prefill_persistent"]:
+        return _prefill_persistent_main()
     ok = _decode_main()
     if sys.argv[1:] == ["decode"]:
         return 0 if ok else 1
