@@ -286,6 +286,15 @@ def test_gpu_cuda_prep_bit_equal(monkeypatch, layer, recorded, heads, page, star
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads", [1, 9, 20, 40])
+def test_gpu_cuda_prep_partial_head_group(monkeypatch, layer, recorded, heads):
+    """Head counts that leave the last 16-head CTA partly empty (1 and 9: one group, some warps without a head; 20,
+    40: a last group of 4 / 8): every head's q_rope written, none past the last."""
+    case, weights = _cuda_case(heads, (0, 63, 64), 64, seed=13)
+    _assert_bit_equal(_both(monkeypatch, layer, recorded, case, weights))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["fp16", "split_halves", "gamma_f32", "index_i64", "sinks", "strided_q",
                                      "kv_stride_592", "kv_unaligned"])
 def test_gpu_cuda_prep_layouts(monkeypatch, layer, recorded, variant):

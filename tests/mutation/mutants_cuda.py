@@ -30,7 +30,7 @@ KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
 LAYER_PREP_SELECTION = "tests/test_layer_cuda_prep.py -k 'gpu_cuda_prep'"
-"""The layer's CUDA prep (csrc/mla_layer_prep.cu, mutants 57-64): bit-equality against the Triton prep at 16 and 128
+"""The layer's CUDA prep (csrc/mla_layer_prep.cu, mutants 57-65): bit-equality against the Triton prep at 16 and 128
 heads, pages 64 and 37, batch 1 and 3, the layouts (fp16, split halves, float32 gamma, int64 indices, sinks, padded
 q heads) and pages outside the cache."""
 
@@ -359,6 +359,10 @@ MUTANTS += [
     dict(file=LAYER_PREP, old="  const dim3 grid(p.tokens, (p.heads + kHeadsPerCta - 1) / kHeadsPerCta);",
          new="  const dim3 grid(p.tokens, 1);", tests=[LAYER_PREP_SELECTION], gpu=True,
          why="one head group launched: heads past the first 16 keep the poisoned absorbed query's rope columns"),
+    # MUTANT_INDICES 65 (run.py id cuda#66): a partial last head group (round o)
+    dict(file=LAYER_PREP, old="  const dim3 grid(p.tokens, (p.heads + kHeadsPerCta - 1) / kHeadsPerCta);",
+         new="  const dim3 grid(p.tokens, p.heads / kHeadsPerCta);", tests=[LAYER_PREP_SELECTION], gpu=True,
+         why="the head groups rounded down: a last group of fewer than 16 heads (or all of 1-15) never rotated"),
 ]
 
 if __name__ == "__main__":
