@@ -500,8 +500,8 @@ void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor
 // The fused layer's decode step after its q_nope GEMM, in one call (backends/cuda/mla_core_cuda/decode.py, run with
 // ``prep``): the prep (mla_layer_prep.cu: the new cache rows, q_rope rotated into q's columns 512..575, each token's
 // key count into seq_lens), then the decode kernel ``kernel`` (0: mma.sync with head_tiles / warps, 1: WGMMA, 2: its
-// keys-as-M variant) with its split and combine, all on the current stream. sum_order / rope_order: the float32
-// operation order of the Triton version whose prep this one must equal (mla_layer_prep.cu). One token per request (the layer's
+// keys-as-M variant) with its split and combine, all on the current stream. sum_order: the float32
+// summation order of the Triton version whose prep this one must equal (mla_layer_prep.cu). One token per request (the layer's
 // max_seq_len 1): token t of q_src / kv is request t. q_src [tokens, heads, nope + 64] and kv [tokens, 576] in the
 // cache dtype (bf16 / fp16), last dims contiguous; offsets [tokens + 1] and starts [tokens] int32 / int64 contiguous;
 // kv 16-byte aligned with a row stride a multiple of 16, gamma and the cache 16-byte aligned; freqs float32 [max_pos, 64] rows contiguous; gamma [512] float32 / bf16 / fp16 contiguous; the cache contiguous;
@@ -509,7 +509,6 @@ void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor
 // before the first launch.
 void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tensor& offsets, const at::Tensor& starts,
                   const at::Tensor& freqs, const at::Tensor& gamma, double eps, bool interleave, int64_t sum_order,
-                  int64_t rope_order,
                   const at::Tensor& q,
                   const at::Tensor& cache, const at::Tensor& block_table, const at::Tensor& seq_lens, at::Tensor out,
                   std::optional<at::Tensor> lse, std::optional<at::Tensor> part_o, std::optional<at::Tensor> part_lse,
@@ -517,8 +516,7 @@ void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tenso
                   double p_scale, int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div,
                   int64_t kernel, int64_t head_tiles, int64_t warps) {
   TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (mma.sync), 1 (WGMMA) or 2 (keys-as-M)");
-  TORCH_CHECK(sum_order >= 0 && sum_order <= 2 && rope_order >= 0 && rope_order <= 1,
-              "sum_order must be 0..2 and rope_order 0..1");
+  TORCH_CHECK(sum_order >= 0 && sum_order <= 2, "sum_order must be 0..2");
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
   set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
@@ -598,7 +596,6 @@ void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tenso
   lp.eps = static_cast<float>(eps);
   lp.interleave = interleave;
   lp.sum_order = static_cast<int>(sum_order);
-  lp.rope_order = static_cast<int>(rope_order);
   lp.dtype = p.dtype;
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -631,7 +628,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The fused layer's decode step: the CUDA prep, then the decode (see backends/cuda/mla_core_cuda/decode.py)",
         pybind11::arg("q_src"), pybind11::arg("kv"), pybind11::arg("offsets"), pybind11::arg("starts"),
         pybind11::arg("freqs"), pybind11::arg("gamma"), pybind11::arg("eps"), pybind11::arg("interleave"),
-        pybind11::arg("sum_order"), pybind11::arg("rope_order"), pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"),
+        pybind11::arg("sum_order"), pybind11::arg("q"), pybind11::arg("cache"), pybind11::arg("block_table"),
         pybind11::arg("seq_lens"),
         pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("part_o"), pybind11::arg("part_lse"),
         pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"),

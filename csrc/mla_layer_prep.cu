@@ -21,13 +21,11 @@
 // - mean + eps = fma(div.approx(1, 512), sum, eps) (Triton turned `sum / 512 + eps` into that; 1 / 512 is exact);
 // - inv = div.full.f32(1, sqrt.rn(mean + eps)) (Triton's `/` on float32 is div.full, not a correctly rounded one);
 // - the row = cvt.rn((inv * x) * gamma);
-// - rope: r1 = fma(cos, x1, -(sin * x2)), r2 = fma(sin, x1, cos * x2) (rope_order 0: layer.py's `_rotate` writes
-//   these fma out, so every Triton compiles them), each rounded once to the cache dtype; rope_order 1: the other
-//   product of each line fused (what LLVM chose for `x1 * cos - x2 * sin` before `_rotate` wrote it out; kept for
-//   the MLA_CORE_LAYER_PREP_ORDER override only).
+// - rope: r1 = fma(cos, x1, -(sin * x2)), r2 = fma(sin, x1, cos * x2) (layer.py's `_rotate` writes these fma out,
+//   so every Triton compiles them), each rounded once to the cache dtype.
 // Every operation is an explicit intrinsic (__fmul_rn, __fadd_rn, __fmaf_rn) or inline PTX, so nvcc can neither
-// contract nor reorder them. The two orders are launch arguments (uniform branches), so a device whose Triton fuses
-// otherwise is matched without a rebuild (MLA_CORE_LAYER_PREP_ORDER; benchmarks/run_layer_prep_ab.sh searches them
+// contract nor reorder them. The sum order is a launch argument (a uniform branch), so a device whose Triton sums
+// otherwise is matched without a rebuild (MLA_CORE_LAYER_PREP_ORDER; benchmarks/run_layer_prep_ab.sh tries each
 // when a bit-equality test fails).
 
 #include <cuda_bf16.h>
@@ -80,15 +78,10 @@ __device__ __forceinline__ float div_approx(float a, float b) {
   return r;
 }
 
-// rope([x1, x2]) at (cos, sin): r1 = x1 cos - x2 sin, r2 = x2 cos + x1 sin with Triton's fusion (``order``).
-__device__ __forceinline__ void rotate(float x1, float x2, float c, float s, int order, float& r1, float& r2) {
-  if (order == 0) {
-    r1 = __fmaf_rn(c, x1, -__fmul_rn(s, x2));
-    r2 = __fmaf_rn(s, x1, __fmul_rn(c, x2));
-  } else {
-    r1 = __fmaf_rn(-x2, s, __fmul_rn(x1, c));
-    r2 = __fmaf_rn(x2, c, __fmul_rn(x1, s));
-  }
+// rope([x1, x2]) at (cos, sin): r1 = x1 cos - x2 sin, r2 = x2 cos + x1 sin as layer.py's `_rotate` writes them.
+__device__ __forceinline__ void rotate(float x1, float x2, float c, float s, float& r1, float& r2) {
+  r1 = __fmaf_rn(c, x1, -__fmul_rn(s, x2));
+  r2 = __fmaf_rn(s, x1, __fmul_rn(c, x2));
 }
 
 // Grid (tokens, ceil(heads / kHeadsPerCta)): CTA (t, g) rotates heads [g kHeadsPerCta, (g + 1) kHeadsPerCta) of token
@@ -137,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) layer_prep_kernel(const LayerPrepPar
         T* o_row = static_cast<T*>(p.q_out) + static_cast<int64_t>(t) * p.qo_stride_t +
                    static_cast<int64_t>(h) * p.qo_stride_h + kLatent;
         float r1, r2;
-        rotate(x1[k], x2[k], cs, sn, p.rope_order, r1, r2);
+        rotate(x1[k], x2[k], cs, sn, r1, r2);
         o_row[p1] = from_float<T>(r1);
         o_row[p2] = from_float<T>(r2);
       }
@@ -180,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) layer_prep_kernel(const LayerPrepPar
     }
     if (warp == 0) {
       float r1, r2;
-      rotate(to_float(kv_row[kLatent + p1]), to_float(kv_row[kLatent + p2]), cs, sn, p.rope_order, r1, r2);
+      rotate(to_float(kv_row[kLatent + p1]), to_float(kv_row[kLatent + p2]), cs, sn, r1, r2);
       dst[kLatent + p1] = from_float<T>(r1);
       dst[kLatent + p2] = from_float<T>(r2);
     }

@@ -48,7 +48,6 @@ struct LayerPrepParams {
   float eps;
   bool interleave;
   int sum_order;          // each thread's four squares: 0 a tree (Triton >= 3.7), 1 / 2 a left fold (mla_layer_prep.cu)
-  int rope_order;         // which product of each rope line is fused: 0 (Triton 3.9's) or 1
   int dtype;              // DType of q / kv / cache / q_out
 };
 

@@ -213,9 +213,9 @@ class LayerDecodePrep:
     halves), at its page of the decode call's block table; (b) q_src [batch, heads, nope + rope]'s rope part,
     rotated the same way, into the decode call's ``q[:, :, latent:]``; (c) the decode call's ``seq_lens`` =
     position + 1. Its float32 arithmetic is the layer's own prep's, operation for operation (docs/layer.md):
-    ``sum_order`` (a thread's four squares: 0 a tree, 1 a left fold from x0, 2 a left fold from x1) and
-    ``rope_order`` (which product of each rotation is fused) name the orders the layer's prep compiles to, so the
-    two paths are bit-equal.
+    ``sum_order`` (a thread's four squares: 0 a tree, 1 a left fold from x0, 2 a left fold from x1) names the order
+    the layer's prep compiles to, so the two paths are bit-equal; the rotation is ``fma(cos, x1, -(sin * x2))``,
+    ``fma(sin, x1, cos * x2)`` on every version (the layer writes it out).
     """
 
     q_src: torch.Tensor
@@ -227,7 +227,6 @@ class LayerDecodePrep:
     epsilon: float
     rope_interleave: bool
     sum_order: int
-    rope_order: int
 
 
 DEFAULT_SM_COUNT = 132

@@ -123,11 +123,10 @@ def test_cuda_prep_route_matches_triton_prep(monkeypatch, layer, recorded, stand
     q_src, kv, offsets, starts, freqs, gamma, eps, inter = (
         p.q_src, p.kv, p.input_row_offsets, p.cache_offsets, p.freqs_cis, p.kv_norm_gamma, p.epsilon,
         p.rope_interleave)
-    order = (p.sum_order, p.rope_order)
     assert torch.equal(q_src, case["q"]) and torch.equal(kv, case["kv"]) and torch.equal(freqs, case["freqs_cis"])
     assert torch.equal(offsets, case["input_row_offsets"]) and torch.equal(starts, case["cache_offsets"])
     assert torch.equal(gamma, case["kv_norm_gamma"]) and eps == case["epsilon"] and inter is interleave
-    assert tuple(order) == layer._PREP_ORDER
+    assert p.sum_order == layer._PREP_ORDER
     assert torch.equal(bits(out_a), bits(out_b)) and torch.equal(bits(cache_a), bits(cache_b))
     assert len(made_a) == len(recorded)
     for a, b in zip(made_a, recorded):      # the absorbed query, the key counts, the output
@@ -166,7 +165,7 @@ def test_prep_in_decode_layouts(monkeypatch, layer):
     call = _prep_call()
     prep = layer._prep_in_decode(call, backend)
     assert prep == specs.LayerDecodePrep(call.q, call.kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis,
-                                         call.kv_norm_gamma, 1e-6, True, *layer._PREP_ORDER)
+                                         call.kv_norm_gamma, 1e-6, True, layer._PREP_ORDER)
     assert layer._prep_in_decode(_prep_call(kv_norm_gamma=torch.ones(32)), backend) is not None
     assert layer._prep_in_decode(_prep_call(latent_cache=torch.zeros(3, 4, 40, dtype=torch.float16)),
                                  backend) is not None
@@ -208,13 +207,13 @@ def test_prep_order_by_triton_version(monkeypatch, layer):
     3.9's PTX read: a tree): sum_order 1 for the device's 3.6, 0 from 3.7; MLA_CORE_LAYER_PREP_ORDER overrides,
     validated."""
     monkeypatch.delenv("MLA_CORE_LAYER_PREP_ORDER", raising=False)
-    assert layer._prep_order("3.6.0") == layer._prep_order("3.5.1") == layer._prep_order("2.3.1") == (1, 0)
-    assert layer._prep_order("3.7.0") == layer._prep_order("3.9.0") == layer._prep_order("4.0.0+git1") == (0, 0)
+    assert layer._prep_order("3.6.0") == layer._prep_order("3.5.1") == layer._prep_order("2.3.1") == 1
+    assert layer._prep_order("3.7.0") == layer._prep_order("3.9.0") == layer._prep_order("4.0.0+git1") == 0
     import triton
     assert layer._PREP_ORDER == layer._prep_order(triton.__version__)
-    monkeypatch.setenv("MLA_CORE_LAYER_PREP_ORDER", "2,1")
-    assert layer._prep_order("3.9.0") == (2, 1)
-    for bad in ("3,0", "1", "1,2", "a,b"):
+    monkeypatch.setenv("MLA_CORE_LAYER_PREP_ORDER", "2")
+    assert layer._prep_order("3.9.0") == 2
+    for bad in ("3", "1,0", "-1", "a"):
         monkeypatch.setenv("MLA_CORE_LAYER_PREP_ORDER", bad)
         with pytest.raises(ValueError, match="MLA_CORE_LAYER_PREP_ORDER"):
             layer._prep_order("3.6.0")

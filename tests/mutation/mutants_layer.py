@@ -143,8 +143,8 @@ MUTANTS = [
          tests=["tests/test_layer_cuda_prep.py -k layouts"],
          why="an unaligned kv row sent to the CUDA prep: Triton sums its squares in another order there"),
     dict(file="backends/triton/mla_core_triton/layer.py",
-         old="    return (1 if (major, minor) < (3, 7) else 0), 0",
-         new="    return 0, 0",
+         old="    return 1 if (major, minor) < (3, 7) else 0",
+         new="    return 0",
          tests=["tests/test_layer_cuda_prep.py -k prep_order"],
          why="the tree order for every Triton: the device's 3.6 folds left, its rows would differ in the last place"),
     # run.py ids layer#28-36: the CUDA-graph decode step (mla_core/decode_graphs.py): its key, fallbacks, check order and copies

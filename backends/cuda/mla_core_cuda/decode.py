@@ -213,7 +213,7 @@ def run(module, call: DecodeCall, config: dict, prep: LayerDecodePrep | None = N
         part_lse = torch.empty(parts[1], dtype=torch.float32, device=device)
     if prep is not None:
         module.layer_decode(prep.q_src, prep.kv, prep.input_row_offsets, prep.cache_offsets, prep.freqs_cis,
-                            prep.kv_norm_gamma, prep.epsilon, prep.rope_interleave, prep.sum_order, prep.rope_order,
+                            prep.kv_norm_gamma, prep.epsilon, prep.rope_interleave, prep.sum_order,
                             q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse,
                             *args[:11], *_layer_kernel(entry, args))
         return out, lse

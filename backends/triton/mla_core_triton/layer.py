@@ -134,7 +134,7 @@ def _w_k(call, dtype):
 def _rotate(x1, x2, cos, sin):
     """The rotated pair ``(x1 cos - x2 sin, x2 cos + x1 sin)`` (float32; the one form every rope path compiles):
     ``fma(cos, x1, -(sin x2))``, ``fma(sin, x1, cos x2)`` written out, so no Triton / LLVM version picks the other
-    product to fuse (Triton 3.6 fused the other one after ``tl.split``; csrc/mla_layer_prep.cu's rope_order 0)."""
+    product to fuse (Triton 3.6 fused the other one after ``tl.split``; csrc/mla_layer_prep.cu's rotation)."""
     return tl.fma(cos, x1, -(sin * x2)), tl.fma(sin, x1, cos * x2)
 
 
@@ -340,19 +340,18 @@ the prep runs inside that backend's own call, bit-equal to :func:`_prep_kernel`,
 its own (~60-70 us of host time a step on the H200); else, and for every other case, the Triton prep."""
 
 
-def _prep_order(version: str) -> tuple[int, int]:
-    """(sum_order, rope_order) of the CUDA prep equal to the Triton prep of Triton ``version`` (csrc/mla_layer_prep.cu):
-    a thread's squares summed as a tree from 3.7 (triton-lang/triton#9220) and as a left fold before; the rope
-    rotation is :func:`_rotate`'s written-out fma on every version (rope_order 0). ``MLA_CORE_LAYER_PREP_ORDER="S,R"`` overrides both (a device whose Triton
-    fuses otherwise; benchmarks/run_layer_prep_ab.sh searches them when a bit-equality test fails)."""
+def _prep_order(version: str) -> int:
+    """The sum_order of the CUDA prep equal to the Triton prep of Triton ``version`` (csrc/mla_layer_prep.cu): a
+    thread's squares summed as a tree from 3.7 (triton-lang/triton#9220) and as a left fold before (the rotation
+    needs none: :func:`_rotate` writes its fma out). ``MLA_CORE_LAYER_PREP_ORDER=S`` (0..2) overrides it (a device
+    whose Triton sums otherwise; benchmarks/run_layer_prep_ab.sh tries each when a bit-equality test fails)."""
     raw = os.environ.get("MLA_CORE_LAYER_PREP_ORDER", "").strip()
     if raw:
-        match = re.fullmatch(r"([012]),([01])", raw)
-        if match is None:
-            raise ValueError(f"MLA_CORE_LAYER_PREP_ORDER={raw!r}: expected 'S,R' with S in 0..2 and R in 0..1")
-        return int(match.group(1)), int(match.group(2))
+        if raw not in ("0", "1", "2"):
+            raise ValueError(f"MLA_CORE_LAYER_PREP_ORDER={raw!r}: expected the sum order 0, 1 or 2")
+        return int(raw)
     major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", version).groups())
-    return (1 if (major, minor) < (3, 7) else 0), 0
+    return 1 if (major, minor) < (3, 7) else 0
 
 
 _PREP_ORDER = _prep_order(triton.__version__)
@@ -377,7 +376,7 @@ def _prep_in_decode(call, backend) -> specs.LayerDecodePrep | None:
             or not call.input_row_offsets.is_contiguous() or not call.cache_offsets.is_contiguous()):
         return None
     return specs.LayerDecodePrep(call.q, kv, call.input_row_offsets, call.cache_offsets, call.freqs_cis, gamma,
-                                 call.epsilon, call.rope_interleave, *_PREP_ORDER)
+                                 call.epsilon, call.rope_interleave, _PREP_ORDER)
 
 
 def _decode(call, config):
