@@ -96,6 +96,13 @@ __device__ __forceinline__ uint32_t bf16x2_max_nonneg(uint32_t a, uint32_t b) {
 // Two bf16 products, lane by lane (mul.rn.bf16x2, sm_90): exact where each product is a bf16 value (P's E2M1 value
 // times its block's E4M3 code: at most 6 significant bits, 2^-10 .. 2688, or 0), so equal to the float32 product
 // rounded to bf16.
+// min.NaN.bf16x2 (sm_80+): the lane-wise minimum, NaN if either lane's operand is NaN. P's E2M1 pairs of kP 3 clamped
+// at (6, 6) = 0x40c040c0 (round_e2m1_nonneg_unsat's saturation, two values at once).
+__device__ __forceinline__ uint32_t bf16x2_min_nan(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("min.NaN.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
@@ -140,9 +147,23 @@ __device__ __forceinline__ void p_nvfp4(const float (&sc)[32], uint32_t (&pa)[4]
   k1 = bf16x2_max_nonneg(k1, __shfl_xor_sync(0xffffffffu, upper ? pr[1] : pr[3], 2));
   // blocks 2q (low half) and 2q + 1 (high half), over the quad
   const uint32_t m = bf16x2_max_nonneg(odd ? k1 : k0, __shfl_xor_sync(0xffffffffu, odd ? k0 : k1, 1));
-  auto code_of = [&](float x) { return kP == 3 ? nvfp4_block_code_div_free(x, g, rg) : nvfp4_block_code(x, g); };
-  BlockScale own[2] = {nvfp4_code_scale(code_of(__uint_as_float(m << 16)), g),
-                       nvfp4_code_scale(code_of(__uint_as_float(m & 0xffff0000u)), g)};
+  // The two blocks' codes in one E4M3 pair conversion (round_e4m3x2: round_e4m3's instruction on two values).
+  const float b0 = __uint_as_float(m << 16), b1 = __uint_as_float(m & 0xffff0000u);
+  auto code_arg = [&](float x) {  // bmax / 6 / g, both quotients correctly rounded (nvfp4_block_code's)
+    return kP == 3 ? div_rn(div_rn(x, 6.f, 0x1.555556p-3f, false), g, rg, false) : __fdiv_rn(__fdiv_rn(x, 6.f), g);
+  };
+  const __half2 codes = round_e4m3x2(code_arg(b0), code_arg(b1));
+  const float c[2] = {__low2float(codes), __high2float(codes)};
+  BlockScale own[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (kP == 3) {  // s in [2^-61, 2^69] or 1: __frcp_rn's fast path alone (rcp_rn_in_range)
+      const float s = c[i] == 0.f ? 1.f : c[i] * g;
+      own[i] = {c[i], s, rcp_rn_in_range(s)};
+    } else {
+      own[i] = nvfp4_code_scale(c[i], g);
+    }
+  }
   const uint32_t own_cc[2] = {bf16x2_bits(own[0].code, own[0].code), bf16x2_bits(own[1].code, own[1].code)};
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
@@ -156,9 +177,15 @@ __device__ __forceinline__ void p_nvfp4(const float (&sc)[32], uint32_t (&pa)[4]
     for (int j = 0; j < 2; ++j) {  // the block's pairs sc[e0 + {0, 1}] and sc[e0 + 4 + {0, 1}]: pa[e / 8][(e / 2) % 4]
       const int e = 8 * (b >> 1) + 2 * (b & 1) + 4 * j;
       const uint32_t pw = w[e >> 1];
-      const float v_lo = nvfp4_p_e2m1<kP == 4>(__uint_as_float(pw << 16), bs);
-      const float v_hi = nvfp4_p_e2m1<kP == 4>(__uint_as_float(pw & 0xffff0000u), bs);
-      pa[e >> 3][(e >> 1) & 3] = bf16x2_mul(bf16x2_bits(v_lo, v_hi), cc);
+      if constexpr (kP == 3) {  // the rounding without its saturation, the pair clamped at (6, 6) in bf16
+        const float v_lo = round_e2m1_nonneg_unsat(div_rn(__uint_as_float(pw << 16), s, inv_s, false));
+        const float v_hi = round_e2m1_nonneg_unsat(div_rn(__uint_as_float(pw & 0xffff0000u), s, inv_s, false));
+        pa[e >> 3][(e >> 1) & 3] = bf16x2_mul(bf16x2_min_nan(bf16x2_bits(v_lo, v_hi), 0x40c040c0u), cc);
+      } else {
+        const float v_lo = nvfp4_p_e2m1<true>(__uint_as_float(pw << 16), bs);
+        const float v_hi = nvfp4_p_e2m1<true>(__uint_as_float(pw & 0xffff0000u), bs);
+        pa[e >> 3][(e >> 1) & 3] = bf16x2_mul(bf16x2_bits(v_lo, v_hi), cc);
+      }
     }
   }
 }

@@ -106,6 +106,28 @@ __device__ __forceinline__ float round_e2m1_nonneg(float x) {
   return __fmaf_rn(-e, 6291456.f, __fmaf_rn(e, 6291456.f, x6));
 }
 
+// round_e2m1_nonneg without its saturation (4 instructions: e = the power of two of max(x, 1)'s binade, now also 8, 16,
+// ... above 8; the two fma as there), for P's quotients in the prefill kernel's kP 3, whose caller clamps each bf16
+// pair at 6 after the pair conversion (min.NaN.bf16x2: one instruction for two values instead of one each). Above 6 the
+// result here is >= 6 (x in (6, 8): a multiple of 2; x >= 8: >= e >= 8, or +Inf where the first fma overflows), so
+// the clamp gives 6 as round_e2m1 does; <= 6 it is round_e2m1_nonneg's; NaN stays NaN. +Inf would give NaN (Inf - Inf):
+// kP 3's quotients are never +Inf (P in [0, 1] or NaN, 1 / s <= 2^61 for the division-free range of g). With the bf16
+// clamp equal to numerics.round_e2m1 on every non-negative float32 pattern but +Inf (e2m1_nosat_check.py, exhaustive).
+__device__ __forceinline__ float round_e2m1_nonneg_unsat(float x) {
+  const float e = __uint_as_float(__float_as_uint(fmaxf(x, 1.f)) & 0x7f800000u);
+  return __fmaf_rn(-e, 6291456.f, __fmaf_rn(e, 6291456.f, x));
+}
+
+// RN(1 / s) for 2^-126 <= s < 2^126 (exponent field 1 .. 252): __frcp_rn's own fast path (MUFU.RCP, then one Newton
+// step whose residual fma(-s, r, 1) is exact) without its range test, branch and slow path, which only s outside that
+// range takes. P's block scales in the prefill kernel's kP 3: s = code * g in [2^-61, 2^69] (g in the division-free
+// range [3.7e-16, 1.1e18], codes 2^-9 .. 448) or 1, or NaN (a NaN block: NaN here as there).
+__device__ __forceinline__ float rcp_rn_in_range(float s) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(s));
+  return __fmaf_rn(r, __fmaf_rn(-s, r, 1.f), r);
+}
+
 // The NVFP4 quotient x / s of a prefill operand (its pre-pass over Q / K / V and P in its kernel), as E2M1 sees it:
 // kExact the IEEE division; else Markstein from inv_s = RN(1 / s) (div_rn's form), where the correction's proof
 // stops q0 = x·inv_s itself gives the same E2M1 value: |q0| > 16 (the quotient > 6: saturates to 6, ±Inf included,
