@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=["4x4096", "1x16384", "ragged16"], choices=list(CASES))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parts", action="store_true", help="also time each build's NVFP4 pre-pass launches alone")
+    ap.add_argument("--alternate", action="store_true",
+                    help="odd rounds in the order B A A B (even ones A B B A) and B / A of each order reported apart "
+                         "(b_over_a_abba, b_over_a_baab: the medians of that order's rounds)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     mods = {"A": load_cuda_extension(os.path.join(args.base, "csrc")),
@@ -72,10 +75,13 @@ def main() -> None:
             mismatches += not same
             del got
             times = {s: [] for s in "AB"}
+            by_order = {o: {s: [] for s in "AB"} for o in ("ABBA", "BAAB")}
             ref = []
-            for _ in range(args.rounds):
-                for s in "ABBA":
+            for rnd in range(args.rounds):
+                order = "BAAB" if args.alternate and rnd % 2 else "ABBA"
+                for s in order:
                     times[s].append(time_graph(fns[s], iters=10))
+                    by_order[order][s].append(times[s][-1])
                 if cudnn is not None and recipe == "nvfp4":
                     ref.append(time_graph(cudnn, iters=10))
             r = dict(case=case, recipe=recipe, same="yes" if same else "NO")
@@ -84,6 +90,9 @@ def main() -> None:
             r["b_over_a"] = r["us_B"] / r["us_A"]
             r["saved_us"] = r["us_A"] - r["us_B"]
             r["spread"] = max(max(t) / min(t) - 1 for t in times.values())
+            for o, t in by_order.items():
+                if t["A"]:
+                    r[f"b_over_a_{o.lower()}"] = statistics.median(t["B"]) / statistics.median(t["A"])
             if ref:
                 r["cudnn_us"] = statistics.median(ref)
                 r["x_cudnn_A"] = r["us_A"] / r["cudnn_us"]
@@ -91,6 +100,8 @@ def main() -> None:
             rows.append(r)
             print(f"  {case} {recipe}: A {r['us_A']:.0f} µs, B {r['us_B']:.0f} µs, B/A {r['b_over_a']:.3f}"
                   + (f"; cuDNN {r['cudnn_us']:.0f} µs: A {r['x_cudnn_A']:.3f}x, B {r['x_cudnn_B']:.3f}x" if ref else "")
+                  + (f"; by order ABBA {r['b_over_a_abba']:.3f} BAAB {r['b_over_a_baab']:.3f}"
+                     if "b_over_a_baab" in r else "")
                   + f"; bit-equal {r['same']}; A {[round(t) for t in times['A']]} B {[round(t) for t in times['B']]}",
                   flush=True)
             torch.cuda.empty_cache()

@@ -128,6 +128,11 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 //     pa[ks][i] = sc[8 ks + 2 i], sc[8 ks + 2 i + 1]).
 // P >= 0 and finite unless a score is NaN (a NaN P makes its block's code NaN, so the block's values NaN, as
 // numerics; its row's output is NaN either way).
+// kP 3 since round (o) (474 -> 432 SASS instructions a tile, benchmarks/probes/prefill_p_nvfp4_count.sh): the owner's
+// two codes in one E4M3 pair conversion, 1 / s by __frcp_rn's fast path alone (rcp_rn_in_range: s in [2^-61, 2^69]
+// or 1), the values by round_e2m1_nonneg_unsat and each bf16 pair clamped at (6, 6) by min.NaN.bf16x2 (the
+// saturation two values at once; exhaustive: benchmarks/probes/e2m1_nosat_check.py). kP 4 keeps the saturating
+// rounding (its IEEE quotient may be +Inf for a g below the division-free range).
 template <int kP>
 __device__ __forceinline__ void p_nvfp4(const float (&sc)[32], uint32_t (&pa)[4][4], float g, float rg, int lane) {
   uint32_t w[16];

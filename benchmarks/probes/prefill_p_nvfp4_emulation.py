@@ -10,10 +10,12 @@ w[4 ks], w[4 ks + 2] and w[4 ks + 1], w[4 ks + 3] through __byte_perm 0x5410 / 0
 lane q keeps pairs 2 (q / 2), + 1 and sends the other two; xor 1: pair q); lane q's codes of blocks 2q, 2q + 1 (low /
 high half of its word); every lane reading block b's (code, code) pair, s and 1 / s from lane (l & ~3) | (b >> 1); the
 values e2m1(p / s) with correctly rounded float32 quotients (div_rn's proven equality), paired in bf16 and multiplied
-by (code, code) in bf16 (exact products), written to pa[ks][i] = elements 8 ks + 2 i, + 1. Compares the tile pa
+by (code, code) in bf16 (exact products; kP 3 since round (o): the rounding without its saturation, each bf16
+pair clamped at (6, 6) by min.NaN.bf16x2 before the product), written to pa[ks][i] = elements 8 ks + 2 i, + 1. Compares the tile pa
 holds with numerics.nvfp4_unscaled(P rounded to bf16) along the keys, and checks that the emulation tells three
 layout bugs apart (the mutants of tests/mutation/mutants_cuda_prefill.py on these steps: the quad's shuffles over
-the wrong lanes, row hi's values in row lo's block, the codes from the wrong owner lane). Exits 1 on a mismatch.
+the wrong lanes, row hi's values in row lo's block, the codes from the wrong owner lane, and the pair's clamp at 6
+dropped). Exits 1 on a mismatch.
 """
 from __future__ import annotations
 
@@ -55,6 +57,22 @@ def mul2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return pair(al * bl, ah * bh)
 
 
+def e2m1_unsat(x: torch.Tensor) -> torch.Tensor:
+    """qdq.cuh round_e2m1_nonneg_unsat on float32 x >= 0 (or NaN; never +Inf): e = bits(max(x, 1)) & 0x7f800000, then
+    fma(e, 1.5 * 2^22, x) (one rounding; emulated in float64, exact there) and fma(-e, 1.5 * 2^22, .) (exact)."""
+    y = torch.where(x.isnan(), torch.ones_like(x), torch.clamp_min(x, 1.0))  # fmaxf drops NaN
+    e = (y.view(torch.int32) & 0x7F800000).view(torch.float32).double()
+    r = (x.double() + e * 6291456.0).float()
+    return (r.double() - e * 6291456.0).float()
+
+
+def min2_nan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """min.NaN.bf16x2: lane-wise minimum of the bf16 values, NaN where either is NaN."""
+    alo, ahi = halves(a)
+    blo, bhi = halves(b)
+    return pair(torch.minimum(alo, blo), torch.minimum(ahi, bhi))  # torch.minimum propagates NaN
+
+
 def byte_perm(x: torch.Tensor, y: torch.Tensor, s: int) -> torch.Tensor:
     """__byte_perm(x, y, s): result byte i is byte (s >> 4 i) & 7 of the 8 bytes y:x (x's first)."""
     out = torch.zeros_like(x)
@@ -73,7 +91,8 @@ def lanes(t: torch.Tensor, f) -> torch.Tensor:
 def emulate(p: torch.Tensor, g: float, variant: str = "") -> torch.Tensor:
     """p [64, 64] float32 (rows, keys) -> the values p_nvfp4 leaves in P's A fragments, as a [64, 64] float32 tile.
     variant: "" the kernel; "xor4" the quad's shuffles 4x farther; "rows" row hi's pair in row lo's block maxima;
-    "owner" the codes from lane (l & ~3) | (b & 3)."""
+    "owner" the codes from lane (l & ~3) | (b & 3); "old" round (n)'s saturating float32 rounding (kP 4's); "noclamp"
+    kP 3's rounding without the bf16 pair's clamp at 6."""
     t = torch.arange(128)
     regs = torch.zeros(128, 32)
     for th in range(128):
@@ -111,7 +130,12 @@ def emulate(p: torch.Tensor, g: float, variant: str = "") -> torch.Tensor:
         for j in range(2):
             e = 8 * (b >> 1) + 2 * (b & 1) + 4 * j
             plo, phi = halves(w[e >> 1])
-            v = pair(numerics.round_e2m1(plo / s), numerics.round_e2m1(phi / s))  # E2M1 values: exact in bf16
+            if variant == "old":  # round (n)'s form: the saturating rounding in float32
+                v = pair(numerics.round_e2m1(plo / s), numerics.round_e2m1(phi / s))  # E2M1 values: exact in bf16
+            else:  # kP 3 since round (o): the rounding without saturation, the bf16 pair clamped at (6, 6)
+                v = pair(e2m1_unsat(plo / s), e2m1_unsat(phi / s))
+                if variant != "noclamp":
+                    v = min2_nan(v, pair(torch.full_like(plo, 6.0), torch.full_like(phi, 6.0)))
             vlo, vhi = halves(mul2(v, cc))  # pa[e >> 3][(e >> 1) & 3]: elements e, e + 1
             for th in range(128):
                 w_, lane = divmod(th, 32)
@@ -134,7 +158,7 @@ def main() -> int:
         print("the unsigned order of bf16 patterns is not the values' order")
         return 1
     gen = torch.Generator().manual_seed(0)
-    bad, caught = 0, {"xor4": 0, "rows": 0, "owner": 0}
+    bad, caught = 0, {"xor4": 0, "rows": 0, "owner": 0, "noclamp": 0}
     for amax in (1.0, 0.05, 3.0):
         for trial in range(3):
             s = torch.randn(64, 64, generator=gen) * 3
@@ -145,6 +169,9 @@ def main() -> int:
             g = numerics.nvfp4_global_scale(amax)
             want = numerics.nvfp4_unscaled(p.to(torch.bfloat16), amax, dim=-1)
             got = emulate(p, g)
+            if not torch.equal(got.nan_to_num(7.0), emulate(p, g, "old").nan_to_num(7.0)):
+                bad += 1
+                print(f"amax {amax} trial {trial}: round (o)'s rounding differs from round (n)'s")
             same = torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
             if not same:
                 bad += 1

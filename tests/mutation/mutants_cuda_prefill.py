@@ -218,16 +218,18 @@ MUTANTS = [
          new="const float inv_s = kP == 3 ? __shfl_sync(0xffffffffu, own[(b & 1) ^ 1].inv_s, src) : 1.f;",
          tests=[NVFP4_SELECTION], gpu=True,
          why="P's division-free quotient with the other block's 1 / s (Markstein's one correction cannot repair it)"),
+    # 33-34 re-pointed in round (o): kP 3's P no longer calls round_e2m1_nonneg (the pre-pass and kP 4 still do) but
+    # round_e2m1_nonneg_unsat and the bf16 pair's clamp at 6; the same two bugs there
     dict(file="csrc/qdq.cuh",
-         old="  const float e = __uint_as_float(__float_as_uint(fmaxf(x6, 1.f)) & 0x7f800000u);",
-         new="  const float e = __uint_as_float(__float_as_uint(fmaxf(x6, 2.f)) & 0x7f800000u);",
+         old="  const float e = __uint_as_float(__float_as_uint(fmaxf(x, 1.f)) & 0x7f800000u);",
+         new="  const float e = __uint_as_float(__float_as_uint(fmaxf(x, 2.f)) & 0x7f800000u);",
          tests=[NVFP4_SELECTION], gpu=True,
          why="P's E2M1 rounding below 2 on the grid of [2, 4) (step 1: 0.5 and 1.5 never come out)"),
-    dict(file="csrc/qdq.cuh",
-         old='asm("min.NaN.f32 %0, %1, 0f40C00000;\\n" : "=f"(x6) : "f"(x));',
-         new='asm("min.NaN.f32 %0, %1, 0f41000000;\\n" : "=f"(x6) : "f"(x));',
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="bf16x2_min_nan(bf16x2_bits(v_lo, v_hi), 0x40c040c0u)",
+         new="bf16x2_min_nan(bf16x2_bits(v_lo, v_hi), 0x41004100u)",
          tests=[NVFP4_SELECTION], gpu=True,
-         why="P's E2M1 rounding saturating at 8 instead of 6 (quotients above 7: saturated or subnormal block codes)"),
+         why="P's E2M1 values clamped at 8 instead of 6 (quotients above 7: saturated or subnormal block codes)"),
     # 35-39: Q's NVFP4 values in the kernel (round n, wip/nvfuse), the pre-pass's signed 7-instruction rounding
     dict(file="csrc/mla_prefill_wgmma.cu",
          old=": \"r\"(sq + 32 * (t + 128 * (kQUnitsInFlight * round + u)) + 16 * c));",
@@ -296,6 +298,17 @@ MUTANTS = [
          new="counter = (torch.ones(1, dtype=torch.int64, device=device),) if persistent else ()",
          tests=[PERSISTENT_SELECTION], gpu=True,
          why="the item counter not zero at the launch: the first item (a sequence's longest block) never runs"),
+    # 48-49: P's cheaper block scales (round o, wip/nvp): the pair conversion of the two codes, s of an empty block
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="const __half2 codes = round_e4m3x2(code_arg(b0), code_arg(b1));",
+         new="const __half2 codes = round_e4m3x2(code_arg(b1), code_arg(b0));",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="the owner's two block codes swapped in the E4M3 pair conversion (block 2q gets 2q + 1's code)"),
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="const float s = c[i] == 0.f ? 1.f : c[i] * g;",
+         new="const float s = c[i] * g;",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="an all-zero P block (masked keys) keeps s = 0: 1 / s = Inf, 0 · Inf = NaN values in the row's P·V"),
 ]
 
 
