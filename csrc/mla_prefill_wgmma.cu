@@ -128,8 +128,9 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 //     pa[ks][i] = sc[8 ks + 2 i], sc[8 ks + 2 i + 1]).
 // P >= 0 and finite unless a score is NaN (a NaN P makes its block's code NaN, so the block's values NaN, as
 // numerics; its row's output is NaN either way).
-// kP 3 since round (o) (474 -> 432 SASS instructions a tile, benchmarks/probes/prefill_p_nvfp4_count.sh): the owner's
-// two codes in one E4M3 pair conversion, 1 / s by __frcp_rn's fast path alone (rcp_rn_in_range: s in [2^-61, 2^69]
+// kP 3 since round (o) (474 -> 428 SASS instructions a tile, benchmarks/probes/prefill_p_nvfp4_count.sh): the owner's
+// two codes in one E4M3 pair conversion and one shuffled bf16 word (HMUL2 broadcasts each block's half), 1 / s by
+// __frcp_rn's fast path alone (rcp_rn_in_range: s in [2^-61, 2^69]
 // or 1), the values by round_e2m1_nonneg_unsat and each bf16 pair clamped at (6, 6) by min.NaN.bf16x2 (the
 // saturation two values at once; exhaustive: benchmarks/probes/e2m1_nosat_check.py). kP 4 keeps the saturating
 // rounding (its IEEE quotient may be +Inf for a g below the division-free range).
@@ -169,11 +170,17 @@ __device__ __forceinline__ void p_nvfp4(const float (&sc)[32], uint32_t (&pa)[4]
       own[i] = nvfp4_code_scale(c[i], g);
     }
   }
-  const uint32_t own_cc[2] = {bf16x2_bits(own[0].code, own[0].code), bf16x2_bits(own[1].code, own[1].code)};
+  const uint32_t own_c01 = bf16x2_bits(own[0].code, own[1].code);  // both codes in bf16: exact (E4M3)
+  uint32_t c01 = 0;
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
     const int src = (lane & ~3) | (b >> 1);
-    const uint32_t cc = __shfl_sync(0xffffffffu, own_cc[b & 1], src);  // (code, code) in bf16: exact (E4M3)
+    if ((b & 1) == 0) c01 = __shfl_sync(0xffffffffu, own_c01, src);  // one shuffle for the owner's two blocks
+    uint32_t cc;  // (code, code) of block b: one half of c01 twice (ptxas may fold it into HMUL2's operand swizzle)
+    if (b & 1)
+      asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {h, h};\n}\n" : "=r"(cc) : "r"(c01));
+    else
+      asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {l, l};\n}\n" : "=r"(cc) : "r"(c01));
     const float s = __shfl_sync(0xffffffffu, own[b & 1].s, src);
     // kP 4 divides (__fdiv_rn): 1 / s is not read
     const float inv_s = kP == 3 ? __shfl_sync(0xffffffffu, own[b & 1].inv_s, src) : 1.f;

@@ -121,11 +121,13 @@ def emulate(p: torch.Tensor, g: float, variant: str = "") -> torch.Tensor:
 
     own = [code(h) for h in halves(m)]
     own_s = [torch.where(c == 0, 1.0, c * gs) for c in own]
-    own_cc = [pair(c, c) for c in own]
+    own_c01 = pair(own[0], own[1])  # both codes in one word (round o: one shuffle for the owner's two blocks)
     tile = torch.zeros(64, 64)
     for b in range(8):
         src = lanes(t, (lambda l: (l & ~3) | (b & 3)) if variant == "owner" else (lambda l: (l & ~3) | (b >> 1)))
-        cc = own_cc[b & 1][src]
+        c01 = own_c01[src]
+        half = halves(c01)[b & 1]  # the word's half of block b, broadcast (HMUL2's .H0_H0 / .H1_H1 operand)
+        cc = pair(half, half)
         s = own_s[b & 1][src]  # the owner's s (and 1 / s: the quotient below is the correctly rounded one)
         for j in range(2):
             e = 8 * (b >> 1) + 2 * (b & 1) + 4 * j

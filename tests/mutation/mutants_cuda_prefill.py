@@ -298,7 +298,7 @@ MUTANTS = [
          new="counter = (torch.ones(1, dtype=torch.int64, device=device),) if persistent else ()",
          tests=[PERSISTENT_SELECTION], gpu=True,
          why="the item counter not zero at the launch: the first item (a sequence's longest block) never runs"),
-    # 48-49: P's cheaper block scales (round o, wip/nvp): the pair conversion of the two codes, s of an empty block
+    # 48-50: P's cheaper block scales (round o, wip/nvp): the pair conversion of the two codes, s of an empty block
     dict(file="csrc/mla_prefill_wgmma.cu",
          old="const __half2 codes = round_e4m3x2(code_arg(b0), code_arg(b1));",
          new="const __half2 codes = round_e4m3x2(code_arg(b1), code_arg(b0));",
@@ -309,6 +309,12 @@ MUTANTS = [
          new="const float s = c[i] * g;",
          tests=[NVFP4_SELECTION], gpu=True,
          why="an all-zero P block (masked keys) keeps s = 0: 1 / s = Inf, 0 · Inf = NaN values in the row's P·V"),
+    # 50: the owner's two codes in one shuffled word (round o): block 2q + 1's values times its code
+    dict(file="csrc/mla_prefill_wgmma.cu",
+         old="mov.b32 %0, {h, h};",
+         new="mov.b32 %0, {l, l};",
+         tests=[NVFP4_SELECTION], gpu=True,
+         why="each odd block's values multiplied by the even block's code (the shuffled word's wrong half)"),
 ]
 
 
