@@ -28,7 +28,7 @@ LOGS=$OUT
 export CALL_LIMIT=${CALL_LIMIT:-280}
 DEFAULT_CALL_LIMIT=$CALL_LIMIT
 . benchmarks/device_clock.sh   # t0, stamp, left, cap
-AB_ARGS=${AB_ARGS---alternate} ROUNDS=${ROUNDS:-6} TESTS_K=${TESTS_K:-"nvfp4 or q_codes"} \
+AB_ARGS=${AB_ARGS---alternate} ROUNDS=${ROUNDS:-6} AB_S=${AB_S:-150} TESTS_K=${TESTS_K:-"nvfp4 or q_codes"} \
   bash benchmarks/run_prefill_nvfp4_ab.sh
 rall=$?
 stamp "run_prefill_nvfp4_ab.sh (rc $rall)"
