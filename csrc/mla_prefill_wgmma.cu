@@ -96,16 +96,16 @@ __device__ __forceinline__ uint32_t bf16x2_max_nonneg(uint32_t a, uint32_t b) {
 // Two bf16 products, lane by lane (mul.rn.bf16x2, sm_90): exact where each product is a bf16 value (P's E2M1 value
 // times its block's E4M3 code: at most 6 significant bits, 2^-10 .. 2688, or 0), so equal to the float32 product
 // rounded to bf16.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 // min.NaN.bf16x2 (sm_80+): the lane-wise minimum, NaN if either lane's operand is NaN. P's E2M1 pairs of kP 3 clamped
 // at (6, 6) = 0x40c040c0 (round_e2m1_nonneg_unsat's saturation, two values at once).
 __device__ __forceinline__ uint32_t bf16x2_min_nan(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("min.NaN.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 
@@ -130,8 +130,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 // numerics; its row's output is NaN either way).
 // kP 3 since round (o) (474 -> 428 SASS instructions a tile, benchmarks/probes/prefill_p_nvfp4_count.sh): the owner's
 // two codes in one E4M3 pair conversion and one shuffled bf16 word (HMUL2 broadcasts each block's half), 1 / s by
-// __frcp_rn's fast path alone (rcp_rn_in_range: s in [2^-61, 2^69]
-// or 1), the values by round_e2m1_nonneg_unsat and each bf16 pair clamped at (6, 6) by min.NaN.bf16x2 (the
+// __frcp_rn's fast path alone (rcp_rn_in_range: s in [2^-61, 2^69] or 1), the values by round_e2m1_nonneg_unsat and each bf16 pair clamped at (6, 6) by min.NaN.bf16x2 (the
 // saturation two values at once; exhaustive: benchmarks/probes/e2m1_nosat_check.py). kP 4 keeps the saturating
 // rounding (its IEEE quotient may be +Inf for a g below the division-free range).
 template <int kP>

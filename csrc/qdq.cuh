@@ -118,9 +118,9 @@ __device__ __forceinline__ float round_e2m1_nonneg_unsat(float x) {
   return __fmaf_rn(-e, 6291456.f, __fmaf_rn(e, 6291456.f, x));
 }
 
-// RN(1 / s) for 2^-126 <= s < 2^126 (exponent field 1 .. 252): __frcp_rn's own fast path (MUFU.RCP, then one Newton
-// step whose residual fma(-s, r, 1) is exact) without its range test, branch and slow path, which only s outside that
-// range takes. P's block scales in the prefill kernel's kP 3: s = code * g in [2^-61, 2^69] (g in the division-free
+// RN(1 / s) for 2^-126 <= s < 2^126 (exponent field 1 .. 252): __frcp_rn's own fast path (MUFU.RCP, then the Newton
+// step fma(r, fma(-s, r, 1), r): the bits of its FFMA s·r - 1, FADD.FTZ negation and FFMA, the residual never
+// subnormal) without its range test, branch and slow path, which only s outside that range takes. P's block scales in the prefill kernel's kP 3: s = code * g in [2^-61, 2^69] (g in the division-free
 // range [3.7e-16, 1.1e18], codes 2^-9 .. 448) or 1, or NaN (a NaN block: NaN here as there).
 __device__ __forceinline__ float rcp_rn_in_range(float s) {
   float r;
