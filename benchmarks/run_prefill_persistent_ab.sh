@@ -33,19 +33,7 @@ echo "commit ${MLA_COMMIT:-unknown}, A ${A_DIR:?A_DIR}"
 A_DIR=$(cd "$A_DIR" && pwd)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 . benchmarks/checkout_first.sh  # this tree's packages first (a warm machine may hold another install)
-build() {  # $1: a csrc folder, $2: its log (the build cache is the default one, keyed by the sources' contents)
-  (cd benchmarks && timeout "$(cap "${BUILD_S:-75}")" python3 -c "import sys; from common import load_cuda_extension; \
-print('built', load_cuda_extension(sys.argv[1]).__name__)" "$1") >"$2" 2>&1
-}
-build "$A_DIR/csrc" "$LOGS/build_a.log" &
-pa=$!
-build "$PWD/csrc" "$LOGS/build_b.log"
-rb=$?
-wait $pa
-ra=$?
-tail -n 1 "$LOGS/build_a.log" "$LOGS/build_b.log"
-stamp "builds (A rc $ra, B rc $rb)"
-[ $ra = 0 ] && [ $rb = 0 ] || { tail -n 30 "$LOGS/build_a.log" "$LOGS/build_b.log"; exit 3; }
+build_ab "$A_DIR/csrc"   # (benchmarks/device_clock.sh)
 pm=""
 if [ "${RUN_MUTANTS:-0}" = 1 ]; then  # their builds beside the A/B (or instead of it: BENCH=0)
   export MUTANT_WORK=/tmp/mla_core_prefill_persistent_mutants MUTANT_INDICES=${MUTANT_INDICES:-40,41,42,43,44,45,46,47}
