@@ -182,7 +182,7 @@ def run(module, call: PrefillCall, config: dict):
         _run_fp8_mma(module, call, out, lse)
         return out, lse
     persistent = bool(config.get("persistent"))
-    if persistent and (call.p_quant is not None or call.q_quant == "fp8"):
+    if persistent and not persistent_covers({"p_quant": call.p_quant, "q_quant": call.q_quant}):
         raise ValueError("cuda prefill: the persistent config runs P unquantized and Q not FP8 only")
     cu_q = call.cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = call.cu_seqlens_k.to(torch.int32).contiguous()
