@@ -58,7 +58,7 @@ SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerSta
 CASES=${CASES:-prefill:bf16 prefill:nvfp4}
 for c in $CASES; do
   case $c in
-    prefill:*) kernel=prefill_kernel ;;
+    prefill:*) kernel="prefill_kernel|prefill_fp8_kernel" ;;  # the fp8 recipe runs on FP8 wgmma
     decode:*) kernel=decode_wgmma_kernel ;;
     sparse:*) kernel=sparse_decode_kernel ;;
     *) echo "unknown case $c"; continue ;;
