@@ -144,21 +144,24 @@ void decode(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& bloc
 
 // The WGMMA kernel (mla_decode_wgmma.cu): bf16 / fp16 q and cache, or an FP8 cache (E4M3 codes, kv_scale folded
 // into qk_scale_log2 and out_scale by the caller); K = V FP8 with one scale or unquantized, P any format; keys_m:
-// decode_km_kernel (bf16 / fp16, unquantized, <= 16 heads).
+// decode_km_kernel (bf16 / fp16, unquantized, <= 16 heads); ring4: decode_wgmma_ring4_kernel, schedule Q1 on four
+// 32-key ring slots (bf16 / fp16 cache, unquantized, any head count).
 void decode_wgmma(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_table,
                   const at::Tensor& seq_lens, at::Tensor out, std::optional<at::Tensor> lse,
                   std::optional<at::Tensor> part_o, std::optional<at::Tensor> part_lse, int64_t num_splits,
                   double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale,
-                  int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, bool keys_m) {
+                  int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, bool keys_m,
+                  bool ring4) {
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
   set_quant(p, out_scale, k_scale, v_scale, p_scale, k_fmt, v_fmt, p_fmt, v_from_k, exact_div);
   p.keys_m = keys_m;
+  p.ring4 = ring4;
   TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache (or an FP8 "
               "cache), K and V unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype,
               ", cache_fp8 ", p.cache_fp8, ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, "); keys_m needs a bf16 / "
               "fp16 cache, K, V and P unquantized and at most 16 heads (got heads ", p.heads, ", keys_m ", p.keys_m,
-              ")");
+              "); ring4 a bf16 / fp16 cache, K, V and P unquantized, not keys_m (ring4 ", p.ring4, ")");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
@@ -500,7 +503,8 @@ void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor
 // The fused layer's decode step after its q_nope GEMM, in one call (backends/cuda/mla_core_cuda/decode.py, run with
 // ``prep``): the prep (mla_layer_prep.cu: the new cache rows, q_rope rotated into q's columns 512..575, each token's
 // key count into seq_lens), then the decode kernel ``kernel`` (0: mma.sync with head_tiles / warps, 1: WGMMA, 2: its
-// keys-as-M variant) with its split and combine, all on the current stream. sum_order: the float32
+// keys-as-M variant, 3: its four-slot ring, config ring4) with its split and combine, all on the current stream.
+// sum_order: the float32
 // summation order of the Triton version whose prep this one must equal (mla_layer_prep.cu). One token per request (the layer's
 // max_seq_len 1): token t of q_src / kv is request t. q_src [tokens, heads, nope + 64] and kv [tokens, 576] in the
 // cache dtype (bf16 / fp16), last dims contiguous; offsets [tokens + 1] and starts [tokens] int32 / int64 contiguous;
@@ -515,7 +519,7 @@ void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tenso
                   int64_t num_splits, double qk_scale_log2, double out_scale, double k_scale, double v_scale,
                   double p_scale, int64_t k_fmt, int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div,
                   int64_t kernel, int64_t head_tiles, int64_t warps) {
-  TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (mma.sync), 1 (WGMMA) or 2 (keys-as-M)");
+  TORCH_CHECK(kernel >= 0 && kernel <= 3, "kernel must be 0 (mma.sync), 1 (WGMMA), 2 (keys-as-M) or 3 (ring4)");
   TORCH_CHECK(sum_order >= 0 && sum_order <= 2, "sum_order must be 0..2");
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
@@ -528,8 +532,10 @@ void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tenso
     p.warps = static_cast<int>(warps);
   } else {
     p.keys_m = kernel == 2;
+    p.ring4 = kernel == 3;
     TORCH_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode does not run this call (dtype ", p.dtype,
-                ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ", heads ", p.heads, ", keys_m ", p.keys_m, ")");
+                ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ", heads ", p.heads, ", keys_m ", p.keys_m, ", ring4 ",
+                p.ring4, ")");
   }
   const int64_t tokens = q.size(0);
   const auto dt = cache.scalar_type();
@@ -623,7 +629,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("num_splits"), pybind11::arg("qk_scale_log2"), pybind11::arg("out_scale"),
         pybind11::arg("k_scale"), pybind11::arg("v_scale"), pybind11::arg("p_scale"), pybind11::arg("k_fmt"),
         pybind11::arg("v_fmt"), pybind11::arg("p_fmt"), pybind11::arg("v_from_k"), pybind11::arg("exact_div"),
-        pybind11::arg("keys_m") = false);
+        pybind11::arg("keys_m") = false, pybind11::arg("ring4") = false);
   m.def("layer_decode", &layer_decode,
         "The fused layer's decode step: the CUDA prep, then the decode (see backends/cuda/mla_core_cuda/decode.py)",
         pybind11::arg("q_src"), pybind11::arg("kv"), pybind11::arg("offsets"), pybind11::arg("starts"),

@@ -53,6 +53,8 @@ struct DecodeParams {
   bool keys_m;              // WGMMA: the keys-as-M kernel (bf16 / fp16 cache, no fake quantization, heads <= 16)
   int head_tiles;           // 16-head m-tiles per CTA (1, 2 or 4)
   int warps;                // warps per CTA: (head_tiles, warps) is (1, 4), (2, 4), (2, 8) or (4, 8)
+  bool ring4;               // WGMMA: schedule Q1 on four 32-key ring slots (config ring4; bf16 / fp16 cache, no fake
+                            // quantization); last, so that no other field's offset moves
 };
 
 // Launch the decode (split kernel, then the combine kernel when num_splits > 1) on `stream`.
@@ -72,7 +74,7 @@ cudaError_t launch_decode_wgmma(const DecodeParams& params, cudaStream_t stream)
 // Whether the WGMMA decode covers `params`: bf16 or fp16; K and V unquantized, or FP8 with V's codes K's
 // (v_from_k) and no exact_div, or an FP8 cache (cache_fp8) with K and V unquantized; P unquantized, FP8 or NVFP4
 // (any head count: 64 heads per CTA, the last group zero-padded); keys_m: a bf16 / fp16 cache, K, V and P
-// unquantized, heads <= 16.
+// unquantized, heads <= 16; ring4: a bf16 / fp16 cache, K, V and P unquantized, not keys_m (any head count).
 bool decode_wgmma_supported(const DecodeParams& params);
 
 }  // namespace mla_core_cuda

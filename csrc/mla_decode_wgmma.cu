@@ -1,7 +1,8 @@
 // The WGMMA decode's entry point (launch_decode_wgmma, decode_wgmma_supported) and the keys-as-M kernels'
 // instances (decode_t_kernel, decode_km_kernel: four). The kernels are in mla_decode_wgmma.cuh; the 18 instances of
 // decode_wgmma_kernel are instantiated by mla_decode_wgmma_{bf16,fp16}_{kv,kv_fp8,cache_fp8}.cu, one launcher each
-// (launch_decode_wgmma_kv), so that nvcc compiles them in parallel.
+// (launch_decode_wgmma_kv), and the two of decode_wgmma_ring4_kernel (config ring4) by
+// mla_decode_wgmma_{bf16,fp16}_ring4.cu (launch_decode_wgmma_ring4), so that nvcc compiles them in parallel.
 
 #include "mla_decode_wgmma.cuh"
 
@@ -11,6 +12,7 @@ namespace {
 template <typename T>
 cudaError_t launch_split_t(const DecodeParams& p, cudaStream_t stream) {
   if (p.keys_m) return launch_km<T>(p, stream);
+  if (p.ring4) return launch_decode_wgmma_ring4<T>(p, stream);
   if (p.cache_fp8 && p.heads <= kHeadsT && p.p_fmt == kNoQuant) return launch_t<T>(p, stream);
   if (p.cache_fp8) return launch_decode_wgmma_kv<T, kCodes>(p, stream);
   return p.k_fmt == kFP8 ? launch_decode_wgmma_kv<T, kFP8>(p, stream)
@@ -28,7 +30,11 @@ bool decode_wgmma_supported(const DecodeParams& p) {
                   (!p.cache_fp8 && p.k_fmt == kFP8 && p.v_fmt == kFP8 && p.v_from_k && !p.exact_div);
   const bool keys_m = !p.keys_m || (p.heads <= kHeadsT && !p.cache_fp8 && p.k_fmt == kNoQuant &&
                                      p.v_fmt == kNoQuant && p.p_fmt == kNoQuant);
-  return p.heads > 0 && kv && keys_m && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
+  // ring4 (decode_wgmma_ring4_kernel: schedule Q1 on four 32-key slots): a bf16 / fp16 cache, no fake quantization,
+  // not with keys_m; any head count
+  const bool ring4 = !p.ring4 || (!p.keys_m && !p.cache_fp8 && p.k_fmt == kNoQuant && p.v_fmt == kNoQuant &&
+                                   p.p_fmt == kNoQuant);
+  return p.heads > 0 && kv && keys_m && ring4 && (p.p_fmt == kNoQuant || p.p_fmt == kFP8 || p.p_fmt == kNVFP4) &&
          (p.dtype == kBF16 || p.dtype == kFP16);
 }
 

@@ -1,8 +1,9 @@
 // The WGMMA decode's kernels and their launchers, included by the translation units that instantiate them (one
-// (dtype, K / V operand) each: mla_decode_wgmma_{bf16,fp16}_{kv,kv_fp8,cache_fp8}.cu; the keys-as-M kernels and
-// the dispatch in mla_decode_wgmma.cu), so the build compiles the 22 kernels in parallel. Everything here but the
-// launchers' declarations at the end is in an anonymous namespace: a translation unit compiles only the instances
-// it uses, and the kernels keep their names (and machine code) whichever file instantiates them.
+// (dtype, K / V operand) each: mla_decode_wgmma_{bf16,fp16}_{kv,kv_fp8,cache_fp8}.cu; the four-slot ring's in
+// mla_decode_wgmma_{bf16,fp16}_ring4.cu; the keys-as-M kernels and the dispatch in mla_decode_wgmma.cu), so the build
+// compiles the 24 kernels in parallel. Everything here but the launchers' declarations at the end is in an anonymous
+// namespace: a translation unit compiles only the instances it uses, and the kernels keep their names (and machine
+// code) whichever file instantiates them.
 //
 // Paged MLA decode on Hopper WGMMA (sm_90a) for bf16 / fp16, kv_lora_rank 512 + rope 64, any head count (64
 // heads per CTA; a last group of fewer heads is zero-padded and its pad rows are never stored). Fake quantization
@@ -66,6 +67,7 @@ constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
                            + 2 * 4 * 4             // [2 stages][4 producer warps] validity bits of 16 keys
                            + 4 * 8                 // mbarriers full[2], empty[2]
                            + 1024;                 // alignment slack: slabs start 1024-aligned
+constexpr int kSmemBytesRing = kSmemBytes + 4 * 8; // ring4: mbarriers full[4], empty[4] (231,520 B)
 constexpr int kMaxDevices = 64;                    // devices whose shared-memory attribute is remembered
 constexpr int kCodes = 3;                          // KF of an FP8 cache (E4M3 codes; QuantFormat's values are 0-2)
 
@@ -375,20 +377,26 @@ __device__ __forceinline__ void q1_s(float (&d)[16], float (&e)[16], const uint8
 }
 // One step of schedule Q1 (decode_wgmma_kernel's comment) for consumer warpgroup wg: the stage's S, softmax and P
 // on WG0, O's columns 256 wg.. on both; m / l as the kernel keeps them (l_0 in l_*, WG0's l_1 in l1_*).
-template <typename T>
+// kRing (config ring4): the stage's two 32-key halves are ring slots 2s, 2s + 1 of their own (full / empty per
+// half): WG0 waits both before S, WG1 each before its P V of that half; each warp releases keys 0-31's slot once its
+// P0 V0 completed (WG0: S and P0 V0 were its last reads of them, the validity words included), keys 32-63's at the
+// end, so the producer refills keys 0-31 while keys 32-63 are still read. Same products, same order: bit-equal.
+template <typename T, bool kRing>
 __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], const uint8_t* sq, const uint8_t* sk,
                                         const uint8_t* sv, uint8_t* sp, float* sa1, float* sa2, const uint32_t* valid4,
                                         uint64_t* full, uint64_t* empty, int it, int steps, int wg, int t, int lane,
                                         int row_lo, float& m_lo, float& m_hi, float& l_lo, float& l_hi, float& l1_lo,
                                         float& l1_hi) {
   const int s = it & 1;
+  const int h0 = kRing ? 2 * s : s, h1 = kRing ? 2 * s + 1 : s;  // the ring slots of keys 0-31, 32-63
   if (wg == 0) {
     float s0[16], s1[16];  // keys 0-31, 32-63 (s_half's layout each)
 #pragma unroll
     for (int j = 0; j < 16; ++j) s0[j] = s1[j] = 0.f;
     reg_fence(s0);
     reg_fence(s1);
-    mbar_wait(&full[s], (it >> 1) & 1);
+    mbar_wait(&full[h0], (it >> 1) & 1);
+    if constexpr (kRing) mbar_wait(&full[h1], (it >> 1) & 1);
     wg_fence();
     q1_s<T>(s0, s1, sq, sk);
     wg_wait<0>();
@@ -437,16 +445,21 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     fence_proxy_async();
     nb_arrive<kConsumerThreads>(kBarP0Full);
     rescale_pv_regs<T>(o, a1_lo, a1_hi, a0, sv, 0);
+    if constexpr (kRing) release_stage(empty, h0, lane);  // S and P0 V0 completed: keys 0-31 read
     rescale_pv_regs<T>(o, a2_lo, a2_hi, a1, sv, kPTile);
   } else {
-    mbar_wait(&full[s], (it >> 1) & 1);  // the stage's V (WG0's wait does not order this warpgroup's reads)
+    mbar_wait(&full[h0], (it >> 1) & 1);  // the stage's V (WG0's wait does not order this warpgroup's reads)
     nb_sync<kConsumerThreads>(kBarP0Full);  // P of both halves and the factors
     const float a1_lo = sa1[row_lo], a1_hi = sa1[row_lo + 8], a2_lo = sa2[row_lo], a2_hi = sa2[row_lo + 8];
     rescale_pv_slab<T>(o, a1_lo, a1_hi, sp, sv, 0);
+    if constexpr (kRing) {
+      release_stage(empty, h0, lane);       // P0 V0 completed: keys 0-31 read
+      mbar_wait(&full[h1], (it >> 1) & 1);  // keys 32-63's V
+    }
     rescale_pv_slab<T>(o, a2_lo, a2_hi, sp, sv, kPTile);
     if (it + 1 < steps) nb_arrive<kConsumerThreads>(kBarP0Empty);
   }
-  release_stage(empty, s, lane);  // every wgmma of this warp that reads stage s has completed
+  release_stage(empty, h1, lane);  // every wgmma of this warp that reads stage s (kRing: its keys 32-63) completed
 }
 
 // KF: K's (= V's) format, kNoQuant or kFP8 (k_codes_fp8), or kCodes (an FP8 cache: codes_to_values); PF: P's
@@ -456,8 +469,15 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
 // "Q1"), publishes P (the slab) and the factors a1, a2 (smx0, smx1) on P0F; WG1 only accumulates O_R from the
 // slab and arrives P0E once it read them (MX0 / H1F unused). Measured 0.92-0.95x the seesaw's time at 16 and 128
 // heads; the quantized problems keep the seesaw (their P / K conversions are split over both warpgroups).
-template <typename T, int KF, int PF>
-__global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
+// kRing (config {"kernel": "ring4"}, decode_wgmma_ring4_kernel, unquantized only): the same Q1 step on a ring of
+// four 32-key slots (each 64-key stage's keys 0-31 and 32-63: the same bytes as the 2-stage ring), full / empty per
+// slot (+32 B of mbarriers: kSmemBytesRing): producer warps 8-9 fill keys 0-31 of every step, warps 10-11 keys 32-63,
+// each pair on its own slots, and a slot is refilled as soon as both warpgroups' P V of its 32 keys completed
+// (q1_step). The arithmetic is Q1's instruction for instruction: bit-equal. The body is a device function so that
+// decode_wgmma_kernel<T, KF, PF> keeps its name (and SASS) and the ring gets a kernel of its own name.
+template <typename T, int KF, int PF, bool kRing>
+__device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p) {
+  static_assert(!kRing || (KF == kNoQuant && PF == kNoQuant), "ring4 runs schedule Q1 (unquantized) only");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
   uint8_t* sk0 = sq + kTileBytes;
@@ -466,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   float* smx1 = smx0 + kHeads;                            // [64] half 1's row maxima (WG1 -> WG0)
   float* sl = smx1 + kHeads;                              // [2][64] final row sums
   uint32_t* s_valid = reinterpret_cast<uint32_t*>(sl + 2 * kHeads);  // [2 stages][4 producer warps]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_valid + 8);          // [2 stages]
-  uint64_t* empty = full + 2;                                         // [2 stages]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_valid + 8);          // [2 stages] (kRing: [4 slots])
+  uint64_t* empty = full + (kRing ? 4 : 2);                           // [2 stages] (kRing: [4 slots])
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform for the compiler
   const int head_groups = (p.heads + kHeads - 1) / kHeads;
@@ -479,7 +499,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
   const int64_t lo = keys.lo, hi = keys.hi;
   const int steps = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
 
-  if (tid == 0) init_ring(full, empty);
+  if (tid == 0) {
+    if constexpr (kRing) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        mbar_init(&full[i], kProducerThreads / 2);  // the two producer warps of the slot's half
+        mbar_init(&empty[i], kConsumerThreads / 32);
+      }
+    } else {
+      init_ring(full, empty);
+    }
+  }
   __syncthreads();
 
   if (warp >= 8) {  // the producer warpgroup
@@ -491,9 +521,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     const int64_t row = 16 * (warp - 8) + (lane & 15);
     int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
     const float k_inv = KF == kFP8 ? __frcp_rn(p.k_scale) : 1.f;
+    // kRing: warps 8-9 (rows 0-31) fill slots 2s, warps 10-11 (rows 32-63) slots 2s + 1; otherwise the stage s
+    const int half = kRing ? (warp - 8) >> 1 : 0;
     for (int i = 0; i < steps; ++i) {
-      const int s = i & 1;
-      if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
+      const int s = i & 1, slot = kRing ? 2 * s + half : s;
+      if (i >= 2) mbar_wait(&empty[slot], ((i - 2) >> 1) & 1);
       if constexpr (KF == kCodes) {
         produce_codes(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
       } else {
@@ -511,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
         cp_async_wait_all();
       }
       fence_proxy_async();
-      mbar_arrive(&full[s]);
+      mbar_arrive(&full[slot]);
     }
     return;
   }
@@ -553,8 +585,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     const uint8_t* sk = sk0 + s * kTileBytes;
     const uint8_t* sv = sk + wg * 4 * kKeys * 128;  // this warpgroup's V columns: slabs 4 wg .. 4 wg + 3
     if constexpr (kQ1) {
-      q1_step<T>(p, o, sq, sk, sv, sp, smx0, smx1, s_valid + 4 * s, full, empty, it, steps, wg, t, lane, row_lo,
-                     m_lo, m_hi, l_lo, l_hi, l1_lo, l1_hi);
+      q1_step<T, kRing>(p, o, sq, sk, sv, sp, smx0, smx1, s_valid + 4 * s, full, empty, it, steps, wg, t, lane,
+                        row_lo, m_lo, m_hi, l_lo, l_hi, l1_lo, l1_hi);
       continue;
     }
 
@@ -687,6 +719,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeP
     __half* out = static_cast<__half*>(p.out);
     store_rows(out + g_lo * kNope + col0, out + g_hi * kNope + col0, o, inv_lo, inv_hi, store_hi);
   }
+}
+template <typename T, int KF, int PF>
+__global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
+  decode_wgmma_body<T, KF, PF, false>(p);
+}
+// Config ring4: schedule Q1 on four 32-key ring slots (decode_wgmma_body's kRing), unquantized bf16 / fp16.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) decode_wgmma_ring4_kernel(const DecodeParams p) {
+  decode_wgmma_body<T, kNoQuant, kNoQuant, true>(p);
 }
 
 // ---- An FP8 cache at <= 16 heads: keys as the wgmma M (decode_t_kernel) ----
@@ -1522,6 +1563,24 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t launch_ring4(const DecodeParams& p, cudaStream_t stream) {
+  // Once per device and instantiation (not a stream operation: capture-safe).
+  static bool attribute_set[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !attribute_set[device]) {
+    err = cudaFuncSetAttribute(decode_wgmma_ring4_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSmemBytesRing);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices) attribute_set[device] = true;
+  }
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
+  decode_wgmma_ring4_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytesRing, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename T, int KF>
 cudaError_t launch_split_p(const DecodeParams& p, cudaStream_t stream) {
   if (p.p_fmt == kFP8) return launch_split<T, KF, kFP8>(p, stream);
@@ -1543,5 +1602,10 @@ template <> cudaError_t launch_decode_wgmma_kv<__nv_bfloat16, kCodes>(const Deco
 template <> cudaError_t launch_decode_wgmma_kv<__half, kNoQuant>(const DecodeParams&, cudaStream_t);
 template <> cudaError_t launch_decode_wgmma_kv<__half, kFP8>(const DecodeParams&, cudaStream_t);
 template <> cudaError_t launch_decode_wgmma_kv<__half, kCodes>(const DecodeParams&, cudaStream_t);
+// The ring4 config's launcher (decode_wgmma_ring4_kernel), one per dtype, in mla_decode_wgmma_{bf16,fp16}_ring4.cu.
+template <typename T>
+cudaError_t launch_decode_wgmma_ring4(const DecodeParams& p, cudaStream_t stream);
+template <> cudaError_t launch_decode_wgmma_ring4<__nv_bfloat16>(const DecodeParams&, cudaStream_t);
+template <> cudaError_t launch_decode_wgmma_ring4<__half>(const DecodeParams&, cudaStream_t);
 
 }  // namespace mla_core_cuda

@@ -58,6 +58,18 @@ def test_configs():
     assert cuda_decode.configs(_problem(heads=32, v_qdq="nvfp4"))[0] == {"head_tiles": 2, "warps": 8}
     for heads in (16, 32, 64, 128):
         assert all(s in cuda_decode.SHAPES for s in _shapes(cuda_decode.configs(_problem(heads=heads))))
+    # the four-slot ring (schedule Q1, bit-equal): unquantized bf16 / fp16 at >= 64 heads only, right after the default
+    rings = [{"kernel": "wgmma"}, {"kernel": "ring4"}]
+    for heads in (64, 65, 128, 256):
+        assert cuda_decode.configs(_problem(heads=heads))[:2] == rings
+        assert cuda_decode.configs(_problem(heads=heads, dtype="float16", q_dtype="float16"))[:2] == rings
+        assert [c for c in cuda_decode.configs(_problem(heads=heads)) if c.get("kernel") == "ring4"] == rings[1:]
+    assert [c for c in cuda_decode.configs(_problem(heads=128, num_kv_splits="auto"))
+            if c.get("kernel") == "ring4"] == rings[1:]  # no split variants of its own
+    for problem in (_problem(heads=63), _problem(heads=16), _problem(heads=128, p_qdq="fp8"),
+                    _problem(heads=128, k_qdq="fp8", v_qdq="fp8"), _problem(heads=128, p_qdq="nvfp4"),
+                    _problem(heads=128, dtype="float8_e4m3fn"), _problem(heads=128, q_dtype="float16")):
+        assert not [c for c in cuda_decode.configs(problem) if str(c.get("kernel", "")).startswith("ring")]
     auto = cuda_decode.configs(_problem(heads=16, num_kv_splits="auto"))
     assert {c.get("num_kv_splits") for c in auto} == {None, 1, 2, 4, 8, 16, 32}
 
@@ -238,6 +250,24 @@ def test_split_source_without_layer_prep(tmp_path):
     (split / "mla_layer_prep.cu").write_text("// half of it\n")
     assert build.layout(split) is None
     (split / "mla_layer_prep.h").write_text("// the other half\n")
+    assert build.layout(split) == (build.SOURCES, build.HEADERS)
+
+
+def test_split_source_without_the_ring4_units(tmp_path):
+    """A csrc/ from before the decode's four-slot ring (main's at round p, the A/B base of run_ring4_ab.sh) builds
+    without mla_decode_wgmma_{bf16,fp16}_ring4.cu; one of the two alone is not a csrc/ folder."""
+    assert set(build.RING4_FILES) <= set(build.SOURCES)
+    split = tmp_path / "split"
+    split.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        if name not in build.RING4_FILES:
+            (split / name).write_text(f"// {name}\n")
+    units, headers = build.layout(split)
+    assert not set(units) & set(build.RING4_FILES) and headers == build.HEADERS
+    assert len(units) == len(build.SOURCES) - 2
+    (split / build.RING4_FILES[0]).write_text("// half of it\n")
+    assert build.layout(split) is None
+    (split / build.RING4_FILES[1]).write_text("// the other half\n")
     assert build.layout(split) == (build.SOURCES, build.HEADERS)
 
 

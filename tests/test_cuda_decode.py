@@ -166,9 +166,10 @@ def test_fp16_cache(recipe, heads, kernels):
 @pytest.mark.parametrize("heads", [20, 64, 128])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_every_config_against_reference(heads, out_dtype):
-    """Every config of an unquantized problem (the WGMMA kernel and each mma.sync CTA shape) against the
-    reference, with split starts off the 64-key steps (2049 keys: 4 splits of 17 tiles start at 544, 1088, 1632)
-    and lengths around them; the two kernels also agree with each other to the output's rounding."""
+    """Every config of an unquantized problem (the WGMMA kernel, at >= 64 heads its four-slot ring, bit-equal to it,
+    and each mma.sync CTA shape) against the reference, with split starts off the 64-key steps (2049 keys: 4 splits
+    of 17 tiles start at 544, 1088, 1632) and lengths around them; the two kernels also agree with each other to the
+    output's rounding."""
     from mla_core.specs import validate_decode
     from mla_core_cuda import build, decode as launcher
     inputs = _inputs((1000, 63, 64, 65, 129, 0, 2049), heads, 16)
@@ -177,7 +178,7 @@ def test_every_config_against_reference(heads, out_dtype):
                                     k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0,
                                     return_lse=True, out_dtype=out_dtype)
     configs = launcher.configs(problem)
-    assert configs[0] == {"kernel": "wgmma"} and len(configs) == (5 if heads > 32 else 4)
+    assert configs[0] == {"kernel": "wgmma"} and len(configs) == (5 if heads > 32 else 4) + (heads >= 64)
     ref, ref_lse = decode("reference", inputs, num_kv_splits=4, out_dtype=out_dtype)
     module = build.build()
     lens = inputs[3]
@@ -189,6 +190,8 @@ def test_every_config_against_reference(heads, out_dtype):
         assert (out[lens == 0] == 0).all() and (lse[lens == 0] == float("-inf")).all(), config
         assert rel_l2(out[lens > 0], ref[lens > 0]) < 1e-2, config
         assert (lse[lens > 0] - ref_lse[lens > 0]).abs().max().item() < 1e-3, config
+        if config == launcher.RING4:  # schedule Q1 on four ring slots: the default's bits
+            assert torch.equal(out, outs[0]), config
         outs.append(out)
     for out in outs[1:]:
         assert rel_l2(out, outs[0]) < (1e-2 if out_dtype == torch.bfloat16 else 1e-3)
@@ -608,3 +611,120 @@ def test_keys_m_metadata_unaligned_and_graph(monkeypatch, heads, keys_m):
     kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, backend="cuda")
     _check_graph_replay(q, cache, table, lens, kw)
     assert keys_m == ["keys_m"] * 7
+
+
+# ------------------------------------------------- schedule Q1 on four 32-key ring slots ({"kernel": "ring4"})
+
+
+RING_LENGTHS = boundary_lengths([16, 32, 64], extra=(1000, 4097))
+"""test_ring4's lengths: LENGTHS with 4097 (odd steps over several splits) for 32768."""
+
+
+@pytest.fixture
+def ring4(monkeypatch):
+    """Every cuda decode call from here on runs the four-slot ring config ({"kernel": "ring4"},
+    decode_wgmma_ring4_kernel) in place of the default WGMMA one (same split choice, no autotune cache read); returns
+    the kernels the extension launched ("ring4": decode_wgmma with its 21st positional argument, ``ring4``, True)."""
+    from mla_core_cuda import decode as launcher
+    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
+    seen = []
+    real = launcher.run
+
+    class Module:
+        def __init__(self, module):
+            self._module = module
+
+        def __getattr__(self, name):
+            fn = getattr(self._module, name)
+
+            def launch(*args, **kw):
+                ring = name == "decode_wgmma" and len(args) == 21 and args[-1] is True
+                seen.append("ring4" if ring else name)
+                return fn(*args, **kw)
+            return launch
+
+    def run(module, call, config, prep=None):
+        if config.get("kernel") == "wgmma":
+            config = dict(config, kernel="ring4")
+        return real(Module(module), call, config, prep)
+
+    monkeypatch.setattr(launcher, "run", run)
+    return seen
+
+
+@pytest.mark.parametrize("page_size", [33, 64])
+@pytest.mark.parametrize("heads", [65, 128])
+def test_ring4(heads, page_size, ring4):
+    """The four-slot ring against the reference: lengths on every 16-, 32- and 64-key edge (0, 1, 63, 64, 65, ...:
+    a producer warp pair's 32 rows, the P tiles, the steps), 1000, 4097 (32768 is the A/B's bit-equality rows, which
+    keeps this test short enough for the device call); pages of 33 (steps across pages, the
+    division-free lookup) and 64; 1, 3, 32 and auto splits; bf16 and float32 outputs; 65 heads: a full head group and
+    a padded one (64 heads: test_ring4_bit_equal_to_wgmma). Outputs come from NaN-poisoned memory (an unwritten element
+    fails)."""
+    inputs = _inputs(tuple(RING_LENGTHS), heads, page_size)
+    for splits in (1, 3, 32, "auto"):
+        check(inputs, num_kv_splits=splits)
+    check(inputs, num_kv_splits=5, out_dtype=torch.float32)
+    assert ring4 == ["ring4"] * 5
+
+
+def _same_bits(a, b):
+    def bits(t):
+        return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [64, 128])
+def test_ring4_bit_equal_to_wgmma(heads, dtype):
+    """The four-slot ring (ring4) runs schedule Q1's instructions in Q1's order (only the ring's barriers differ): out
+    and LSE bit-equal to the default WGMMA config, bf16 / fp16, pages 16 and 64, 1 / 3 / 32 splits, float32
+    and q-dtype outputs, lengths on the step edges; listed for the autotuner at these head counts."""
+    from mla_core.specs import validate_decode
+    from mla_core_cuda import build, decode as launcher
+    module = build.build()
+    for page_size in (16, 64):
+        inputs = _inputs((0, 1, 63, 64, 65, 129, 1000, 4097), heads, page_size, dtype)
+        for splits, out_dtype in ((1, None), (3, torch.float32), (32, None)):
+            problem, call = validate_decode(*inputs, softmax_scale=(RANK + ROPE) ** -0.5, kv_lora_rank=RANK,
+                                            qk_rope_head_dim=ROPE, page_size=None, num_kv_splits=splits, k_qdq=None,
+                                            k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0,
+                                            return_lse=True, out_dtype=out_dtype)
+            assert launcher.configs(problem)[:2] == [launcher.WGMMA, launcher.RING4]
+            _poison_allocator()
+            want, want_lse = launcher.run(module, call, launcher.WGMMA)
+            _poison_allocator()
+            out, lse = launcher.run(module, call, launcher.RING4)
+            assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (page_size, splits)
+            assert _same_bits(out, want) and _same_bits(lse, want_lse), (page_size, splits, rel_l2(out, want))
+
+
+def test_ring4_metadata_unaligned_and_graph(monkeypatch, ring4):
+    """128 heads: table entries within a length that point outside the cache are absent keys (request 1's first 32
+    keys all absent), a length past the table's capacity is clamped; rows not 16-byte aligned (the producer's 2-byte
+    path) give the aligned cache's numbers bit for bit, int64 metadata; captured in a CUDA graph and replayed."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    heads = 128
+    q, cache, table, lens = _inputs((100, 64, 40), heads, 16)
+    cache = cache.nan_to_num(0.0)
+    table = table.clone()
+    table[0, 1] = 10 ** 9
+    table[1, 0] = -5
+    table[1, 1] = 10 ** 9
+    capacity = table.shape[1] * 16
+    long_lens = torch.tensor([2 ** 31 - 1, 64, 40], dtype=torch.int32, device="cuda")
+    clamped = torch.tensor([capacity, 64, 40], dtype=torch.int32, device="cuda")
+    out, lse = decode("cuda", (q, cache, table, long_lens), num_kv_splits=3)
+    ref, ref_lse = decode("reference", (q, cache, table, clamped), num_kv_splits=3)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert rel_l2(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-3
+    q, cache, table, lens = _inputs((300, 17, 0, 65), heads, 16)
+    wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), float("nan"), dtype=cache.dtype,
+                      device="cuda")
+    wide[..., 1:] = cache
+    aligned, aligned_lse = check((q, cache, table, lens), num_kv_splits=2)
+    out, lse = check((q, wide[..., 1:], table.long(), lens.long()), num_kv_splits=2)
+    assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
+    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, backend="cuda")
+    _check_graph_replay(q, cache, table, lens, kw)
+    assert ring4 == ["ring4"] * 7

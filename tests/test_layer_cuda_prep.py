@@ -221,12 +221,14 @@ def test_prep_order_by_triton_version(monkeypatch, layer):
 
 def test_layer_kernel_of_each_plan():
     """The launcher's plan to layer_decode's (kernel, head_tiles, warps): mma.sync with its CTA shape, WGMMA,
-    keys-as-M."""
+    keys-as-M, the four-slot ring (ring4); the plans as decode._plan builds them."""
     from mla_core_cuda import decode
     base = (4, 1.0, 1.0, 1.0, 1.0, 1.0, 0, 0, 0, False, False)
     assert decode._layer_kernel("decode", base + (2, 8)) == (0, 2, 8)
     assert decode._layer_kernel("decode_wgmma", base) == (1, 0, 0)
     assert decode._layer_kernel("decode_wgmma", base + (True,)) == (2, 0, 0)
+    assert decode._layer_kernel("decode_wgmma", base + (False, True)) == (3, 0, 0)
+    assert decode._layer_kernel("decode_wgmma", base + (False, False)) == (1, 0, 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -342,10 +344,12 @@ def test_gpu_cuda_prep_pages_outside(monkeypatch, layer, recorded):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [{"kernel": "keys_m"}, {"head_tiles": 1, "warps": 4}, {"kernel": "wgmma",
-                                    "num_kv_splits": 1}, {"kernel": "keys_m", "num_kv_splits": 7}], ids=str)
+                                    "num_kv_splits": 1}, {"kernel": "keys_m", "num_kv_splits": 7},
+                                    {"kernel": "ring4"}, {"kernel": "ring4", "num_kv_splits": 3}], ids=str)
 def test_gpu_cuda_prep_every_kernel(monkeypatch, layer, recorded, config):
-    """layer_decode's three kernels (keys-as-M, mma.sync with its CTA shape, WGMMA) and split counts, chosen for
-    both paths alike: 16 heads, page 64, batch 3."""
+    """layer_decode's four kernels (keys-as-M, mma.sync with its CTA shape, WGMMA, its four-slot ring: kernel id 3,
+    run here at 16 heads, where the tuner does not list it but the kernel runs) and split counts, chosen for both paths
+    alike: 16 heads, page 64, batch 3."""
     from mla_core import dispatch
 
     def choose(problem, explicit=None):

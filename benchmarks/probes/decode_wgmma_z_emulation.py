@@ -121,7 +121,7 @@ def check_protocol(T):
     # state: pcs, waiting (actor -> (id, gen)), named {id: (count, gen)}, mbar {name: (pending, phase)},
     # bufs {name: (value, consumed)}, stage {s: (tile, released set)}
     init = (
-        (0, 0, 0),
+        tuple(0 for _ in progs),
         frozenset(),
         frozenset(),
         frozenset(),
@@ -147,12 +147,12 @@ def check_protocol(T):
             continue
         seen.add(st)
         pcs, waiting, named, mbar, bufs, stage = unpack(st)
-        if all(pcs[a] == len(progs[a]) for a in range(3)) and not waiting:
+        if all(pcs[a] == len(progs[a]) for a in range(len(progs))) and not waiting:
             finals += 1
             assert all(c == 0 for c, _ in named.values()), f"barrier left open at exit: {named}"
             continue
         moved = False
-        for a in range(3):
+        for a in range(len(progs)):
             if pcs[a] == len(progs[a]):
                 continue
             pcs2, waiting2, named2, mbar2, bufs2, stage2 = unpack(st)
@@ -197,6 +197,22 @@ def check_protocol(T):
                 if tile is not None and rel != frozenset({0, 1}):
                     raise Hazard(f"T={T}: stage {s} refilled with tile {i} before tile {tile} was released")
                 stage2[s] = (i, frozenset())
+            elif kind == "slot_fill":  # ring4: ("slot_fill", slot, i): the slot's rows of step i (its own ring)
+                _, slot, i = op
+                tile, rel = stage2.get(("slot", slot), (None, frozenset()))
+                if tile is not None and rel != frozenset({0, 1}):
+                    raise Hazard(f"T={T}: slot {slot} refilled with step {i} before step {tile} was released")
+                stage2[("slot", slot)] = (i, frozenset())
+            elif kind == "slot_use":  # ("slot_use", slot, i, w): warpgroup w reads the slot's rows of step i
+                tile, rel = stage2.get(("slot", op[1]), (None, frozenset()))
+                if tile != op[2] or op[3] in rel:
+                    raise Hazard(f"T={T}: actor {a} read slot {op[1]} holding step {tile}, wanted {op[2]} "
+                                 f"(released by {sorted(rel)})")
+            elif kind == "slot_release":  # ("slot_release", slot, (w, i)): warpgroup w's last read of it done
+                _, slot, (w, i) = op
+                tile, rel = stage2[("slot", slot)]
+                assert tile == i
+                stage2[("slot", slot)] = (tile, rel | {w})
             elif kind == "stage_use":
                 tile, _ = stage2.get(op[1] & 1, (None, None))
                 if tile != op[1]:
@@ -236,7 +252,7 @@ def check_protocol(T):
             stack.append(pack(pcs2, waiting2, named2, mbar2, bufs2, stage2))
             moved = True
         if not moved:
-            deadlocks.append((pcs, {a: progs[a][pcs[a]] for a in range(3) if pcs[a] < len(progs[a])}))
+            deadlocks.append((pcs, {a: progs[a][pcs[a]] for a in range(len(progs)) if pcs[a] < len(progs[a])}))
     return len(seen), finals, deadlocks
 
 

@@ -3,9 +3,9 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
-``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``; ``layerprep``: ``LAYER_PREP_SELECTION``),
-``MUTANT_INDICES=16,17`` only those mutants.
+(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
+``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``, ``RING4_SELECTION``; ``layerprep``:
+``LAYER_PREP_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ FP8_CACHE_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_cache_codes_exact or f
 """The FP8 KV cache's mutants: every code exact and the byte path (16 heads: the keys-as-M kernel, 128: the 64-head
 one), fp16 q and P qdq, 1-16 heads over odd / even step counts, the edges at 16 heads, pages 16 and 33 (33: a
 producer warp's rows across pages, copied row by row)."""
+RING4_SELECTION = "tests/test_cuda_decode.py -k 'ring4'"
+"""Schedule Q1 on four 32-key ring slots ({"kernel": "ring4"}, round p): 64 / 65 / 128 heads, pages 16 / 33 / 64,
+every tile edge, 1-32 splits; bit-equality with the default config; absent keys, unaligned rows, a CUDA graph. Its
+own code is the ring's barriers: a broken one deadlocks (killed by MUTANT_TIMEOUT), gives wrong numbers, or launches
+another kernel (the fixture's record)."""
 KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
@@ -365,14 +370,46 @@ MUTANTS += [
          why="the head groups rounded down: a last group of fewer than 16 heads (or all of 1-15) never rotated"),
 ]
 
+RING = "csrc/mla_decode_wgmma.cuh"
+# MUTANT_INDICES 66-71 (run.py ids cuda#67-72): the four-slot ring, config ring4 (round p); 66-68 kill by deadlock
+# (MUTANT_TIMEOUT) or wrong numbers, 69 by the ring4 fixture's launch record, 70-71 on the CPU
+MUTANTS += [
+    dict(file=RING, old="  const int h0 = kRing ? 2 * s : s, h1 = kRing ? 2 * s + 1 : s;",
+         new="  const int h0 = kRing ? 2 * s : s, h1 = kRing ? 2 * s : s;", tests=[RING4_SELECTION], gpu=True,
+         why="ring4: keys 32-63 waited and released on keys 0-31's slot (keys 0-31's slot released twice a step, "
+             "keys 32-63's never: the producer pair of rows 32-63 waits forever at step 2, or reads race)"),
+    dict(file=RING,
+         old="        mbar_init(&full[i], kProducerThreads / 2);  // the two producer warps of the slot's half",
+         new="        mbar_init(&full[i], kProducerThreads);  // the two producer warps of the slot's half",
+         tests=[RING4_SELECTION], gpu=True,
+         why="ring4: a slot's full barrier counts all 128 producer threads though only its half's 64 arrive "
+             "(no step ever published: deadlock)"),
+    dict(file=RING, old="  uint64_t* empty = full + (kRing ? 4 : 2);",
+         new="  uint64_t* empty = full + 2;", tests=[RING4_SELECTION], gpu=True,
+         why="ring4: empty[0..1] laid over full[2..3] (slots 2-3's barriers corrupted: deadlock or unwaited reads)"),
+    dict(file="backends/cuda/mla_core_cuda/decode.py", old='        entry, args = "decode_wgmma", args + (False, True)',
+         new='        entry, args = "decode_wgmma", args + (False, False)', tests=[RING4_SELECTION], gpu=True,
+         why="ring4 launches the default 2-stage kernel (bit-equal, so only the launch record shows it)"),
+    dict(file="backends/cuda/mla_core_cuda/decode.py",
+         old='    return (problem["heads"] >= 64 and problem["dtype"] in _WGMMA_DTYPES',
+         new='    return (problem["heads"] > 64 and problem["dtype"] in _WGMMA_DTYPES',
+         tests=["tests/test_cuda_build.py"], why="ring4 not listed for the autotuner at 64 heads"),
+    dict(file="backends/cuda/mla_core_cuda/decode.py",
+         old="    if len(args) == 13 and args[-1]:\n        return 3, 0, 0",
+         new="    if len(args) == 13 and args[-1]:\n        return 1, 0, 0",
+         tests=["tests/test_layer_cuda_prep.py -k layer_kernel_of_each_plan"],
+         why="the fused layer's decode runs the default WGMMA kernel for a ring4 plan (layer_decode kernel 1, not 3)"),
+]
+
 if __name__ == "__main__":
     import os
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm / layerprep: judge with WGMMA_SELECTION / QDQ_SELECTION /
-    # FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION / LAYER_PREP_SELECTION
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm / layerprep / ring4: judge with WGMMA_SELECTION /
+    # QDQ_SELECTION / FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION / LAYER_PREP_SELECTION / RING4_SELECTION
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION, "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION,
-              "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+              "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION,
+              "ring4": RING4_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))

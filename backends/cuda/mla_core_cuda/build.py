@@ -32,12 +32,13 @@ mma.sync kernel runs on it too."""
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 CXX_FLAGS = ("-O3",)
 SOURCES = ("bindings.cpp", "mla_decode.cu", "mla_decode_bf16.cu", "mla_decode_fp16.cu", "mla_decode_wgmma.cu",
-           *(f"mla_decode_wgmma_{t}_{kv}.cu" for t in ("bf16", "fp16") for kv in ("kv", "kv_fp8", "cache_fp8")),
+           *(f"mla_decode_wgmma_{t}_{kv}.cu" for t in ("bf16", "fp16")
+             for kv in ("kv", "kv_fp8", "cache_fp8", "ring4")),
            "mla_sparse_wgmma.cu", "mla_prefill_wgmma.cu", "mla_prefill_persistent.cu", "mla_prefill_fp8.cu",
            "mla_prefill_nvfp4.cu", "mla_layer_prep.cu")
 """The translation units, compiled in parallel by ninja (``MAX_JOBS``, else ninja's default: the CPU count + 2; the
 longest first). The decode kernels' instances are spread over several of them (csrc/mla_decode_mma.cuh: 8 kernels
-over 2 units, csrc/mla_decode_wgmma.cuh: 22 over 7) so no unit holds the build's critical path alone
+over 2 units, csrc/mla_decode_wgmma.cuh: 24 over 9) so no unit holds the build's critical path alone
 (benchmarks/NOTES.md, "CUDA build split for the TP 8 warm-up")."""
 HEADERS = ("mla_decode.h", "mla_decode_split.cuh", "qdq.cuh", "mla_decode_mma.cuh", "mla_decode_wgmma.cuh",
            "mla_sparse.h", "mla_prefill.h", "mla_prefill_common.cuh", "mla_prefill_wgmma.cuh", "hopper.cuh",
@@ -52,7 +53,10 @@ and is built without them (its bindings have no ``layer_decode``: the layer then
 PERSISTENT_PREFILL_FILES = ("mla_prefill_persistent.cu", "mla_prefill_wgmma.cuh")
 """The persistent bf16 prefill (round n, wip/ppers): a csrc/ from before it (an A/B base) lacks these two files and is
 built without them (its binding has no ``work_counter``)."""
-OPTIONAL_FILES = (LAYER_PREP_FILES, PERSISTENT_PREFILL_FILES)
+RING4_FILES = ("mla_decode_wgmma_bf16_ring4.cu", "mla_decode_wgmma_fp16_ring4.cu")
+"""The WGMMA decode's four-slot ring (config ring4, round p): a csrc/ from before it (an A/B base) lacks these two units
+and is built without them (its launcher never calls launch_decode_wgmma_ring4)."""
+OPTIONAL_FILES = (LAYER_PREP_FILES, PERSISTENT_PREFILL_FILES, RING4_FILES)
 """Groups of files a split csrc/ may lack whole (each a later addition)."""
 LOCK_TIMEOUT_S = 900.0
 """Longest wait for another process's build (a cold build takes 16 s on 16 cores, minutes on a few)."""

@@ -3,7 +3,9 @@
 Two kernels: the WGMMA kernel (csrc/mla_decode_wgmma.cu, config ``{"kernel": "wgmma"}``) for the problems it
 covers (:func:`wgmma_covers`: bf16 / fp16, K and V unquantized or both FP8, P in any format; an FP8 cache), listed
 first there, and its keys-as-M variant (config ``{"kernel": "keys_m"}``, :func:`keys_m_covers`: a bf16 / fp16
-cache at <= 16 heads, unquantized) listed after it for the autotuner; the mma.sync kernel (csrc/mla_decode.cu,
+cache at <= 16 heads, unquantized) and its four-slot ring variant (config ``{"kernel": "ring4"}``,
+:func:`ring4_covers`: the same schedule Q1 on four 32-key ring slots, bit-equal, at >= 64 heads) listed after it for
+the autotuner; the mma.sync kernel (csrc/mla_decode.cu,
 configs ``{"head_tiles", "warps"}``) for every problem over a bf16 / fp16 cache. Both share the quantizers
 (csrc/qdq.cuh).
 
@@ -54,6 +56,11 @@ steps (two 32-key P tiles), one CTA per SM."""
 KEYS_M = {"kernel": "keys_m"}
 """The WGMMA kernel's keys-as-M variant (decode_km_kernel): the 64 keys of a step are the wgmma M and <= 16 heads
 its N (no padding rows), both consumer warpgroups on alternate steps; one CTA per SM."""
+RING4 = {"kernel": "ring4"}
+"""The WGMMA kernel's schedule Q1 on a ring of four 32-key slots (decode_wgmma_ring4_kernel): each 64-key stage's two
+key halves filled and released on their own, so a half is refilled once both warpgroups' P V of it completed. The
+same instructions in the same order as the default: bit-equal to it; one CTA per SM. Measured 0.96-1.00x the
+default's time at 64 heads, 0.98-1.00x at 128 (benchmarks/NOTES.md, "a deeper K/V ring (round m)")."""
 _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
 FP8_CACHE = "float8_e4m3fn"
 
@@ -85,11 +92,20 @@ def keys_m_covers(problem) -> bool:
             and (problem.get("k_qdq"), problem.get("v_qdq"), problem.get("p_qdq")) == (None, None, None))
 
 
+def ring4_covers(problem) -> bool:
+    """Whether the four-slot ring config (ring4) is listed for ``problem``: a bf16 / fp16 cache and q of its dtype, K,
+    V and P unquantized, at least 64 heads (where it was measured no slower than the default: 0.963-1.002x at 64 and
+    128 heads; not measured at 16, so not listed there; the kernel itself runs any head count)."""
+    return (problem["heads"] >= 64 and problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
+            and (problem.get("k_qdq"), problem.get("v_qdq"), problem.get("p_qdq")) == (None, None, None))
+
+
 def configs(problem) -> list[dict]:
     """Launch choices: the WGMMA kernel first where it covers the problem, its keys-as-M variant next where that
-    covers it, then (over a bf16 / fp16 cache) the mma.sync kernel's CTA shapes (16-head m-tiles ``head_tiles``,
-    ``warps``), fewest padded heads first among the wide ones; for "auto" also the split counts of the first (and
-    of the keys-as-M variant)."""
+    covers it, its four-slot ring variant where it covers it (no split variants of its own: it runs the default's
+    split count), then (over a bf16 / fp16 cache) the mma.sync kernel's CTA shapes (16-head m-tiles
+    ``head_tiles``, ``warps``), fewest padded heads first among the wide ones; for "auto" also the split counts of
+    the first (and of the keys-as-M variant)."""
     heads = problem["heads"]
     if heads <= 16:
         shapes = [(1, 4)]
@@ -100,6 +116,7 @@ def configs(problem) -> list[dict]:
     out = [dict(WGMMA)] if wgmma_covers(problem) else []
     keys_m = [dict(KEYS_M)] if keys_m_covers(problem) else []
     out += keys_m
+    out += [dict(RING4)] if ring4_covers(problem) else []
     if problem["dtype"] != FP8_CACHE:
         out += [{"head_tiles": ht, "warps": w} for ht, w in shapes]
     if problem.get("num_kv_splits") == "auto":
@@ -131,10 +148,10 @@ def _kernel_config(call: DecodeCall, config: dict, quant: tuple) -> dict:
 
 
 def num_splits(call: DecodeCall, config: dict) -> int:
-    """The split count ``config`` runs ``call`` with (the WGMMA kernel and its keys-as-M variant keep one CTA per
-    SM, mma.sync two)."""
+    """The split count ``config`` runs ``call`` with (the WGMMA kernel and its keys-as-M and ring4 variants keep one
+    CTA per SM, mma.sync two)."""
     return decode_num_splits(call, config, sm_count(call.q.device),
-                             resident_ctas=1 if config.get("kernel") in ("wgmma", "keys_m") else 2)
+                             resident_ctas=1 if config.get("kernel") in ("wgmma", "keys_m", "ring4") else 2)
 
 
 _PLANS: dict[tuple, tuple] = {}
@@ -162,6 +179,8 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
         entry = "decode_wgmma"
     elif config.get("kernel") == "keys_m":  # the extension refuses a call keys_m_covers would not list it for
         entry, args = "decode_wgmma", args + (True,)
+    elif config.get("kernel") == "ring4":  # the extension refuses a quantized call (ring4_covers: never listed)
+        entry, args = "decode_wgmma", args + (False, True)
     else:
         default = _default_shape(heads)
         head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
@@ -176,9 +195,11 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
 
 def _layer_kernel(entry: str, args: tuple) -> tuple:
     """(kernel, head_tiles, warps) of a plan for the extension's ``layer_decode``: 0 mma.sync (its CTA shape), 1 WGMMA,
-    2 keys-as-M."""
+    2 keys-as-M, 3 the four-slot ring (ring4)."""
     if entry == "decode":
         return 0, args[-2], args[-1]
+    if len(args) == 13 and args[-1]:
+        return 3, 0, 0
     return (2 if len(args) == 12 and args[-1] else 1), 0, 0
 
 

@@ -1,12 +1,12 @@
 """A small decode workload for ``compute-sanitizer --tool memcheck`` (the kernels alone, no reference).
 
     compute-sanitizer --tool memcheck python3 -m mla_core_cuda.sanitize \
-        [decode|sparse|prefill|prefill_nvfp4|prefill_persistent]
+        [decode|ring4|sparse|prefill|prefill_nvfp4|prefill_persistent]
 
 Runs every CTA shape and recipe (and the WGMMA kernel, ``shape="wgmma"``, unquantized, with the fp8 recipe and
 with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP8 cache, ``fp8cache``; its
-keys-as-M variant, ``shape="keys_m"``, bf16 at <= 16 heads) on paged
-caches whose unreached rows hold NaN, with block-table entries past
+keys-as-M variant, ``shape="keys_m"``, bf16 at <= 16 heads; its four-slot ring, ``shape="ring4"``, bf16) on
+paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
 capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself; ``decode`` alone: only these).
@@ -60,8 +60,8 @@ def _case(heads, page_size, lengths, splits, recipe, shape, unaligned=False, see
                               page_size=None, num_kv_splits=splits, k_qdq=k, k_qdq_amax=None, v_qdq=v,
                               v_qdq_amax=None, p_qdq=p, p_qdq_amax=1.0, return_lse=True, out_dtype=None,
                               kv_scale=kv_scale)
-    config = {"wgmma": decode.WGMMA, "keys_m": decode.KEYS_M}.get(shape) or {"head_tiles": shape[0],
-                                                                         "warps": shape[1]}
+    config = {"wgmma": decode.WGMMA, "keys_m": decode.KEYS_M, "ring4": decode.RING4}.get(shape) or {
+        "head_tiles": shape[0], "warps": shape[1]}
     out, lse = decode.run(build.build(), call, config)
     torch.cuda.synchronize()
     ok = not torch.isnan(out).any().item() and not torch.isnan(lse).any().item()
@@ -170,14 +170,24 @@ def main() -> int:
         return _prefill_nvfp4_main()
     if sys.argv[1:] == ["prefill_persistent"]:
         return _prefill_persistent_main()
+    if sys.argv[1:] == ["ring4"]:
+        return 0 if _ring4_cases() else 1
     ok = _decode_main()
     if sys.argv[1:] == ["decode"]:
         return 0 if ok else 1
     return _sparse_main() | _prefill_main() | (0 if ok else 1)
 
 
+def _ring4_cases() -> bool:
+    """The four-slot ring's cases (``ring4`` alone: only these)."""
+    ok = _case(128, 64, [129, 64, 1, 300, 0], 3, "bf16", "ring4")
+    ok &= _case(65, 48, [1, 700, 0, 129], 1, "bf16", "ring4", unaligned=True)  # padded heads, odd steps, 2-byte path
+    return ok
+
+
 def _decode_main() -> bool:
-    ok = _case(16, 1, [0, 1, 33, 70], 3, "bf16", "keys_m")  # the keys-as-M kernel first (the newest)
+    ok = _ring4_cases()  # the four-slot ring first (the newest)
+    ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", "keys_m")  # the keys-as-M kernel
     ok &= _case(8, 33, [1, 700, 0, 129], 1, "bf16", "keys_m", unaligned=True)  # padded heads, odd steps, 2-byte path
     ok &= _case(1, 64, [129, 64, 1, 300], 32, "bf16", "keys_m")
     ok &= _case(16, 1, [0, 1, 33, 70], 3, "bf16", (1, 4))
