@@ -12,6 +12,9 @@
 #   OUT=$OUT CASES="decode:128:32:8192 sparse:fp8:128:128" bash benchmarks/probes/profile_kernels.sh
 # Per case one ncu run of the 3rd launch of the case's kernel (two warm-up calls before it), --kill once profiled;
 # the reports and their raw pages go to $OUT/profile_kernels.tar.gz; the summary is printed and in $OUT/summary.txt.
+# SOURCE=1 adds the SourceCounters section (warp-state sampling per SASS instruction) and, per case, its source page
+# (ncu_<case>_sass.csv) and a ledger of the instructions where the warps wait most, with their opcodes' totals
+# (the round q question: which barrier the 128-head decode's ~2 cycles of "barrier" stall per instruction sit on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$(mktemp -d)}
@@ -55,11 +58,12 @@ METRICS+=",sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_
 METRICS+=",smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_xu.sum"
 METRICS+=",smsp__inst_executed_pipe_lsu.sum,gpu__time_duration.sum"
 SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats"
+[ "${SOURCE:-0}" = 1 ] && SECTIONS+=" --section SourceCounters --import-source no"
 CASES=${CASES:-prefill:bf16 prefill:nvfp4}
 for c in $CASES; do
   case $c in
     prefill:*) kernel="prefill_kernel|prefill_fp8_kernel" ;;  # the fp8 recipe runs on FP8 wgmma
-    decode:*) kernel=decode_wgmma_kernel ;;
+    decode:*) kernel="decode_wgmma_kernel|decode_wgmma_ring4_kernel" ;;  # ring4: where the tuned cache picks it
     sparse:*) kernel=sparse_decode_kernel ;;
     *) echo "unknown case $c"; continue ;;
   esac
@@ -71,6 +75,12 @@ for c in $CASES; do
   echo "ncu $c rc=$? ($(date +%T))"
   [ -f "$rep.ncu-rep" ] || { tail -6 "$W/ncu_${tag}_run.txt"; continue; }
   timeout 30 "$NCU" --import "$rep.ncu-rep" --page raw --csv >"$W/ncu_${tag}_raw.csv" 2>&1
+  if [ "${SOURCE:-0}" = 1 ]; then
+    timeout 60 "$NCU" --import "$rep.ncu-rep" --page source --csv --print-source sass >"$W/ncu_${tag}_sass.csv" 2>&1
+    echo "  source page rc=$?"
+    timeout 30 python3 benchmarks/probes/stall_ledger.py "$W/ncu_${tag}_sass.csv" 2>&1 | tee "$W/ledger_$tag.txt" \
+      | head -"${LEDGER_LINES:-45}"
+  fi
 done
 timeout 30 python3 - "$W" ${CASES//:/_} <<'PY' 2>&1 | tee "$W/summary.txt"
 import csv, sys
@@ -112,4 +122,4 @@ for r in cases:  # the largest warp stall reasons (per issued instruction, cycle
     top = sorted(stalls.items(), key=lambda kv: -kv[1])[:7]
     print(f"{r} stalls (cycles per issued instruction): " + ", ".join(f"{n} {v:.2f}" for n, v in top))
 PY
-tar -czf "$OUT/profile_kernels.tar.gz" -C "$W" . && cp "$W/summary.txt" "$OUT/" 2>/dev/null
+tar -czf "$OUT/profile_kernels.tar.gz" -C "$W" . && cp "$W/summary.txt" "$W"/ledger_*.txt "$OUT/" 2>/dev/null

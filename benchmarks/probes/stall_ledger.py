@@ -1,0 +1,95 @@
+"""Where a kernel's warps wait, per SASS instruction: a ledger of Nsight Compute's warp-state samples (the
+SourceCounters section) from the report's source page,
+
+    ncu --import r.ncu-rep --page source --csv --print-source sass > r_sass.csv
+    python3 benchmarks/probes/stall_ledger.py r_sass.csv [--top 30]
+
+Prints the instructions with the most samples until they cover 90 % of them (at most --top), each with its share,
+its SASS and its largest stall reasons where the page has per-reason columns, then the samples per opcode
+(BAR.SYNC, SYNCS.*, WARPGROUP.*, HGMMA, ...). Column names differ between ncu versions: the sample column is the
+one whose name holds "Sampling (All"; per-reason columns are the other numeric ones named "stall_*" or "... Stall
+...". When it cannot find them it prints the header it saw and exits 1 (profile_kernels.sh SOURCE=1 runs it).
+"""
+import argparse
+import csv
+import re
+import sys
+from collections import Counter
+
+
+def read_page(path):
+    """(header, rows) of the source page's table: the first row holding a 'Source' cell and a sampling cell."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f)]
+    for i, row in enumerate(rows):
+        if any(c.strip() == "Source" for c in row) and any("Sampling" in c for c in row):
+            width = len(row)
+            return row, [r for r in rows[i + 1:] if len(r) == width]
+    return None, rows[:5]
+
+
+def number(cell):
+    try:
+        return float(cell.replace(",", "")) if cell.strip() else 0.0
+    except ValueError:
+        return None
+
+
+def opcode(sass):
+    """BAR.SYNC.DEFER_BLOCKING R0 -> BAR.SYNC.DEFER_BLOCKING; a predicate (@P0, @!PT) is skipped."""
+    words = sass.split()
+    while words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].rstrip(";") if words else "?"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args(argv)
+    header, rows = read_page(args.csv)
+    if header is None:
+        print("no source table found; the file starts with:")
+        for r in rows:
+            print("  ", r[:8])
+        return 1
+    src = header.index("Source") if "Source" in header else [c.strip() for c in header].index("Source")
+    total_col = next((i for i, c in enumerate(header) if "Sampling (All" in c), None)
+    if total_col is None:
+        print("no 'Sampling (All ...' column; header:", header)
+        return 1
+    addr = next((i for i, c in enumerate(header) if c.strip() == "Address"), None)
+    reason_cols = [i for i, c in enumerate(header)
+                   if i not in (total_col, src) and "Sampling" not in c
+                   and (c.lower().startswith("stall_") or re.search(r"\bstall", c, re.I))
+                   and all(number(r[i]) is not None for r in rows[:50])]
+    samples = [(number(r[total_col]) or 0.0, r) for r in rows]
+    total = sum(s for s, _ in samples)
+    if total <= 0:
+        print(f"{len(rows)} instructions, no samples (was SourceCounters collected?)")
+        return 1
+    print(f"{len(rows)} SASS instructions, {total:.0f} warp-state samples; per-reason columns: "
+          f"{[header[i] for i in reason_cols] or 'none on this page'}")
+    print(f"{'address':>8s} {'samples':>8s} {'share':>6s} {'cum':>6s}  sass / largest reasons")
+    cum = 0.0
+    for k, (s, r) in enumerate(sorted(samples, key=lambda x: -x[0])):
+        if k >= args.top or cum >= 0.9 * total:
+            break
+        cum += s
+        reasons = sorted(((number(r[i]) or 0.0, header[i]) for i in reason_cols), reverse=True)[:3]
+        why = ", ".join(f"{n} {v:.0f}" for v, n in reasons if v > 0)
+        where = r[addr] if addr is not None else str(k)
+        print(f"{where:>8s} {s:8.0f} {100 * s / total:5.1f}% {100 * cum / total:5.1f}%  {r[src].strip()[:90]}"
+              + (f"  [{why}]" if why else ""))
+    by_op = Counter()
+    for s, r in samples:
+        by_op[opcode(r[src])] += s
+    print("samples per opcode:")
+    for op, s in by_op.most_common(15):
+        print(f"  {op:40s} {s:8.0f} {100 * s / total:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
