@@ -14,7 +14,9 @@
 # the reports and their raw pages go to $OUT/profile_kernels.tar.gz; the summary is printed and in $OUT/summary.txt.
 # SOURCE=1 adds the SourceCounters section (warp-state sampling per SASS instruction) and, per case, its source page
 # (ncu_<case>_sass.csv) and a ledger of the instructions where the warps wait most, with their opcodes' totals
-# (the round q question: which barrier the 128-head decode's ~2 cycles of "barrier" stall per instruction sit on).
+# (the round q question: which barrier the 128-head decode's ~2 cycles of "barrier" stall per instruction sit on),
+# each instruction named by its csrc/ line and inlining chain (sass_lines.py: the built extension's cubin through
+# cuobjdump and nvdisasm -gi; used only when its opcodes are the report's one for one).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$(mktemp -d)}
@@ -22,7 +24,8 @@ NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 W=$(mktemp -d)
 export MLA_CORE_CHECKS=metadata PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$W/install.log" 2>&1 || . benchmarks/checkout_first.sh
-timeout 120 python3 -c "from mla_core_cuda import build; build.build()" >"$W/build.log" 2>&1 || { tail -5 "$W/build.log"; echo "BUILD FAILED"; }
+timeout 120 python3 -c "from mla_core_cuda import build; print(build.build().__file__)" >"$W/build.log" 2>&1 || { tail -5 "$W/build.log"; echo "BUILD FAILED"; }
+so=$(grep -E "\.so$" "$W/build.log" | tail -1)  # the extension the profiled calls load (SOURCE=1: its SASS lines)
 cat >"$W/drive.py" <<'PY'
 """Three calls of one named case (profile_kernels.sh's header) on the cuda backend."""
 import os, sys
@@ -78,8 +81,17 @@ for c in $CASES; do
   if [ "${SOURCE:-0}" = 1 ]; then
     timeout 60 "$NCU" --import "$rep.ncu-rep" --page source --csv --print-source sass >"$W/ncu_${tag}_sass.csv" 2>&1
     echo "  source page rc=$?"
-    timeout 30 python3 benchmarks/probes/stall_ledger.py "$W/ncu_${tag}_sass.csv" 2>&1 | tee "$W/ledger_$tag.txt" \
-      | head -"${LEDGER_LINES:-45}"
+    case $c in  # the kernel instance the case runs, for the ledger's source lines (in the built extension)
+      decode:*) kregex="decode_wgmma_kernelI13__nv_bfloat16Li0ELi0E" ;;
+      prefill:bf16) kregex="prefill_kernelILi0E" ;;
+      prefill:nvfp4) kregex="prefill_kernelILi3E" ;;
+      sparse:fp8:*) kregex="sparse_decode_kernelILb0E" ;;
+      sparse:fp8_ds_mla:*) kregex="sparse_decode_kernelILb1E" ;;
+      *) kregex="" ;;
+    esac
+    lines=""; [ -n "$kregex" ] && [ -n "$so" ] && lines="$so:$kregex"
+    timeout 150 python3 benchmarks/probes/stall_ledger.py "$W/ncu_${tag}_sass.csv" ${lines:+--lines "$lines"} 2>&1 \
+      | tee "$W/ledger_$tag.txt" | head -"${LEDGER_LINES:-70}"
   fi
 done
 timeout 30 python3 - "$W" ${CASES//:/_} <<'PY' 2>&1 | tee "$W/summary.txt"
