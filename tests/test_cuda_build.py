@@ -236,59 +236,39 @@ def test_pre_split_source_override(monkeypatch, tmp_path):
     assert build.layout(split) is None
 
 
-def test_split_source_without_layer_prep(tmp_path):
-    """A split csrc/ from before the layer's CUDA prep (main's at round m, an A/B base) builds without
-    mla_layer_prep.cu / .h; one of the two alone is not a csrc/ folder."""
+def _split_without(tmp_path, *groups):
+    """A csrc/ folder of empty files: every unit and header but those of ``groups``."""
     split = tmp_path / "split"
     split.mkdir()
+    missing = {name for group in groups for name in group}
     for name in build.SOURCES + build.HEADERS:
-        if name not in build.LAYER_PREP_FILES:
+        if name not in missing:
             (split / name).write_text(f"// {name}\n")
+    return split
+
+
+@pytest.mark.parametrize("group", build.OPTIONAL_FILES, ids=lambda group: group[0])
+def test_split_source_without_an_optional_group(tmp_path, group):
+    """A split csrc/ from before one of the later additions (``OPTIONAL_FILES``: the layer's CUDA prep, the
+    persistent prefill, the decode's ring4 units; main's csrc/ as an A/B base) builds without that group; part of a
+    group is not a csrc/ folder."""
+    assert set(group) <= set(build.SOURCES + build.HEADERS)
+    split = _split_without(tmp_path, group)
     units, headers = build.layout(split)
-    assert "mla_layer_prep.cu" not in units and "mla_layer_prep.h" not in headers and "bindings.cpp" in units
-    assert len(units) == len(build.SOURCES) - 1 and len(headers) == len(build.HEADERS) - 1
-    (split / "mla_layer_prep.cu").write_text("// half of it\n")
+    assert not set(units + headers) & set(group) and "bindings.cpp" in units
+    assert len(units) + len(headers) == len(build.SOURCES) + len(build.HEADERS) - len(group)
+    (split / group[0]).write_text("// part of it\n")
     assert build.layout(split) is None
-    (split / "mla_layer_prep.h").write_text("// the other half\n")
+    for name in group[1:]:
+        (split / name).write_text("// the rest\n")
     assert build.layout(split) == (build.SOURCES, build.HEADERS)
 
 
-def test_split_source_without_the_ring4_units(tmp_path):
-    """A csrc/ from before the decode's four-slot ring (main's at round p, the A/B base of run_ring4_ab.sh) builds
-    without mla_decode_wgmma_{bf16,fp16}_ring4.cu; one of the two alone is not a csrc/ folder."""
-    assert set(build.RING4_FILES) <= set(build.SOURCES)
-    split = tmp_path / "split"
-    split.mkdir()
-    for name in build.SOURCES + build.HEADERS:
-        if name not in build.RING4_FILES:
-            (split / name).write_text(f"// {name}\n")
-    units, headers = build.layout(split)
-    assert not set(units) & set(build.RING4_FILES) and headers == build.HEADERS
-    assert len(units) == len(build.SOURCES) - 2
-    (split / build.RING4_FILES[0]).write_text("// half of it\n")
-    assert build.layout(split) is None
-    (split / build.RING4_FILES[1]).write_text("// the other half\n")
-    assert build.layout(split) == (build.SOURCES, build.HEADERS)
-
-
-def test_split_source_without_the_persistent_prefill(tmp_path):
-    """A csrc/ from before the persistent prefill (main's at round n, an A/B base) builds without
-    mla_prefill_persistent.cu / mla_prefill_wgmma.cuh, with or without the layer prep; one of the two alone is not a
-    csrc/ folder."""
-    split = tmp_path / "split"
-    split.mkdir()
-    for name in build.SOURCES + build.HEADERS:
-        if name not in build.PERSISTENT_PREFILL_FILES:
-            (split / name).write_text(f"// {name}\n")
-    units, headers = build.layout(split)
-    assert "mla_prefill_persistent.cu" not in units and "mla_prefill_wgmma.cuh" not in headers
-    assert len(units) == len(build.SOURCES) - 1 and len(headers) == len(build.HEADERS) - 1
-    for name in build.LAYER_PREP_FILES:
-        (split / name).unlink()
+def test_split_source_without_two_optional_groups(tmp_path):
+    """The persistent prefill and the layer prep both absent (main's csrc/ at round m): it builds without either."""
+    split = _split_without(tmp_path, build.PERSISTENT_PREFILL_FILES, build.LAYER_PREP_FILES)
     units, headers = build.layout(split)
     assert len(units) == len(build.SOURCES) - 2 and len(headers) == len(build.HEADERS) - 2
-    (split / "mla_prefill_wgmma.cuh").write_text("// half of it\n")
-    assert build.layout(split) is None
 
 
 def test_cache_dir_private(monkeypatch, tmp_path):

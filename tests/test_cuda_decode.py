@@ -581,12 +581,9 @@ def test_keys_m_agrees_with_wgmma(heads):
     assert (lse[lens > 0] - want_lse[lens > 0]).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("heads", [16])
-def test_keys_m_metadata_unaligned_and_graph(monkeypatch, heads, keys_m):
-    """Table entries within a length that point outside the cache are absent keys (validity bits; request 1's
-    first 32 keys all absent), a length past the table's capacity is clamped; rows that are not 16-byte aligned (a
-    column slice of a 577-wide cache: the producer's 2-byte path) give the aligned cache's numbers bit for bit,
-    int64 metadata; captured in a CUDA graph and replayed."""
+def _metadata_unaligned_and_graph(monkeypatch, heads, last_len):
+    """The body of the keys_m / ring4 tests below: absent and clamped keys against the reference, unaligned int64
+    metadata bit-equal to the aligned call, a CUDA-graph replay (7 launches of the config under test)."""
     monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
     q, cache, table, lens = _inputs((100, 64, 40), heads, 16)
     cache = cache.nan_to_num(0.0)
@@ -601,7 +598,7 @@ def test_keys_m_metadata_unaligned_and_graph(monkeypatch, heads, keys_m):
     ref, ref_lse = decode("reference", (q, cache, table, clamped), num_kv_splits=3)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert rel_l2(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-3
-    q, cache, table, lens = _inputs((300, 17, 0, 64), heads, 16)
+    q, cache, table, lens = _inputs((300, 17, 0, last_len), heads, 16)
     wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), float("nan"), dtype=cache.dtype,
                       device="cuda")
     wide[..., 1:] = cache
@@ -610,6 +607,15 @@ def test_keys_m_metadata_unaligned_and_graph(monkeypatch, heads, keys_m):
     assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
     kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, backend="cuda")
     _check_graph_replay(q, cache, table, lens, kw)
+
+
+@pytest.mark.parametrize("heads", [16])
+def test_keys_m_metadata_unaligned_and_graph(monkeypatch, heads, keys_m):
+    """Table entries within a length that point outside the cache are absent keys (validity bits; request 1's
+    first 32 keys all absent), a length past the table's capacity is clamped; rows that are not 16-byte aligned (a
+    column slice of a 577-wide cache: the producer's 2-byte path) give the aligned cache's numbers bit for bit,
+    int64 metadata; captured in a CUDA graph and replayed."""
+    _metadata_unaligned_and_graph(monkeypatch, heads, 64)
     assert keys_m == ["keys_m"] * 7
 
 
@@ -703,28 +709,5 @@ def test_ring4_metadata_unaligned_and_graph(monkeypatch, ring4):
     """128 heads: table entries within a length that point outside the cache are absent keys (request 1's first 32
     keys all absent), a length past the table's capacity is clamped; rows not 16-byte aligned (the producer's 2-byte
     path) give the aligned cache's numbers bit for bit, int64 metadata; captured in a CUDA graph and replayed."""
-    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
-    heads = 128
-    q, cache, table, lens = _inputs((100, 64, 40), heads, 16)
-    cache = cache.nan_to_num(0.0)
-    table = table.clone()
-    table[0, 1] = 10 ** 9
-    table[1, 0] = -5
-    table[1, 1] = 10 ** 9
-    capacity = table.shape[1] * 16
-    long_lens = torch.tensor([2 ** 31 - 1, 64, 40], dtype=torch.int32, device="cuda")
-    clamped = torch.tensor([capacity, 64, 40], dtype=torch.int32, device="cuda")
-    out, lse = decode("cuda", (q, cache, table, long_lens), num_kv_splits=3)
-    ref, ref_lse = decode("reference", (q, cache, table, clamped), num_kv_splits=3)
-    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-    assert rel_l2(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-3
-    q, cache, table, lens = _inputs((300, 17, 0, 65), heads, 16)
-    wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), float("nan"), dtype=cache.dtype,
-                      device="cuda")
-    wide[..., 1:] = cache
-    aligned, aligned_lse = check((q, cache, table, lens), num_kv_splits=2)
-    out, lse = check((q, wide[..., 1:], table.long(), lens.long()), num_kv_splits=2)
-    assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
-    kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, backend="cuda")
-    _check_graph_replay(q, cache, table, lens, kw)
+    _metadata_unaligned_and_graph(monkeypatch, 128, 65)
     assert ring4 == ["ring4"] * 7
