@@ -501,11 +501,10 @@ def test_fp8_cache_few_heads(heads, kernels):
 # ------------------------------------------------------------------ keys-as-M on a bf16 / fp16 cache (<= 16 heads)
 
 
-@pytest.fixture
-def keys_m(monkeypatch):
-    """Every cuda decode call from here on runs the keys-as-M config ({"kernel": "keys_m"}, decode_km_kernel) in
-    place of the default WGMMA one (same split choice, no autotune cache read); returns the kernels the extension
-    launched ("keys_m": decode_wgmma with the keys_m flag)."""
+def _default_config_swapped(monkeypatch, kernel, launched):
+    """Every cuda decode call from here on runs config {"kernel": kernel} in place of the default WGMMA one (same
+    split choice, no autotune cache read); returns the list of the extension's launches, each named by
+    ``launched(binding name, positional arguments)``."""
     from mla_core_cuda import decode as launcher
     monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
     seen = []
@@ -519,17 +518,25 @@ def keys_m(monkeypatch):
             fn = getattr(self._module, name)
 
             def launch(*args, **kw):
-                seen.append("keys_m" if name == "decode_wgmma" and args[-1] is True else name)
+                seen.append(launched(name, args))
                 return fn(*args, **kw)
             return launch
 
-    def run(module, call, config):
+    def run(module, call, config, prep=None):
         if config.get("kernel") == "wgmma":
-            config = dict(config, kernel="keys_m")
-        return real(Module(module), call, config)
+            config = dict(config, kernel=kernel)
+        return real(Module(module), call, config, prep)
 
     monkeypatch.setattr(launcher, "run", run)
     return seen
+
+
+@pytest.fixture
+def keys_m(monkeypatch):
+    """The keys-as-M config ({"kernel": "keys_m"}, decode_km_kernel) in place of the default (see
+    _default_config_swapped); the launches: "keys_m" for decode_wgmma with the keys_m flag."""
+    return _default_config_swapped(monkeypatch, "keys_m", lambda name, args: "keys_m" if name == "decode_wgmma"
+                                   and args[-1] is True else name)
 
 
 @pytest.mark.parametrize("page_size", [1, 33, 64])
@@ -628,34 +635,11 @@ RING_LENGTHS = boundary_lengths([16, 32, 64], extra=(1000, 4097))
 
 @pytest.fixture
 def ring4(monkeypatch):
-    """Every cuda decode call from here on runs the four-slot ring config ({"kernel": "ring4"},
-    decode_wgmma_ring4_kernel) in place of the default WGMMA one (same split choice, no autotune cache read); returns
-    the kernels the extension launched ("ring4": decode_wgmma with its 21st positional argument, ``ring4``, True)."""
-    from mla_core_cuda import decode as launcher
-    monkeypatch.setenv("MLA_CORE_AUTOTUNE", "off")
-    seen = []
-    real = launcher.run
-
-    class Module:
-        def __init__(self, module):
-            self._module = module
-
-        def __getattr__(self, name):
-            fn = getattr(self._module, name)
-
-            def launch(*args, **kw):
-                ring = name == "decode_wgmma" and len(args) == 21 and args[-1] is True
-                seen.append("ring4" if ring else name)
-                return fn(*args, **kw)
-            return launch
-
-    def run(module, call, config, prep=None):
-        if config.get("kernel") == "wgmma":
-            config = dict(config, kernel="ring4")
-        return real(Module(module), call, config, prep)
-
-    monkeypatch.setattr(launcher, "run", run)
-    return seen
+    """The four-slot ring config ({"kernel": "ring4"}, decode_wgmma_ring4_kernel) in place of the default (see
+    _default_config_swapped); the launches: "ring4" for decode_wgmma with its 21st positional argument, ``ring4``,
+    True."""
+    return _default_config_swapped(monkeypatch, "ring4", lambda name, args: "ring4" if name == "decode_wgmma"
+                                   and len(args) == 21 and args[-1] is True else name)
 
 
 @pytest.mark.parametrize("page_size", [33, 64])
