@@ -45,6 +45,9 @@ class Recorder:
     def decode(self, *args):
         self._record("decode", args)
 
+    def layer_decode(self, *args):
+        self._record("layer_decode", args)
+
 
 def _call(batch=1, heads=16, length=100, page_size=16, softmax_scale=0.1, num_kv_splits="auto", recipe=None,
           amax=(4.0, 4.0, 4.0), return_lse=True, out_dtype=None, kv_scale=None):
@@ -247,3 +250,23 @@ def test_compiled_fullgraph_launches_what_eager_launches(cuda_on_cpu):
         torch._dynamo.reset()
     eager, *rest = cuda_on_cpu.calls
     assert len(rest) >= 2 and all(c == eager for c in rest)
+
+
+@pytest.mark.parametrize("config, kernel", [({"kernel": "wgmma"}, (1, 0, 0)), ({"kernel": "keys_m"}, (2, 0, 0)),
+                                            ({"kernel": "ring4"}, (3, 0, 0)),
+                                            ({"head_tiles": 2, "warps": 8}, (0, 2, 8))])
+def test_layer_decode_runs_the_configs_kernel(config, kernel):
+    """With a layer prep, the one call is layer_decode: its decode arguments are the plain call's (the plan's first
+    11) and its (kernel, head_tiles, warps) the config's: 0 mma.sync with its CTA shape, 1 WGMMA, 2 keys-as-M,
+    3 the four-slot ring (a ring4 plan run as the default WGMMA kernel would be bit-equal, so only this shows it)."""
+    from types import SimpleNamespace
+    prep = SimpleNamespace(q_src=None, kv=None, input_row_offsets=None, cache_offsets=None, freqs_cis=None,
+                           kv_norm_gamma=None, epsilon=1e-6, rope_interleave=False, sum_order=0)
+    call = _call(heads=16)
+    (_, plain), = _run(call, config)
+    rec = Recorder()
+    launcher.run(rec, call, config, prep)
+    (layer_entry, layer_args), = rec.calls
+    assert layer_entry == "layer_decode" and layer_args[-3:] == kernel
+    assert layer_args[-14:-3] == plain[8:19]  # the plain call's split count, scale products, formats and flags
+

@@ -219,18 +219,6 @@ def test_prep_order_by_triton_version(monkeypatch, layer):
             layer._prep_order("3.6.0")
 
 
-def test_layer_kernel_of_each_plan():
-    """The launcher's plan to layer_decode's (kernel, head_tiles, warps): mma.sync with its CTA shape, WGMMA,
-    keys-as-M, the four-slot ring (ring4); the plans as decode._plan builds them."""
-    from mla_core_cuda import decode
-    base = (4, 1.0, 1.0, 1.0, 1.0, 1.0, 0, 0, 0, False, False)
-    assert decode._layer_kernel("decode", base + (2, 8)) == (0, 2, 8)
-    assert decode._layer_kernel("decode_wgmma", base) == (1, 0, 0)
-    assert decode._layer_kernel("decode_wgmma", base + (True,)) == (2, 0, 0)
-    assert decode._layer_kernel("decode_wgmma", base + (False, True)) == (3, 0, 0)
-    assert decode._layer_kernel("decode_wgmma", base + (False, False)) == (1, 0, 0)
-
-
 # --------------------------------------------------------------------------------------------------
 # GPU: the CUDA prep against the Triton prep, bit for bit
 

@@ -45,14 +45,6 @@ def number(cell):
         return None
 
 
-def opcode(sass):
-    """BAR.SYNC.DEFER_BLOCKING R0 -> BAR.SYNC.DEFER_BLOCKING; a predicate (@P0, @!PT) is skipped."""
-    words = sass.split()
-    while words and words[0].startswith("@"):
-        words = words[1:]
-    return words[0].rstrip(";") if words else "?"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv")
@@ -99,7 +91,7 @@ def main(argv=None):
               + (f"  [{why}]" if why else "") + (f"\n{'':33s}at {sass_lines.where(lines[i])}" if lines else ""))
     by_op = Counter()
     for s, r in samples:
-        by_op[opcode(r[src])] += s
+        by_op[sass_lines.opcode(r[src])] += s
     print("samples per opcode:")
     for op, s in by_op.most_common(15):
         print(f"  {op:40s} {s:8.0f} {100 * s / total:5.1f}%")
@@ -123,7 +115,7 @@ def source_lines(spec, page_sass):
         print(f"--lines {spec}: no source lines ({type(e).__name__}: {e})")
         return None
     ours = [sass_lines.opcode(x) for _, x, _ in instrs]
-    theirs = [opcode(x) for x in page_sass]
+    theirs = [sass_lines.opcode(x) for x in page_sass]
     same = sum(a == b for a, b in zip(ours, theirs))
     print(f"--lines {name[-80:]}: {len(ours)} instructions here, {len(theirs)} on the page, {same} opcodes equal")
     if len(ours) != len(theirs) or same < len(ours):

@@ -59,8 +59,8 @@ its N (no padding rows), both consumer warpgroups on alternate steps; one CTA pe
 RING4 = {"kernel": "ring4"}
 """The WGMMA kernel's schedule Q1 on a ring of four 32-key slots (decode_wgmma_ring4_kernel): each 64-key stage's two
 key halves filled and released on their own, so a half is refilled once both warpgroups' P V of it completed. The
-same instructions in the same order as the default: bit-equal to it; one CTA per SM. Measured 0.96-1.00x the
-default's time at 64 heads, 0.98-1.00x at 128 (benchmarks/NOTES.md, "a deeper K/V ring (round m)")."""
+same instructions in the same order as the default: bit-equal to it; one CTA per SM. Measured 0.964-0.995x the
+default's time at 64 heads, 0.987-1.001x at 128 (benchmarks/NOTES.md, the ring4 port's section, round q's result)."""
 _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
 FP8_CACHE = "float8_e4m3fn"
 
@@ -85,19 +85,24 @@ def wgmma_covers(problem) -> bool:
             and kv in ((None, None), ("fp8", "fp8")))
 
 
-def keys_m_covers(problem) -> bool:
-    """Whether the keys-as-M config runs ``problem``: a bf16 / fp16 cache and q of its dtype, at most 16 heads, K, V
-    and P unquantized (an FP8 cache at <= 16 heads has its own keys-as-M kernel under the WGMMA config)."""
-    return (problem["heads"] <= 16 and problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
+def _unquantized_16bit(problem) -> bool:
+    """A bf16 / fp16 cache and q of its dtype, K, V and P unquantized: the problems of the keys-as-M and ring4
+    variants."""
+    return (problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
             and (problem.get("k_qdq"), problem.get("v_qdq"), problem.get("p_qdq")) == (None, None, None))
+
+
+def keys_m_covers(problem) -> bool:
+    """Whether the keys-as-M config runs ``problem``: :func:`_unquantized_16bit` at most 16 heads (an FP8 cache at
+    <= 16 heads has its own keys-as-M kernel under the WGMMA config)."""
+    return problem["heads"] <= 16 and _unquantized_16bit(problem)
 
 
 def ring4_covers(problem) -> bool:
-    """Whether the four-slot ring config (ring4) is listed for ``problem``: a bf16 / fp16 cache and q of its dtype, K,
-    V and P unquantized, at least 64 heads (where it was measured no slower than the default: 0.963-1.002x at 64 and
-    128 heads; not measured at 16, so not listed there; the kernel itself runs any head count)."""
-    return (problem["heads"] >= 64 and problem["dtype"] in _WGMMA_DTYPES and problem["q_dtype"] == problem["dtype"]
-            and (problem.get("k_qdq"), problem.get("v_qdq"), problem.get("p_qdq")) == (None, None, None))
+    """Whether the four-slot ring config (ring4) is listed for ``problem``: :func:`_unquantized_16bit` at least 64
+    heads (where it was measured no slower than the default: 0.964-1.001x at 64 and 128 heads; not measured at 16,
+    so not listed there; the kernel itself runs any head count)."""
+    return problem["heads"] >= 64 and _unquantized_16bit(problem)
 
 
 def configs(problem) -> list[dict]:
@@ -160,9 +165,10 @@ _PLANS_MAX = 256
 
 
 def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
-    """(entry, partial sizes or None, the entry's arguments after the partial buffers) of ``call``, cached under
-    ``key`` (everything read here, built in :func:`run`): the extension function, the split count, the scale
-    products, the formats, for keys-as-M its flag, and for mma.sync its CTA shape. Raises ValueError for a CTA
+    """(entry, partial sizes or None, the entry's arguments after the partial buffers, layer_decode's (kernel,
+    head_tiles, warps)) of ``call``, cached under ``key`` (everything read here, built in :func:`run`): the extension
+    function, the split count, the scale products, the formats, for keys-as-M / ring4 its flags, and for mma.sync its
+    CTA shape. Raises ValueError for a CTA
     shape not built (nothing is cached then)."""
     batch, heads, _ = call.q.shape
     quant = _quant_args(call)
@@ -175,32 +181,24 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     kv = 1.0 if call.kv_scale is None else call.kv_scale  # an FP8 cache: its scale joins both factors
     args = (splits, float(call.softmax_scale) * k32 * math.log2(math.e) * kv, kv * v32 * p32, k_scale, v_scale,
             p_scale, _FMT[call.k_qdq], _FMT[call.v_qdq], _FMT[call.p_qdq], v_from_k, exact_div)
+    # layer: the same kernel as layer_decode's (kernel, head_tiles, warps): 0 mma.sync (its CTA shape), 1 WGMMA,
+    # 2 keys-as-M, 3 the four-slot ring
     if config.get("kernel") == "wgmma":
-        entry = "decode_wgmma"
+        entry, layer = "decode_wgmma", (1, 0, 0)
     elif config.get("kernel") == "keys_m":  # the extension refuses a call keys_m_covers would not list it for
-        entry, args = "decode_wgmma", args + (True,)
+        entry, args, layer = "decode_wgmma", args + (True,), (2, 0, 0)
     elif config.get("kernel") == "ring4":  # the extension refuses a quantized call (ring4_covers: never listed)
-        entry, args = "decode_wgmma", args + (False, True)
+        entry, args, layer = "decode_wgmma", args + (False, True), (3, 0, 0)
     else:
         default = _default_shape(heads)
         head_tiles, warps = int(config.get("head_tiles", default[0])), int(config.get("warps", default[1]))
         if (head_tiles, warps) not in SHAPES:
             raise ValueError(f"cuda decode config: (head_tiles, warps) = {(head_tiles, warps)} not in {SHAPES}")
-        entry, args = "decode", args + (head_tiles, warps)
+        entry, args, layer = "decode", args + (head_tiles, warps), (0, head_tiles, warps)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
-    plan = _PLANS[key] = entry, parts, args
+    plan = _PLANS[key] = entry, parts, args, layer
     return plan
-
-
-def _layer_kernel(entry: str, args: tuple) -> tuple:
-    """(kernel, head_tiles, warps) of a plan for the extension's ``layer_decode``: 0 mma.sync (its CTA shape), 1 WGMMA,
-    2 keys-as-M, 3 the four-slot ring (ring4)."""
-    if entry == "decode":
-        return 0, args[-2], args[-1]
-    if len(args) == 13 and args[-1]:
-        return 3, 0, 0
-    return (2 if len(args) == 12 and args[-1] else 1), 0, 0
 
 
 def run(module, call: DecodeCall, config: dict, prep: LayerDecodePrep | None = None):
@@ -226,7 +224,7 @@ def run(module, call: DecodeCall, config: dict, prep: LayerDecodePrep | None = N
            call.kv_scale, call.k_qdq, call.k_amax, call.v_qdq, call.v_amax, call.p_qdq, call.p_amax,
            tuple(config.items()))
     plan = _PLANS.get(key)
-    entry, parts, args = plan if plan is not None else _plan(call, config, key)
+    entry, parts, args, layer = plan if plan is not None else _plan(call, config, key)
     if parts is None:
         part_o = part_lse = None
     else:   # scratch of this call (a buffer kept across calls would be shared by streams and CUDA graphs)
@@ -236,7 +234,7 @@ def run(module, call: DecodeCall, config: dict, prep: LayerDecodePrep | None = N
         module.layer_decode(prep.q_src, prep.kv, prep.input_row_offsets, prep.cache_offsets, prep.freqs_cis,
                             prep.kv_norm_gamma, prep.epsilon, prep.rope_interleave, prep.sum_order,
                             q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse,
-                            *args[:11], *_layer_kernel(entry, args))
+                            *args[:11], *layer)
         return out, lse
     getattr(module, entry)(q, call.latent_cache, call.block_table, call.seq_lens, out, lse, part_o, part_lse, *args)
     return out, lse
