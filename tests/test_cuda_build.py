@@ -4,7 +4,10 @@ compiler's first error line, never a crash)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -143,6 +146,44 @@ def test_wgmma_config_only_where_it_covers(kw):
     assert all(c.get("kernel") != "wgmma" for c in cuda_decode.configs(problem))
     assert mla_core.get_backend("cuda").validate_config(problem, {"kernel": "wgmma"})
     assert mla_core.get_backend("cuda").validate_config(problem, {"kernel": "wgmma", "head_tiles": 4, "warps": 8})
+
+
+def test_bindings_build_refusal_messages_without_ostream():
+    """Every check of csrc/bindings.cpp goes through MLA_CHECK (its message by string concatenation): a TORCH_CHECK
+    that formats a number dies with SIGSEGV on the lent H200's toolchain instead of raising (round q)."""
+    text = (build.source_dir() / "bindings.cpp").read_text()
+    code = re.sub(r"//[^\n]*", "", text)
+    assert re.findall(r"\bTORCH_CHECK\(", code) == ["TORCH_CHECK("]  # the one inside MLA_CHECK's definition
+    assert "#define MLA_CHECK(cond, ...) TORCH_CHECK(cond, message(__VA_ARGS__))" in code
+    assert code.count("MLA_CHECK(") > 50 and "c10::str" not in code and "ostream" not in code
+
+
+REFUSALS = """
+import torch
+from mla_core_cuda import build
+m = build.build()
+t = torch.zeros(4, 1, 192, dtype=torch.bfloat16, device="cuda")
+v = torch.zeros(4, 1, 128, dtype=torch.bfloat16, device="cuda")
+cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
+for p_fmt in (9, -1):  # refused by prefill_wgmma_supported: a message with the strides and the p_fmt check
+    try:
+        m.prefill_wgmma(t, t, v, cu, cu, 4, v.clone(), None, True, 0.1, 1.0, p_fmt, 1.0, 1.0, 0, 1.0, 1.0)
+    except RuntimeError as e:
+        print("raised:", str(e).splitlines()[0])
+    else:
+        print("not refused")
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_binding_refusals_raise():
+    """A call the binding refuses raises RuntimeError with the numbers in its message; the process lives (run in a
+    subprocess, so a crash fails this test instead of killing pytest)."""
+    r = subprocess.run([sys.executable, "-c", REFUSALS], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"the process died (rc {r.returncode}): {r.stderr[-2000:]}"
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(x.startswith("raised:") for x in lines), r.stdout
+    assert "got strides q [192, 192, 1], k [192, 192, 1], v [128, 128, 1]" in lines[0], lines[0]
 
 
 def test_build_key():
