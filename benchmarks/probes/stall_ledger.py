@@ -51,6 +51,9 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--lines", help="UNIT.cu:KERNEL_REGEX or EXTENSION.so:KERNEL_REGEX (sass_lines.py): each "
                     "instruction's source line")
+    ap.add_argument("--roles", help="FILE:NAME=LO-HI,NAME=LO-HI,...: with --lines, the samples summed per warp role, an "
+                    "instruction's role the first range of FILE (e.g. mla_decode_wgmma.cuh) its inlining chain passes "
+                    "through (innermost first)")
     args = ap.parse_args(argv)
     header, rows = read_page(args.csv)
     if header is None:
@@ -102,7 +105,29 @@ def main(argv=None):
         print("samples per call site (csrc/ line, outside hopper.cuh's wrappers):")
         for site, s in by_site.most_common(20):
             print(f"  {site:40s} {s:8.0f} {100 * s / total:5.1f}%")
+        if args.roles:
+            print_roles(args.roles, samples, lines, header, reason_cols)
     return 0
+
+
+def print_roles(spec, samples, lines, header, reason_cols):
+    """Samples per warp role (--roles), with each role's largest stall reasons and call sites."""
+    name, _, ranges = spec.partition(":")
+    roles = [(r.split("=")[0], *map(int, r.split("=")[1].split("-"))) for r in ranges.split(",")]
+    by_role, reasons, sites = Counter(), {}, {}
+    for (s, r), frames in zip(samples, lines):
+        own = [n for f, n in frames if f.endswith(name)]
+        role = next((k for n in own for k, lo, hi in roles if lo <= n <= hi), "other")
+        by_role[role] += s
+        reasons.setdefault(role, Counter()).update({header[i]: number(r[i]) or 0.0 for i in reason_cols
+                                                    if "Not Issued" not in header[i]})
+        sites.setdefault(role, Counter())[call_site(frames)] += s
+    total = sum(by_role.values())
+    print(f"samples per warp role ({name}):")
+    for role, s in by_role.most_common():
+        why = ", ".join(f"{k} {v:.0f}" for k, v in reasons[role].most_common(4))
+        where = ", ".join(f"{k} {v:.0f}" for k, v in sites[role].most_common(5))
+        print(f"  {role:12s} {s:8.0f} {100 * s / total:5.1f}%  [{why}]\n{'':16s}at {where}")
 
 
 def source_lines(spec, page_sass):
