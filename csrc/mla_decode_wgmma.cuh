@@ -24,7 +24,9 @@
 //     split's end or whose page lies outside the cache is zero-filled, never read, and masked in the stage's
 //     validity bits, written before the stage is published). The next step's block-table entries are read while
 //     a step's copies are in flight (off the critical path). Each producer thread arrives on full[s] after its
-//     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async;
+//     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async; over a
+//     16-bit cache without K fake quantization a warp whose 16 rows are all present loads them as 9 TMA boxes
+//     instead and arrives at once with their bytes expected (produce_rows_tma; the launcher's kv_tensor_map);
 //   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory; the
 //     unquantized problem runs schedule Q1 instead, decode_wgmma_kernel's comment), masked by the validity bits;
 //     P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded first, p_qdq), row
