@@ -24,3 +24,21 @@ print('built', load_cuda_extension(sys.argv[1]).__name__)" "$1") >"$2" 2>&1
   stamp "builds (A rc $ra, B rc $rb)"
   [ $ra = 0 ] && [ $rb = 0 ] || { tail -n 30 "$LOGS/build_a.log" "$LOGS/build_b.log"; exit 3; }
 }
+#   ab_start NAME     the A/B scripts' opening: prints the commit, A_DIR and the card's clocks, puts this tree's
+#                     packages first; with RUN_MUTANTS=1 judges mutants_cuda.py's MUTANT_INDICES (default
+#                     $MUTANTS_DEFAULT) with MUTANT_SELECTION=NAME (log $LOGS/mutants.log), prints the summary and
+#                     exits with its status (0: every one killed)
+ab_start() {
+  echo "commit ${MLA_COMMIT:-unknown}, A ${A_DIR:?A_DIR}"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+  . benchmarks/checkout_first.sh  # this tree's packages first (a warm machine may hold another install)
+  [ "${RUN_MUTANTS:-0}" = 1 ] || return 0
+  MUTANT_SELECTION=$1 MUTANT_INDICES=${MUTANT_INDICES:-$MUTANTS_DEFAULT} MUTANT_TIMEOUT=${MUTANT_TIMEOUT:-90} \
+    timeout "$(cap 600)" python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/mutants.log" | tail -8
+  local rmu=${PIPESTATUS[0]}
+  stamp "mutants (rc $rmu)"
+  echo "=== SUMMARY (commit ${MLA_COMMIT:-unknown}) ==="
+  grep -E "^mutant |killed$" "$LOGS/mutants.log" | cut -c1-200
+  echo "mutants rc $rmu (0 = every one killed)"
+  exit "$rmu"
+}

@@ -30,19 +30,8 @@ cd "$(dirname "$0")/.."
 LOGS=${OUT:-$(mktemp -d)}
 DEFAULT_CALL_LIMIT=275
 . benchmarks/device_clock.sh   # t0, stamp, left, cap, build_ab
-echo "commit ${MLA_COMMIT:-unknown}, A ${A_DIR:?A_DIR}"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
-. benchmarks/checkout_first.sh  # this tree's packages first (a warm machine may hold another install)
-if [ "${RUN_MUTANTS:-0}" = 1 ]; then
-  MUTANT_SELECTION=ring4 MUTANT_INDICES=${MUTANT_INDICES:-66,67,68,69} MUTANT_TIMEOUT=${MUTANT_TIMEOUT:-75} \
-    timeout "$(cap 600)" python3 tests/mutation/mutants_cuda.py 2>&1 | tee "$LOGS/mutants.log" | tail -8
-  rmu=${PIPESTATUS[0]}
-  stamp "mutants (rc $rmu)"
-  echo "=== SUMMARY (commit ${MLA_COMMIT:-unknown}) ==="
-  grep -E "^mutant |killed$" "$LOGS/mutants.log" | cut -c1-200
-  echo "mutants rc $rmu (0 = every one killed)"
-  exit "$rmu"
-fi
+MUTANTS_DEFAULT=66,67,68,69
+ab_start ring4  # (benchmarks/device_clock.sh; RUN_MUTANTS=1 ends here)
 [ -f "$A_DIR/csrc/mla_decode_wgmma.cu" ] || { echo "A_DIR holds no csrc/ (see the preparation above)"; exit 2; }
 A_DIR=$(cd "$A_DIR" && pwd)
 build_ab "$A_DIR/csrc"   # (benchmarks/device_clock.sh)

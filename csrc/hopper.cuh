@@ -1,14 +1,16 @@
 // hopper.cuh: Hopper (sm_90a) building blocks shared by the WGMMA kernels (csrc/*_wgmma.cu) and the experiment
 // probes in benchmarks/probes/ (which add their own in probe_common.cuh): shared-memory addresses and matrix
 // descriptors (128- and 64-byte swizzle), the wgmma fence / commit / wait and register fence, setmaxnreg, cp.async,
-// bulk copies, mbarriers (with expected transactions) and named
+// bulk copies, TMA boxes and the tensor-map encoder, mbarriers (with expected transactions) and named
 // barriers, 1024-byte alignment, 2^x, E4M3 codes to bf16 or f16, two floats packed as bf16, and the scaling of m64n256
 // accumulator rows. Layout, descriptors and ordering rules: docs/cuda.md ("Hopper building blocks, verified").
 // Inline PTX only; a wgmma instruction compiles only where the target is sm_90a. What only the two seesaw decode
 // kernels share: seesaw.cuh.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -146,6 +148,33 @@ __device__ __forceinline__ void bulk_copy(uint8_t* dst, const void* src, uint32_
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
+}
+
+// TMA (cp.async.bulk.tensor) of one 3D box at coordinates (c0, c1, c2) of `map` (innermost first) into `dst`,
+// completing its bytes on `bar` (the issuing thread's arrival on it is mbar_arrive_expect_tx of all its boxes' bytes).
+// With the 128-byte swizzle and a [rows x 128 B] box, dst 1024-aligned plus a multiple of 8 rows: the slab layout.
+__device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
+
+typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver, looked up once (null when the driver has none). Host code.
+inline EncodeTiledFn tma_encoder() {
+  static EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult res;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res) != cudaSuccess ||
+        res != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over kCount threads: sync waits for the generation, arrive

@@ -24,7 +24,9 @@
 //     split's end or whose page lies outside the cache is zero-filled, never read, and masked in the stage's
 //     validity bits, written before the stage is published). The next step's block-table entries are read while
 //     a step's copies are in flight (off the critical path). Each producer thread arrives on full[s] after its
-//     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async;
+//     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async; over a
+//     16-bit cache without K fake quantization a warp whose 16 rows are all present loads them as 9 TMA boxes
+//     instead and arrives at once with their bytes expected (produce_rows_tma; the launcher's kv_tensor_map);
 //   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory; the
 //     unquantized problem runs schedule Q1 instead, decode_wgmma_kernel's comment), masked by the validity bits;
 //     P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded first, p_qdq), row
@@ -46,7 +48,9 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <climits>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -89,8 +93,8 @@ __device__ __forceinline__ void page_of(int64_t tok, int64_t page_size, double i
 
 // Element offset in the cache of token `tok` of request b (page block_table[b, tok / page_size], row
 // tok % page_size: any page size, a shift for a power of two), or -1 for an absent key: at or past `hi`, or on
-// a page outside the cache.
-__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int b, int64_t tok, int64_t hi) {
+// a page outside the cache; `page_out`: the page of a present key (produce_rows_tma's coordinate), else unchanged.
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int b, int64_t tok, int64_t hi, int& page_out) {
   if (tok >= hi) return -1;
   int64_t pg, in_page;
   if (p.page_shift >= 0) {
@@ -100,7 +104,15 @@ __device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int b, int6
     page_of(tok, p.page_size, p.page_size_inv, pg, in_page);
   }
   const int64_t page = load_index(p.block_table, b * p.table_stride_b + pg * p.table_stride_col, p.table_i64);
-  return page >= 0 && page < p.num_pages ? page * p.cache_stride_page + in_page * p.cache_stride_tok : -1;
+  if (page >= 0 && page < p.num_pages) {
+    page_out = static_cast<int>(page);
+    return page * p.cache_stride_page + in_page * p.cache_stride_tok;
+  }
+  return -1;
+}
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int b, int64_t tok, int64_t hi) {
+  int page;
+  return row_offset(p, b, tok, hi, page);
 }
 
 // Producer warp w's share of a step: rows 16w .. 16w + 15 into the slab layout at `sk`, lane l < 16 holding
@@ -151,6 +163,26 @@ __device__ __forceinline__ void produce_rows(const DecodeParams& p, int64_t my_o
       for (int e = 0; e < 8; ++e) dst[e] = off >= 0 ? cache[off + c * 8 + e] : static_cast<uint16_t>(0);
     }
   }
+}
+
+// Producer warp w's share of a step by TMA (kv_map: the cache as (576 columns, page_size rows, pages), boxes of 64
+// columns x 16 rows, 128-byte swizzle: the slab layout), when all 16 rows are present: then they are one page's run
+// (the launcher maps only a power-of-two page_size >= 16, and a split starts at a multiple of 32), rows in_page ..
+// in_page + 15 of page `page` (lane 0's). Lane 0 writes the validity word, arrives on `full` with the 9 boxes' bytes
+// expected and issues them; the other lanes arrive; nobody waits (the copies complete `full`). Returns false, having
+// done nothing, when a row is absent (the caller's produce_rows zero-fills it).
+__device__ __forceinline__ bool produce_rows_tma(const CUtensorMap* kv_map, int64_t my_off, int page, int in_page,
+                                                 uint8_t* sk, uint32_t* valid, uint64_t* full, int w, int lane) {
+  if (!__all_sync(0xffffffffu, lane >= 16 || my_off >= 0)) return false;
+  if (lane == 0) {
+    *valid = 0xffffu;
+    mbar_arrive_expect_tx(full, kChunks / 8 * 16 * 128);
+#pragma unroll
+    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, full);
+  } else {
+    mbar_arrive(full);
+  }
+  return true;
 }
 
 // Byte offset, from a stage's start, of the E4M3 codes of producer warp w's row group g (rows 16w + 4g .. + 3) in
@@ -476,7 +508,7 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
 // (q1_step). The arithmetic is Q1's instruction for instruction: bit-equal. The body is a device function so that
 // decode_wgmma_kernel<T, KF, PF> keeps its name (and SASS) and the ring gets a kernel of its own name.
 template <typename T, int KF, int PF, bool kRing>
-__device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p) {
+__device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const CUtensorMap& kv_map, bool kv_tma) {
   static_assert(!kRing || (KF == kNoQuant && PF == kNoQuant), "ring4 runs schedule Q1 (unquantized) only");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
@@ -519,22 +551,35 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p) {
                          (p.cache_stride_page % kPerChunk == 0) && (p.cache_stride_tok % kPerChunk == 0);
     // Lane l < 16 looks up row 16 (warp - 8) + l of the next step while this step's copies are in flight.
     const int64_t row = 16 * (warp - 8) + (lane & 15);
-    int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi) : -1;
+    // kv_tma (KF = kNoQuant): a warp whose 16 rows are all present loads them by TMA (produce_rows_tma) and goes
+    // on without waiting; lane 0 keeps its row's page for the boxes' coordinate.
+    const bool tma = KF == kNoQuant && kv_tma;
+    int next_page = 0;
+    int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi, next_page) : -1;
     const float k_inv = KF == kFP8 ? __frcp_rn(p.k_scale) : 1.f;
     // kRing: warps 8-9 (rows 0-31) fill slots 2s, warps 10-11 (rows 32-63) slots 2s + 1; otherwise the stage s
     const int half = kRing ? (warp - 8) >> 1 : 0;
     for (int i = 0; i < steps; ++i) {
       const int s = i & 1, slot = kRing ? 2 * s + half : s;
       if (i >= 2) mbar_wait(&empty[slot], ((i - 2) >> 1) & 1);
+      bool by_tma = false;
       if constexpr (KF == kCodes) {
         produce_codes(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane, aligned);
       } else {
-        produce_rows<KF == kFP8>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane,
-                                 aligned);
+        const int in_page = static_cast<int>((lo + static_cast<int64_t>(i) * kKeys + 16 * (warp - 8)) &
+                                             (p.page_size - 1));
+        by_tma = tma && produce_rows_tma(&kv_map, next_off, __shfl_sync(0xffffffffu, next_page, 0), in_page,
+                                         sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), &full[slot],
+                                         warp - 8, lane);
+        if (!by_tma) {
+          produce_rows<KF == kFP8>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane,
+                                   aligned);
+        }
       }
-      if constexpr (KF == kNoQuant) cp_async_commit();
+      if (KF == kNoQuant && !by_tma) cp_async_commit();
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
-      next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi) : -1;
+      next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi, next_page) : -1;
+      if (by_tma) continue;
       if constexpr (KF == kFP8) {
         k_codes_fp8<T>(p.k_scale, k_inv, smem_u32(sk0 + s * kTileBytes), warp - 8, lane);
       } else if constexpr (KF == kCodes) {
@@ -721,13 +766,15 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p) {
   }
 }
 template <typename T, int KF, int PF>
-__global__ void __launch_bounds__(kThreads, 1) decode_wgmma_kernel(const DecodeParams p) {
-  decode_wgmma_body<T, KF, PF, false>(p);
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_wgmma_kernel(const DecodeParams p, const __grid_constant__ CUtensorMap kv_map, int kv_tma) {
+  decode_wgmma_body<T, KF, PF, false>(p, kv_map, kv_tma != 0);
 }
 // Config ring4: schedule Q1 on four 32-key ring slots (decode_wgmma_body's kRing), unquantized bf16 / fp16.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) decode_wgmma_ring4_kernel(const DecodeParams p) {
-  decode_wgmma_body<T, kNoQuant, kNoQuant, true>(p);
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_wgmma_ring4_kernel(const DecodeParams p, const __grid_constant__ CUtensorMap kv_map, int kv_tma) {
+  decode_wgmma_body<T, kNoQuant, kNoQuant, true>(p, kv_map, kv_tma != 0);
 }
 
 // ---- An FP8 cache at <= 16 heads: keys as the wgmma M (decode_t_kernel) ----
@@ -1545,6 +1592,28 @@ cudaError_t launch_km(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The cache as produce_rows_tma's map (16-bit elements as (576 columns, page_size rows, num_pages pages), boxes of
+// 64 x 16 x 1, 128-byte swizzle), or false, the map zeroed, and the producer copies every row with cp.async: a cache
+// of codes, a page size not a power of two >= 16, a base or stride not 16-byte aligned, no encoder, or its refusal.
+inline bool kv_tensor_map(const DecodeParams& p, CUtensorMap* map) {
+  std::memset(map, 0, sizeof(*map));
+  if (p.cache_fp8 || p.page_shift < 0 || p.page_size < 16 || p.num_pages < 1 || p.num_pages > INT32_MAX ||
+      reinterpret_cast<uintptr_t>(p.cache) % 16 != 0 || p.cache_stride_tok % 8 != 0 || p.cache_stride_page % 8 != 0)
+    return false;
+  const EncodeTiledFn encode = tma_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kDim), static_cast<cuuint64_t>(p.page_size),
+                              static_cast<cuuint64_t>(p.num_pages)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.cache_stride_tok) * 2,
+                                 static_cast<cuuint64_t>(p.cache_stride_page) * 2};
+  const cuuint32_t box[3] = {64, 16, 1}, element_strides[3] = {1, 1, 1};
+  const bool ok = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(p.cache), dims, strides, box,
+                         element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  if (!ok) std::memset(map, 0, sizeof(*map));
+  return ok;
+}
+
 template <typename T, int KF, int PF>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   // Once per device and instantiation (not a stream operation: capture-safe).
@@ -1559,7 +1628,9 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     if (device < kMaxDevices) attribute_set[device] = true;
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
-  decode_wgmma_kernel<T, KF, PF><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p);
+  CUtensorMap kv_map;
+  const bool kv_tma = kv_tensor_map(p, &kv_map);  // used where KF = kNoQuant (the other producers convert in place)
+  decode_wgmma_kernel<T, KF, PF><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p, kv_map, kv_tma);
   return cudaGetLastError();
 }
 
@@ -1577,7 +1648,9 @@ cudaError_t launch_ring4(const DecodeParams& p, cudaStream_t stream) {
     if (device < kMaxDevices) attribute_set[device] = true;
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
-  decode_wgmma_ring4_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytesRing, stream>>>(p);
+  CUtensorMap kv_map;
+  const bool kv_tma = kv_tensor_map(p, &kv_map);
+  decode_wgmma_ring4_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytesRing, stream>>>(p, kv_map, kv_tma);
   return cudaGetLastError();
 }
 

@@ -47,7 +47,6 @@
 #include "mla_prefill_wgmma.cuh"
 #include "qdq.cuh"
 
-#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -511,7 +510,7 @@ bool prefill_wgmma_supported(const PrefillParams& p) {
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, cudaStream_t stream) {
   if (!prefill_wgmma_supported(p)) return cudaErrorInvalidValue;
-  const EncodeTiledFn encode = encoder();
+  const EncodeTiledFn encode = tma_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   TmaMaps maps;
   if (!prefill_maps(p, encode, maps)) return cudaErrorInvalidValue;

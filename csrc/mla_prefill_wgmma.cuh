@@ -9,7 +9,6 @@
 #include "mla_prefill.h"
 #include "mla_prefill_common.cuh"
 
-#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
 
 #include <cstdint>
 #include <cstring>
@@ -74,36 +73,10 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[64], const uint32_t (&a)[
 #undef MLA_F16
 #undef MLA_F4
 
-// TMA: one box (64 features x 64 rows of head h from token `row`, feature `col`) into a 1024-aligned slab, completing
-// on `bar` (the producer's one arrival on a full barrier is mbar_arrive_expect_tx with the boxes' bytes).
-__device__ __forceinline__ void tma_slab(uint8_t* dst, const CUtensorMap* map, int col, int h, int row, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(h), "r"(row), "r"(smem_u32(bar))
-      : "memory");
-}
-
 // A basic-block boundary ptxas cannot remove (a branch on a row sum, never negative): without it ptxas hoisted the
 // wait for P·V(j-1) above the softmax of tile j, which then no longer ran under the warpgroup's own P·V.
 __device__ __forceinline__ void block_boundary(float never_negative) {
   if (never_negative < 0.f) asm volatile("trap;");
-}
-
-typedef CUresult (*EncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver, looked up once (null when the driver has none).
-EncodeTiledFn encoder() {
-  static EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult res;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &res) != cudaSuccess ||
-        res != cudaDriverEntryPointSuccess)
-      return static_cast<EncodeTiledFn>(nullptr);
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
 }
 
 // X [rows, heads, d] bf16 with token / head strides (elements) as the 3D tensor (d, heads, rows), box (64, 1, 64) =

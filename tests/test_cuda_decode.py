@@ -301,6 +301,24 @@ def test_odd_page_sizes(page_size, heads, kernels):
     assert kernels == ["wgmma"] * 2
 
 
+@pytest.mark.parametrize("page_size", [32, 256])
+@pytest.mark.parametrize("heads", [64, 128])
+def test_tma_boxes_pages_and_padded_pages(heads, page_size, kernels):
+    """The producer's TMA boxes (a warp's 16 rows, all present, of one page; a power-of-two page_size >= 16): a step
+    over two pages (32) or a page over four steps (256), lengths ending inside a warp's rows (the warp falls back to
+    zero-filling copies) and the cache's pages padded apart with NaN rows (the map bounds a box by page_size, not by
+    the page stride): the same result as the contiguous cache."""
+    inputs = _inputs((1000, 3, 0, 301, 64, 129), heads, page_size)
+    out, lse = check(inputs, num_kv_splits=3)
+    q, cache, table, lens = inputs
+    padded = torch.full((cache.shape[0], page_size + 8, cache.shape[2]), float("nan"), dtype=cache.dtype,
+                        device="cuda")
+    padded[:, :page_size] = cache
+    out_padded, lse_padded = check((q, padded[:, :page_size], table, lens), num_kv_splits=3)
+    assert torch.equal(out_padded, out) and torch.equal(lse_padded, lse)
+    assert kernels == ["wgmma"] * 2
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_unchecked_metadata_is_masked_and_clamped(monkeypatch, heads, kernels):
     """With content checks off, a length past the table's capacity is clamped to it, and table entries within

@@ -3,8 +3,8 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
 ``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
-``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``, ``RING4_SELECTION``; ``layerprep``:
+(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``, ``tma``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
+``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``, ``RING4_SELECTION``, ``TMA_SELECTION``; ``layerprep``:
 ``LAYER_PREP_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
 """
 from __future__ import annotations
@@ -31,6 +31,9 @@ RING4_SELECTION = "tests/test_cuda_decode.py -k 'ring4'"
 every tile edge, 1-32 splits; bit-equality with the default config; absent keys, unaligned rows, a CUDA graph. Its
 own code is the ring's barriers: a broken one deadlocks (killed by MUTANT_TIMEOUT), gives wrong numbers, or launches
 another kernel (the fixture's record)."""
+TMA_SELECTION = "tests/test_cuda_decode.py -k 'tma_boxes or (odd_page_sizes and 48) or (deepseek and bf16-128-64-auto)'"
+"""The producer's TMA boxes (round r): pages 16 / 32 / 64 / 256 and pages padded apart, lengths ending inside a warp's
+16 rows, page 48 (no power of two: no TMA), 64 and 128 heads."""
 KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
@@ -402,15 +405,34 @@ MUTANTS += [
          why="the fused layer's decode runs the default WGMMA kernel for a ring4 plan (layer_decode kernel 1, not 3)"),
 ]
 
+TMA = "csrc/mla_decode_wgmma.cuh"
+# MUTANT_INDICES 72-75 (run.py ids cuda#73-76): the producer's TMA boxes (round r), killed by wrong numbers or NaN
+MUTANTS += [
+    dict(file=TMA, old="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, full);",
+         new="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page + 1, page, full);",
+         tests=[TMA_SELECTION], gpu=True, why="TMA: the warp's rows one row late (the last one past its page: zeros)"),
+    dict(file=TMA, old="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, full);",
+         new="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 64, kv_map, 64 * c, in_page, page, full);",
+         tests=[TMA_SELECTION], gpu=True, why="TMA: warp w's rows land at row 8w (warps overwrite each other's rows)"),
+    dict(file=TMA, old="  if (!__all_sync(0xffffffffu, lane >= 16 || my_off >= 0)) return false;",
+         new="  if (!__all_sync(0xffffffffu, lane >= 1 || my_off >= 0)) return false;",
+         tests=[TMA_SELECTION], gpu=True,
+         why="TMA: only the warp's first row checked (rows past the length or on absent pages read: NaN)"),
+    dict(file=TMA, old="  if (p.cache_fp8 || p.page_shift < 0 || p.page_size < 16",
+         new="  if (p.cache_fp8 || p.page_size < 16", tests=[TMA_SELECTION], gpu=True,
+         why="TMA maps a page size that is no power of two (48: the in-page row by a mask is wrong)"),
+]
+
 if __name__ == "__main__":
     import os
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm / layerprep / ring4: judge with WGMMA_SELECTION /
-    # QDQ_SELECTION / FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION / LAYER_PREP_SELECTION / RING4_SELECTION
+    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm / layerprep / ring4 / tma: judge with WGMMA_SELECTION /
+    # QDQ_SELECTION / FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION / LAYER_PREP_SELECTION / RING4_SELECTION /
+    # TMA_SELECTION
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION, "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION,
               "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION,
-              "ring4": RING4_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
+              "ring4": RING4_SELECTION, "tma": TMA_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
     selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))

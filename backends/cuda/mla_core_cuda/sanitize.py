@@ -198,6 +198,7 @@ def _decode_main() -> bool:
     ok &= _case(128, 1, [0, 1, 33, 70], 3, "bf16", "wgmma")
     ok &= _case(64, 16, [31, 32, 100, 65], 32, "bf16", "wgmma", unaligned=True)
     ok &= _case(128, 64, [129, 64, 1, 300], 1, "bf16", "wgmma")
+    ok &= _case(64, 256, [1000, 3, 0, 301], 3, "bf16", "wgmma")  # the producer's TMA boxes, a page over 4 steps
     ok &= _case(20, 16, [1, 300, 0, 64], 2, "bf16", "wgmma")
     ok &= _case(128, 48, [1, 300, 0, 97], 3, "bf16", "wgmma")
     ok &= _case(1, 1, [70, 33], 5, "bf16", "wgmma", unaligned=True)
