@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLA_HOPPER_SM90A 1
@@ -175,6 +176,19 @@ inline EncodeTiledFn tma_encoder() {
     return reinterpret_cast<EncodeTiledFn>(f);
   }();
   return fn;
+}
+
+// A 3D tensor map of 16-bit elements `type` at `base` (dims innermost first; the strides of dims 1 and 2 in bytes)
+// with the 128-byte swizzle, so a box 64 elements wide lands as a slab (tma_slab); the map zeroed and false when the
+// encoder refuses. Host code.
+inline bool slab_tensor_map(CUtensorMap* m, EncodeTiledFn encode, CUtensorMapDataType type, const void* base,
+                            const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2], const cuuint32_t (&box)[3]) {
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const bool ok = encode(m, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  if (!ok) std::memset(m, 0, sizeof(*m));
+  return ok;
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over kCount threads: sync waits for the generation, arrive

@@ -48,7 +48,6 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -1593,11 +1592,12 @@ cudaError_t launch_km(const DecodeParams& p, cudaStream_t stream) {
 }
 
 // The cache as produce_rows_tma's map (16-bit elements as (576 columns, page_size rows, num_pages pages), boxes of
-// 64 x 16 x 1, 128-byte swizzle), or false, the map zeroed, and the producer copies every row with cp.async: a cache
-// of codes, a page size not a power of two >= 16, a base or stride not 16-byte aligned, no encoder, or its refusal.
-inline bool kv_tensor_map(const DecodeParams& p, CUtensorMap* map) {
+// 64 x 16 x 1, 128-byte swizzle), or false, the map zeroed, and the producer copies every row with cp.async: not
+// `wanted` (a producer that converts in place), a cache of codes, a page size not a power of two >= 16, a base or
+// stride not 16-byte aligned, no encoder, or its refusal.
+inline bool kv_tensor_map(const DecodeParams& p, bool wanted, CUtensorMap* map) {
   std::memset(map, 0, sizeof(*map));
-  if (p.cache_fp8 || p.page_shift < 0 || p.page_size < 16 || p.num_pages < 1 || p.num_pages > INT32_MAX ||
+  if (!wanted || p.cache_fp8 || p.page_shift < 0 || p.page_size < 16 || p.num_pages < 1 || p.num_pages > INT32_MAX ||
       reinterpret_cast<uintptr_t>(p.cache) % 16 != 0 || p.cache_stride_tok % 8 != 0 || p.cache_stride_page % 8 != 0)
     return false;
   const EncodeTiledFn encode = tma_encoder();
@@ -1606,12 +1606,8 @@ inline bool kv_tensor_map(const DecodeParams& p, CUtensorMap* map) {
                               static_cast<cuuint64_t>(p.num_pages)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.cache_stride_tok) * 2,
                                  static_cast<cuuint64_t>(p.cache_stride_page) * 2};
-  const cuuint32_t box[3] = {64, 16, 1}, element_strides[3] = {1, 1, 1};
-  const bool ok = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(p.cache), dims, strides, box,
-                         element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  if (!ok) std::memset(map, 0, sizeof(*map));
-  return ok;
+  const cuuint32_t box[3] = {64, 16, 1};
+  return slab_tensor_map(map, encode, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.cache, dims, strides, box);
 }
 
 template <typename T, int KF, int PF>
@@ -1629,7 +1625,7 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
   CUtensorMap kv_map;
-  const bool kv_tma = kv_tensor_map(p, &kv_map);  // used where KF = kNoQuant (the other producers convert in place)
+  const bool kv_tma = kv_tensor_map(p, KF == kNoQuant, &kv_map);
   decode_wgmma_kernel<T, KF, PF><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p, kv_map, kv_tma);
   return cudaGetLastError();
 }
@@ -1649,7 +1645,7 @@ cudaError_t launch_ring4(const DecodeParams& p, cudaStream_t stream) {
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
   CUtensorMap kv_map;
-  const bool kv_tma = kv_tensor_map(p, &kv_map);
+  const bool kv_tma = kv_tensor_map(p, true, &kv_map);
   decode_wgmma_ring4_kernel<T><<<static_cast<unsigned>(ctas), kThreads, kSmemBytesRing, stream>>>(p, kv_map, kv_tma);
   return cudaGetLastError();
 }

@@ -9,7 +9,6 @@
 #include "mla_prefill.h"
 #include "mla_prefill_common.cuh"
 
-
 #include <cstdint>
 #include <cstring>
 
@@ -87,10 +86,8 @@ bool slab_map(CUtensorMap* m, EncodeTiledFn encode, const uint16_t* x, int64_t r
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_h) * 2, static_cast<cuuint64_t>(stride_t) * 2};
-  const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
-  return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(x), dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const cuuint32_t box[3] = {64, 1, 64};
+  return slab_tensor_map(m, encode, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, dims, strides, box);
 }
 
 // The three tensor maps of a prefill call (Q, K, V as 64-row slabs); false when the encoder refuses one.

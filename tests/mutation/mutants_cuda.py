@@ -418,8 +418,8 @@ MUTANTS += [
          new="  if (!__all_sync(0xffffffffu, lane >= 1 || my_off >= 0)) return false;",
          tests=[TMA_SELECTION], gpu=True,
          why="TMA: only the warp's first row checked (rows past the length or on absent pages read: NaN)"),
-    dict(file=TMA, old="  if (p.cache_fp8 || p.page_shift < 0 || p.page_size < 16",
-         new="  if (p.cache_fp8 || p.page_size < 16", tests=[TMA_SELECTION], gpu=True,
+    dict(file=TMA, old="  if (!wanted || p.cache_fp8 || p.page_shift < 0 || p.page_size < 16",
+         new="  if (!wanted || p.cache_fp8 || p.page_size < 16", tests=[TMA_SELECTION], gpu=True,
          why="TMA maps a page size that is no power of two (48: the in-page row by a mask is wrong)"),
 ]
 

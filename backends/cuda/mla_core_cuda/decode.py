@@ -60,7 +60,9 @@ RING4 = {"kernel": "ring4"}
 """The WGMMA kernel's schedule Q1 on a ring of four 32-key slots (decode_wgmma_ring4_kernel): each 64-key stage's two
 key halves filled and released on their own, so a half is refilled once both warpgroups' P V of it completed. The
 same instructions in the same order as the default: bit-equal to it; one CTA per SM. Measured 0.964-0.995x the
-default's time at 64 heads, 0.987-1.001x at 128 (benchmarks/NOTES.md, the ring4 port's section, round q's result)."""
+default's time at 64 heads, 0.987-1.001x at 128 with the cp.async producer (round q); since both load by TMA,
+0.995-1.002x at 64 heads and 1.03-1.04x at 128 (round r): listed for the tuner, which times it per shape
+(benchmarks/NOTES.md)."""
 _WGMMA_DTYPES = frozenset({"bfloat16", "float16"})
 FP8_CACHE = "float8_e4m3fn"
 
@@ -100,8 +102,8 @@ def keys_m_covers(problem) -> bool:
 
 def ring4_covers(problem) -> bool:
     """Whether the four-slot ring config (ring4) is listed for ``problem``: :func:`_unquantized_16bit` at least 64
-    heads (where it was measured no slower than the default: 0.964-1.001x at 64 and 128 heads; not measured at 16,
-    so not listed there; the kernel itself runs any head count)."""
+    heads (where it was measured within 0.96-1.04x of the default's time, :data:`RING4`; not measured at 16, so not
+    listed there; the kernel itself runs any head count)."""
     return problem["heads"] >= 64 and _unquantized_16bit(problem)
 
 
@@ -168,8 +170,7 @@ def _plan(call: DecodeCall, config: dict, key: tuple) -> tuple:
     """(entry, partial sizes or None, the entry's arguments after the partial buffers, layer_decode's (kernel,
     head_tiles, warps)) of ``call``, cached under ``key`` (everything read here, built in :func:`run`): the extension
     function, the split count, the scale products, the formats, for keys-as-M / ring4 its flags, and for mma.sync its
-    CTA shape. Raises ValueError for a CTA
-    shape not built (nothing is cached then)."""
+    CTA shape. Raises ValueError for a CTA shape not built (nothing is cached then)."""
     batch, heads, _ = call.q.shape
     quant = _quant_args(call)
     config = _kernel_config(call, config, quant)
