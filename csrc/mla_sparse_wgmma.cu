@@ -136,26 +136,27 @@ __device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, int64_t
   if (lane < 16) valid[16 * pw + lane] = off >= 0;
   const int q = lane & 3, row = 16 * pw + (lane >> 2);
   const int64_t off_a = __shfl_sync(0xffffffffu, off, lane >> 2), off_b = __shfl_sync(0xffffffffu, off, (lane >> 2) + 8);
-  const uint8_t* row_a = off_a >= 0 ? p.cache + off_a : p.cache;
-  const uint8_t* row_b = off_b >= 0 ? p.cache + off_b : p.cache;
-  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;  // 0: zero-filled, nothing read
-  const auto at = [](const uint8_t* r, uint32_t n, int byte) { return n ? r + byte : r; };
+  // A slot that is not a key copies 0 bytes (zero-filled, nothing read) from the cache's base: one select a row, the
+  // chunks' offsets then immediates of the copies.
+  const uint8_t* row_a = p.cache + (off_a >= 0 ? off_a : 0) + 16 * q;
+  const uint8_t* row_b = p.cache + (off_b >= 0 ? off_b : 0) + 16 * q;
+  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;
   uint8_t* dst = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * row + 16 * q;
 #pragma unroll
   for (int k = 0; k < (kDs ? 8 : 9); ++k) {  // chunk 4k + q of the row: bytes 64 k + 16 q
-    cp_async16(dst + kCodeBlock * k, at(row_a, n_a, 64 * k + 16 * q), n_a);
-    cp_async16(dst + kCodeBlock * k + 64 * 8, at(row_b, n_b, 64 * k + 16 * q), n_b);
+    cp_async16(dst + kCodeBlock * k, row_a + 64 * k, n_a);
+    cp_async16(dst + kCodeBlock * k + 64 * 8, row_b + 64 * k, n_b);
   }
   if constexpr (kDs) {
     uint8_t* rope = stage + 8 * kSlab;
 #pragma unroll
-    for (int c = 2 * q; c < 2 * q + 2; ++c) {
-      cp_async16(rope + slab_off(row, 16 * c) , at(row_a, n_a, kDsRope + 16 * c), n_a);
-      cp_async16(rope + slab_off(row + 8, 16 * c), at(row_b, n_b, kDsRope + 16 * c), n_b);
+    for (int c = 2 * q; c < 2 * q + 2; ++c) {  // RoPE chunk c (row_a, row_b are 16 q bytes into their rows)
+      cp_async16(rope + slab_off(row, 16 * c), row_a + kDsRope + 16 * (c - q), n_a);
+      cp_async16(rope + slab_off(row + 8, 16 * c), row_b + kDsRope + 16 * (c - q), n_b);
     }
     if (q < 2) {
       const int r = row + 8 * q;
-      cp_async16(scales + 16 * r, q ? at(row_b, n_b, kDsScales) : at(row_a, n_a, kDsScales), q ? n_b : n_a);
+      cp_async16(scales + 16 * r, (q ? row_b : row_a) + kDsScales - 16 * q, q ? n_b : n_a);
     }
   }
   cp_async_commit();
