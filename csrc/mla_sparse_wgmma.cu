@@ -115,17 +115,19 @@ template <bool kDs>
 using Elem = std::conditional_t<kDs, __nv_bfloat16, __half>;
 using MmaDs = Wgmma<Elem<true>>;  // fp8_ds_mla's own products (s_rs, s_half per block, pv128_rs)
 
-// The byte offset of slot `slot`'s cache row, or -1 when the slot is not a key: at or past `end`, index < 0 or
-// >= the cache's row count.
-template <bool kDs>
-__device__ __forceinline__ int64_t slot_offset(const SparseDecodeParams& p, const int32_t* idx, int slot, int end) {
+// The cache row slot `slot` names, or -1 at or past `end` (not read there).
+__device__ __forceinline__ int32_t slot_index(const int32_t* idx, int slot, int end) {
   if (slot >= end) return -1;
-  const int64_t row = idx[slot];
+  return idx[slot];
+}
+// The byte offset of cache row `row`, or -1 when it is not a key: < 0 or >= the cache's row count.
+template <bool kDs>
+__device__ __forceinline__ int64_t row_offset(const SparseDecodeParams& p, int64_t row) {
   return row >= 0 && row < p.rows ? row * kRowBytes<kDs> : -1;
 }
 
 // Producer warp pw (lane l): the tile's rows 16 pw .. 16 pw + 15 by cp.async into the stage's code blocks, one
-// group committed; `off` (lanes 0-15: row 16 pw + l's offset from slot_offset) also gives the stage's flags. Lane l
+// group committed; `off` (lanes 0-15: row 16 pw + l's offset from row_offset) also gives the stage's flags. Lane l
 // copies chunk l % 4 of every block for rows 16 pw + l / 4 and 16 pw + l / 4 + 8 (conflict-free 16-byte stores).
 // fp8_ds_mla (kDs): 8 code blocks at kCodeOffDs; lane l also copies RoPE chunks 2 (l % 4) and 2 (l % 4) + 1 of
 // both rows straight into slab 8 (bf16, swizzled as the slab) and, for l % 4 < 2, the scales of row a (0) or b (1)
@@ -402,14 +404,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     setmaxnreg_dec<kProducerRegs>();
     const int pw = warp - 8;
     const int32_t* idx = p.indices + tok * p.top_k;
-    // Lane l < 16: the offset of row 16 pw + l of the next tile, looked up while this tile's copies fly.
-    int64_t off = lane < 16 ? slot_offset<kDs>(p, idx, start + 16 * pw + lane, end) : -1;
+    // Lane l < 16 (row 16 pw + l of a tile): `off` the row offset of tile i, `next` the index of tile i + 1, read a
+    // tile ahead of its use so the load's latency stays off the producer's chain.
+    const int slot0 = start + 16 * pw + lane;
+    int64_t off = lane < 16 ? row_offset<kDs>(p, slot_index(idx, slot0, end)) : -1;
+    int32_t next = lane < 16 ? slot_index(idx, slot0 + kKeys, end) : -1;
     for (int i = 0; i < ntiles; ++i) {
       const int s = i & 1;
       uint8_t* stage = sk0 + s * kTileBytes;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
       gather_tile<kDs>(p, off, stage, sval + kKeys * s, sscale + 16 * kKeys * s, pw, lane);
-      off = i + 1 < ntiles && lane < 16 ? slot_offset<kDs>(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end) : -1;
+      off = lane < 16 ? row_offset<kDs>(p, next) : -1;
+      next = lane < 16 ? slot_index(idx, slot0 + (i + 2) * kKeys, end) : -1;
       cp_async_wait_all();
       nb_sync<kProducerThreads>(kBarProd);  // every producer thread's copies landed and visible
       convert_in_place<kDs>(stage, tid - kConsumerThreads);

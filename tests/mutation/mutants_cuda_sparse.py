@@ -63,10 +63,10 @@ MUTANTS = [
          tests=[SELECTION], gpu=True,
          why="flag ignored by the producer: a zero-filled slot (-1, past the length or the cache) scores 0, a key"),
     dict(file="csrc/mla_sparse_wgmma.cu",
-         old="slot_offset<kDs>(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end)",
-         new="slot_offset<kDs>(p, idx, start + i * kKeys + 16 * pw + lane, end)",
+         old="slot_index(idx, slot0 + (i + 2) * kKeys, end)",
+         new="slot_index(idx, slot0 + (i + 1) * kKeys, end)",
          tests=[SELECTION], gpu=True,
-         why="next tile's lookup at the current tile: every tile after the first gathers its predecessor's rows"),
+         why="the index prefetch one tile short: every tile after the second gathers its predecessor's rows"),
     # fp8_ds_mla (656-byte rows): scales, RoPE, Q's RoPE fragments, P times the block scale (ds=True)
     dict(file="csrc/mla_sparse_wgmma.cu",
          old="    s[n] = fmaf(scales[4 * key + j], acc[n], s[n]);",
