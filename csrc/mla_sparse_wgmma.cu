@@ -11,9 +11,9 @@
 //     by cp.async through the index list into the upper half of the freed stage (bytes 36,864..73,727, free
 //     until converted) as 9 code blocks: block k = code chunks 4k..4k+3 of every row, 4,096 B at kCodeOff +
 //     4,096 k, row r at 64 r. A slot past the split's end, with index < 0 or >= rows, is zero-filled, never read,
-//     and flagged invalid. The next tile's indices are read while a tile's copies fly. It then converts the tile
-//     in place into the slab layout as f16 (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is an
-//     f16, one cvt.rn.f16x2.e4m3x2 per code pair):
+//     and flagged invalid. Tile i's indices are read while tile i - 1's copies fly. It then converts the tile in
+//     place into the slab layout as f16 (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is an f16,
+//     one cvt.rn.f16x2.e4m3x2 per code pair):
 //     slabs 0-3 lie below the codes, slab 4 overlaps block 0, slab 5 blocks 1-2, slab 6 blocks 3-4, slab 7
 //     blocks 5-6, slab 8 blocks 7-8. So every producer thread reads block 4 before a PROD barrier that precedes
 //     the stores of slab 4 (blocks 0-4 then read by all: slabs 4-6 are safe), and blocks 7 and 8 before a PROD

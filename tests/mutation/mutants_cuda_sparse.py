@@ -119,6 +119,28 @@ MUTANTS = [
          new="        p_fragments<__nv_bfloat16>(sc, a[0]);\n        store_p(sp, a[0], row_lo, 32, t);",
          tests=[SELECTION], gpu=True,
          why="P1 rounded to bf16 bits while P V reads f16 (warpgroup 1's half of every tile)"),
+    # round (s): the producer's row bases (one select a row, chunk offsets as immediates) and its index prefetch
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="  int32_t next = lane < 16 ? slot_index(idx, slot0 + kKeys, end) : -1;",
+         new="  int32_t next = lane < 16 ? slot_index(idx, slot0, end) : -1;",
+         tests=[SELECTION], gpu=True,
+         why="the first prefetch at tile 0: tile 1 gathers tile 0's rows again"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;",
+         new="  const uint32_t n_a = 16u, n_b = off_b >= 0 ? 16u : 0u;",
+         tests=[SELECTION], gpu=True,
+         why="no zero fill for a slot that is not a key (rows a): it copies the cache's first row (NaN codes where no "
+             "valid slot names it), and 0 * NaN in P V"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="row_a + kDsRope + 16 * (c - q), n_a);",
+         new="row_a + kDsRope + 16 * c, n_a);",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="RoPE source of rows a not corrected for the lane's 16 q bytes: chunks 1-3 of the quad read 16 q too far"),
+    dict(file="csrc/mla_sparse_wgmma.cu",
+         old="(q ? row_b : row_a) + kDsScales - 16 * q",
+         new="(q ? row_b : row_a) + kDsScales",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="rows b's scales read 16 bytes late (from the RoPE values)"),
 ]
 
 
