@@ -141,6 +141,11 @@ MUTANTS = [
          new="(q ? row_b : row_a) + kDsScales",
          tests=[DS_SELECTION], gpu=True, ds=True,
          why="rows b's scales read 16 bytes late (from the RoPE values)"),
+    dict(file="csrc/hopper.cuh",
+         old="  lo = bf16x2_bits(a.x, a.y);",
+         new="  lo = bf16x2_bits(a.y, a.x);",
+         tests=[DS_SELECTION], gpu=True, ds=True,
+         why="the bf16 widening swaps codes 0 and 1 of every 4 (fp8_ds_mla keys and values)"),
 ]
 
 
