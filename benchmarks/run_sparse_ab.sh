@@ -12,6 +12,8 @@
 #   mkdir -p benchmarks/ab_base && git archive main csrc | tar -x -C benchmarks/ab_base   # untracked: travels
 #   MLA_COMMIT=<hash> A_SRC=benchmarks/ab_base/csrc bash benchmarks/run_sparse_ab.sh   (the device command)
 # Logs and JSON in $OUT. AB_TESTS: a pytest -k selection (default: the whole file; "not ds_mla": 576-byte rows only).
+# MEMCHECK=1: then, if >= 25 s of CALL_LIMIT are left, compute-sanitizer memcheck of B's sparse cases
+# (mla_core_cuda.sanitize sparse, both row layouts; log memcheck.log).
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -47,3 +49,8 @@ stamp tests
 OUT=$LOGS timeout "${BENCH_TIMEOUT:-45}" python3 benchmarks/bench_sparse_ab.py --src-a "$A_SRC" --cache-a "$CACHE_A" \
   --src-b "$PWD/csrc" --cache-b "$CACHE_B" ${AB_ARGS---q-lens 1 --bitequal fp8_ds_mla} 2>&1 | tee "$LOGS/ab_bench.log" | tail -22
 stamp bench
+if [ "${MEMCHECK:-0}" = 1 ] && [ "$(left)" -ge 25 ]; then
+  MLA_CORE_CACHE_DIR=$CACHE_B timeout "$(cap 60)" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python3 -m mla_core_cuda.sanitize sparse 2>&1 | tee "$LOGS/memcheck.log" | tail -4
+  stamp "memcheck (rc ${PIPESTATUS[0]})"
+fi

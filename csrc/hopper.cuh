@@ -10,6 +10,7 @@
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the driver at run time (no -lcuda)
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -202,20 +203,26 @@ __device__ __forceinline__ void nb_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
 }
 
+// Two floats rounded to bf16 (nearest even) and packed, lo in the low half: a wgmma A-fragment register, or two
+// adjacent bf16 outputs stored at once.
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // Four E4M3 codes (bytes of w, lowest first) as bf16 pairs lo = (code 0, code 1), hi = (code 2, code 3), exactly:
-// the hardware converts code pairs to f16 (every E4M3 value is an f16 normal or zero); an f16 magnitude shifted
-// right by 3 has the same exponent field as a bf16 and E4M3's 3 mantissa bits on top, so it reads as the bf16 of
-// 2^-112 times the value, and one bf16x2 multiply by 2^112 (exact for these normal values) restores it. Zero
-// stays zero. (NaN codes are never converted: no valid row holds one in a finite cache, and masked rows are zeros.)
+// the hardware converts code pairs to f16 (every E4M3 value is an f16 normal or zero), each f16 widens to float32
+// and packs to bf16 unchanged (at most 4 significant bits, exponents -9..8; a zero keeps its sign): per code pair
+// one conversion, two widenings, one pack. (NaN codes are never converted: no valid row holds one in a finite
+// cache, and masked rows are zeros.)
 __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
   uint32_t f0, f1;
   asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
       : "=r"(f0), "=r"(f1) : "r"(w));
-  const uint32_t s0 = ((f0 >> 3) & 0x0FFF0FFFu) | (f0 & 0x80008000u);
-  const uint32_t s1 = ((f1 >> 3) & 0x0FFF0FFFu) | (f1 & 0x80008000u);
-  constexpr uint32_t kTwo112 = 0x77807780u;  // bf16x2 (2^112, 2^112)
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(s0), "r"(kTwo112));
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(s1), "r"(kTwo112));
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&f0));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&f1));
+  lo = bf16x2_bits(a.x, a.y);
+  hi = bf16x2_bits(b.x, b.y);
 }
 // 16 codes as 32 bytes of bf16.
 __device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4& hi) {
@@ -226,8 +233,7 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4
 }
 
 // 16 codes as 32 bytes of f16, exactly (every E4M3 value is an f16 normal or zero): one hardware conversion per
-// code pair, lo = codes 0-7, hi = codes 8-15 (8 conversions against e4m3x16_to_bf16's 8 + 8 shift / mask / or +
-// 8 bf16x2 multiplies).
+// code pair, lo = codes 0-7, hi = codes 8-15 (8 conversions against e4m3x16_to_bf16's 8 + 16 widenings + 8 packs).
 __device__ __forceinline__ void e4m3x16_to_f16(const uint4& w, uint4& lo, uint4& hi) {
   const uint32_t in[4] = {w.x, w.y, w.z, w.w};
   uint32_t out[8];
@@ -239,9 +245,3 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4& w, uint4& lo, uint4&
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// Two floats rounded to bf16 (nearest even) and packed, lo in the low half: a wgmma A-fragment register, or two
-// adjacent bf16 outputs stored at once.
-__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // nearest even, lo in the low half
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}

@@ -11,9 +11,9 @@
 //     by cp.async through the index list into the upper half of the freed stage (bytes 36,864..73,727, free
 //     until converted) as 9 code blocks: block k = code chunks 4k..4k+3 of every row, 4,096 B at kCodeOff +
 //     4,096 k, row r at 64 r. A slot past the split's end, with index < 0 or >= rows, is zero-filled, never read,
-//     and flagged invalid. The next tile's indices are read while a tile's copies fly. It then converts the tile
-//     in place into the slab layout as f16 (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is an
-//     f16, one cvt.rn.f16x2.e4m3x2 per code pair):
+//     and flagged invalid. Tile i's indices are read while tile i - 1's copies fly. It then converts the tile in
+//     place into the slab layout as f16 (block k -> slab k, bytes 8,192 k..; exact: every E4M3 value is an f16,
+//     one cvt.rn.f16x2.e4m3x2 per code pair):
 //     slabs 0-3 lie below the codes, slab 4 overlaps block 0, slab 5 blocks 1-2, slab 6 blocks 3-4, slab 7
 //     blocks 5-6, slab 8 blocks 7-8. So every producer thread reads block 4 before a PROD barrier that precedes
 //     the stores of slab 4 (blocks 0-4 then read by all: slabs 4-6 are safe), and blocks 7 and 8 before a PROD
@@ -115,17 +115,19 @@ template <bool kDs>
 using Elem = std::conditional_t<kDs, __nv_bfloat16, __half>;
 using MmaDs = Wgmma<Elem<true>>;  // fp8_ds_mla's own products (s_rs, s_half per block, pv128_rs)
 
-// The byte offset of slot `slot`'s cache row, or -1 when the slot is not a key: at or past `end`, index < 0 or
-// >= the cache's row count.
-template <bool kDs>
-__device__ __forceinline__ int64_t slot_offset(const SparseDecodeParams& p, const int32_t* idx, int slot, int end) {
+// The cache row slot `slot` names, or -1 at or past `end` (not read there).
+__device__ __forceinline__ int32_t slot_index(const int32_t* idx, int slot, int end) {
   if (slot >= end) return -1;
-  const int64_t row = idx[slot];
+  return idx[slot];
+}
+// The byte offset of cache row `row`, or -1 when it is not a key: < 0 or >= the cache's row count.
+template <bool kDs>
+__device__ __forceinline__ int64_t row_offset(const SparseDecodeParams& p, int64_t row) {
   return row >= 0 && row < p.rows ? row * kRowBytes<kDs> : -1;
 }
 
 // Producer warp pw (lane l): the tile's rows 16 pw .. 16 pw + 15 by cp.async into the stage's code blocks, one
-// group committed; `off` (lanes 0-15: row 16 pw + l's offset from slot_offset) also gives the stage's flags. Lane l
+// group committed; `off` (lanes 0-15: row 16 pw + l's offset from row_offset) also gives the stage's flags. Lane l
 // copies chunk l % 4 of every block for rows 16 pw + l / 4 and 16 pw + l / 4 + 8 (conflict-free 16-byte stores).
 // fp8_ds_mla (kDs): 8 code blocks at kCodeOffDs; lane l also copies RoPE chunks 2 (l % 4) and 2 (l % 4) + 1 of
 // both rows straight into slab 8 (bf16, swizzled as the slab) and, for l % 4 < 2, the scales of row a (0) or b (1)
@@ -136,26 +138,27 @@ __device__ __forceinline__ void gather_tile(const SparseDecodeParams& p, int64_t
   if (lane < 16) valid[16 * pw + lane] = off >= 0;
   const int q = lane & 3, row = 16 * pw + (lane >> 2);
   const int64_t off_a = __shfl_sync(0xffffffffu, off, lane >> 2), off_b = __shfl_sync(0xffffffffu, off, (lane >> 2) + 8);
-  const uint8_t* row_a = off_a >= 0 ? p.cache + off_a : p.cache;
-  const uint8_t* row_b = off_b >= 0 ? p.cache + off_b : p.cache;
-  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;  // 0: zero-filled, nothing read
-  const auto at = [](const uint8_t* r, uint32_t n, int byte) { return n ? r + byte : r; };
+  // A slot that is not a key copies 0 bytes (zero-filled, nothing read) from the cache's base: one select a row, the
+  // chunks' offsets then immediates of the copies.
+  const uint8_t* row_a = p.cache + (off_a >= 0 ? off_a : 0) + 16 * q;
+  const uint8_t* row_b = p.cache + (off_b >= 0 ? off_b : 0) + 16 * q;
+  const uint32_t n_a = off_a >= 0 ? 16u : 0u, n_b = off_b >= 0 ? 16u : 0u;
   uint8_t* dst = stage + (kDs ? kCodeOffDs : kCodeOff) + 64 * row + 16 * q;
 #pragma unroll
   for (int k = 0; k < (kDs ? 8 : 9); ++k) {  // chunk 4k + q of the row: bytes 64 k + 16 q
-    cp_async16(dst + kCodeBlock * k, at(row_a, n_a, 64 * k + 16 * q), n_a);
-    cp_async16(dst + kCodeBlock * k + 64 * 8, at(row_b, n_b, 64 * k + 16 * q), n_b);
+    cp_async16(dst + kCodeBlock * k, row_a + 64 * k, n_a);
+    cp_async16(dst + kCodeBlock * k + 64 * 8, row_b + 64 * k, n_b);
   }
   if constexpr (kDs) {
     uint8_t* rope = stage + 8 * kSlab;
 #pragma unroll
-    for (int c = 2 * q; c < 2 * q + 2; ++c) {
-      cp_async16(rope + slab_off(row, 16 * c) , at(row_a, n_a, kDsRope + 16 * c), n_a);
-      cp_async16(rope + slab_off(row + 8, 16 * c), at(row_b, n_b, kDsRope + 16 * c), n_b);
+    for (int c = 2 * q; c < 2 * q + 2; ++c) {  // RoPE chunk c (row_a, row_b are 16 q bytes into their rows)
+      cp_async16(rope + slab_off(row, 16 * c), row_a + kDsRope + 16 * (c - q), n_a);
+      cp_async16(rope + slab_off(row + 8, 16 * c), row_b + kDsRope + 16 * (c - q), n_b);
     }
     if (q < 2) {
       const int r = row + 8 * q;
-      cp_async16(scales + 16 * r, q ? at(row_b, n_b, kDsScales) : at(row_a, n_a, kDsScales), q ? n_b : n_a);
+      cp_async16(scales + 16 * r, (q ? row_b : row_a) + kDsScales - 16 * q, q ? n_b : n_a);
     }
   }
   cp_async_commit();
@@ -401,14 +404,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const Sparse
     setmaxnreg_dec<kProducerRegs>();
     const int pw = warp - 8;
     const int32_t* idx = p.indices + tok * p.top_k;
-    // Lane l < 16: the offset of row 16 pw + l of the next tile, looked up while this tile's copies fly.
-    int64_t off = lane < 16 ? slot_offset<kDs>(p, idx, start + 16 * pw + lane, end) : -1;
+    // Lane l < 16 (row 16 pw + l of a tile): `off` the row offset of tile i, `next` the index of tile i + 1, read a
+    // tile ahead of its use so the load's latency stays off the producer's chain.
+    const int slot0 = start + 16 * pw + lane;
+    int64_t off = lane < 16 ? row_offset<kDs>(p, slot_index(idx, slot0, end)) : -1;
+    int32_t next = lane < 16 ? slot_index(idx, slot0 + kKeys, end) : -1;
     for (int i = 0; i < ntiles; ++i) {
       const int s = i & 1;
       uint8_t* stage = sk0 + s * kTileBytes;
       if (i >= 2) mbar_wait(&empty[s], ((i - 2) >> 1) & 1);
       gather_tile<kDs>(p, off, stage, sval + kKeys * s, sscale + 16 * kKeys * s, pw, lane);
-      off = i + 1 < ntiles && lane < 16 ? slot_offset<kDs>(p, idx, start + (i + 1) * kKeys + 16 * pw + lane, end) : -1;
+      off = lane < 16 ? row_offset<kDs>(p, next) : -1;
+      next = lane < 16 ? slot_index(idx, slot0 + (i + 2) * kKeys, end) : -1;
       cp_async_wait_all();
       nb_sync<kProducerThreads>(kBarProd);  // every producer thread's copies landed and visible
       convert_in_place<kDs>(stage, tid - kConsumerThreads);
