@@ -210,19 +210,24 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {  // neares
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Four E4M3 codes (bytes of w, lowest first) as f16 pairs lo = (code 0, code 1), hi = (code 2, code 3), exactly
+// (every E4M3 value is an f16 normal or zero; NaN stays NaN): the hardware's code-pair conversion, twice.
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(lo), "=r"(hi) : "r"(w));
+}
 // Four E4M3 codes (bytes of w, lowest first) as bf16 pairs lo = (code 0, code 1), hi = (code 2, code 3), exactly:
-// the hardware converts code pairs to f16 (every E4M3 value is an f16 normal or zero), each f16 widens to float32
-// and packs to bf16 unchanged (at most 4 significant bits, exponents -9..8; a zero keeps its sign): per code pair
-// one conversion, two widenings, one pack. (NaN codes are never converted: no valid row holds one in a finite
-// cache, and masked rows are zeros.)
+// e4m3x4_to_f16, then each f16 widens exactly to float32, and the upper halves of two such floats are the bf16
+// pair (an E4M3 value has 3 significant mantissa bits, so the lower halves are zero). Per code pair: one
+// conversion, two widenings, one byte permute. The one definition of E4M3 -> bf16 (the decode's FP8 cache, the
+// sparse kernel's 656-byte rows).
 __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
   uint32_t f0, f1;
-  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-      : "=r"(f0), "=r"(f1) : "r"(w));
+  e4m3x4_to_f16(w, f0, f1);
   const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&f0));
   const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&f1));
-  lo = bf16x2_bits(a.x, a.y);
-  hi = bf16x2_bits(b.x, b.y);
+  lo = __byte_perm(__float_as_uint(a.x), __float_as_uint(a.y), 0x7632);
+  hi = __byte_perm(__float_as_uint(b.x), __float_as_uint(b.y), 0x7632);
 }
 // 16 codes as 32 bytes of bf16.
 __device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4& hi) {
@@ -232,16 +237,12 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4& w, uint4& lo, uint4
   e4m3x4_to_bf16(w.w, hi.z, hi.w);
 }
 
-// 16 codes as 32 bytes of f16, exactly (every E4M3 value is an f16 normal or zero): one hardware conversion per
-// code pair, lo = codes 0-7, hi = codes 8-15 (8 conversions against e4m3x16_to_bf16's 8 + 16 widenings + 8 packs).
+// 16 codes as 32 bytes of f16, exactly: lo = codes 0-7, hi = codes 8-15 (8 conversions against
+// e4m3x16_to_bf16's 8 + 16 widenings + 8 byte permutes).
 __device__ __forceinline__ void e4m3x16_to_f16(const uint4& w, uint4& lo, uint4& hi) {
-  const uint32_t in[4] = {w.x, w.y, w.z, w.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-        : "=r"(out[2 * i]), "=r"(out[2 * i + 1]) : "r"(in[i]));
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
+  e4m3x4_to_f16(w.x, lo.x, lo.y);
+  e4m3x4_to_f16(w.y, lo.z, lo.w);
+  e4m3x4_to_f16(w.z, hi.x, hi.y);
+  e4m3x4_to_f16(w.w, hi.z, hi.w);
 }
 

@@ -229,23 +229,14 @@ __device__ __forceinline__ void produce_codes(const DecodeParams& p, int64_t my_
   }
 }
 
-// Four E4M3 codes (bytes of w, lowest first) as two pairs of T, exactly (lo = codes 0, 1): the hardware converts a
-// code pair to an f16 pair (every E4M3 value is an f16 normal or zero; NaN stays NaN), stored as it is for fp16;
-// for bf16 each f16 widens exactly to float32 and the upper halves of the two are the bf16 pair (an E4M3 value
-// has 3 significant mantissa bits). Per 8 codes: 4 conversions (fp16), + 8 widenings and 4 byte permutes (bf16).
+// Four E4M3 codes (bytes of w, lowest first) as two pairs of T, exactly (lo = codes 0, 1): e4m3x4_to_f16 or
+// e4m3x4_to_bf16 (hopper.cuh). Per 8 codes: 4 conversions (fp16), + 8 widenings and 4 byte permutes (bf16).
 template <typename T>
 __device__ __forceinline__ void e4m3x4_to(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  uint32_t f0, f1;
-  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-      : "=r"(f0), "=r"(f1) : "r"(w));
   if constexpr (std::is_same_v<T, __half>) {
-    lo = f0;
-    hi = f1;
+    e4m3x4_to_f16(w, lo, hi);
   } else {
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&f0));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&f1));
-    lo = __byte_perm(__float_as_uint(a.x), __float_as_uint(a.y), 0x7632);
-    hi = __byte_perm(__float_as_uint(b.x), __float_as_uint(b.y), 0x7632);
+    e4m3x4_to_bf16(w, lo, hi);
   }
 }
 

@@ -142,8 +142,8 @@ MUTANTS = [
          tests=[DS_SELECTION], gpu=True, ds=True,
          why="rows b's scales read 16 bytes late (from the RoPE values)"),
     dict(file="csrc/hopper.cuh",
-         old="  lo = bf16x2_bits(a.x, a.y);",
-         new="  lo = bf16x2_bits(a.y, a.x);",
+         old="  lo = __byte_perm(__float_as_uint(a.x), __float_as_uint(a.y), 0x7632);",
+         new="  lo = __byte_perm(__float_as_uint(a.y), __float_as_uint(a.x), 0x7632);",
          tests=[DS_SELECTION], gpu=True, ds=True,
          why="the bf16 widening swaps codes 0 and 1 of every 4 (fp8_ds_mla keys and values)"),
 ]
