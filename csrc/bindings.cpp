@@ -81,11 +81,11 @@ mla_core_cuda::DecodeParams common_params(const at::Tensor& q, const at::Tensor&
   MLA_CHECK(q.is_cuda() && cache.is_cuda() && out.is_cuda(), "mla_core cuda decode: tensors must be on CUDA");
   MLA_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "q must be [batch, heads, 576], last dim contiguous");
   MLA_CHECK(cache.dim() == 3 && cache.size(2) == 576 && cache.stride(2) == 1,
-              "latent_cache must be [pages, page_size, 576], last dim contiguous");
+            "latent_cache must be [pages, page_size, 576], last dim contiguous");
   const bool cache_fp8 = cache.scalar_type() == at::kFloat8_e4m3fn;
   MLA_CHECK(cache_fp8 ? q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf
-                        : q.scalar_type() == cache.scalar_type(),
-              "q and latent_cache must share a dtype (an FP8 cache: q bfloat16 or float16)");
+                      : q.scalar_type() == cache.scalar_type(),
+            "q and latent_cache must share a dtype (an FP8 cache: q bfloat16 or float16)");
   MLA_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
   MLA_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..32");
   check_index(block_table, "block_table");
@@ -129,8 +129,8 @@ mla_core_cuda::DecodeParams common_params(const at::Tensor& q, const at::Tensor&
   if (num_splits > 1) {
     MLA_CHECK(part_o.has_value() && part_lse.has_value(), "part_o and part_lse are needed with num_splits > 1");
     MLA_CHECK(part_o->numel() >= static_cast<int64_t>(p.batch) * p.heads * num_splits * 512 &&
-                    part_lse->numel() >= static_cast<int64_t>(p.batch) * p.heads * num_splits,
-                "part_o / part_lse too small");
+                  part_lse->numel() >= static_cast<int64_t>(p.batch) * p.heads * num_splits,
+              "part_o / part_lse too small");
     p.part_o = part_o->data_ptr<float>();
     p.part_lse = part_lse->data_ptr<float>();
   }
@@ -162,7 +162,7 @@ void decode(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& bloc
             double qk_scale_log2, double out_scale, double k_scale, double v_scale, double p_scale, int64_t k_fmt,
             int64_t v_fmt, int64_t p_fmt, bool v_from_k, bool exact_div, int64_t head_tiles, int64_t warps) {
   MLA_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
-              "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
+            "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
   mla_core_cuda::DecodeParams p =
       common_params(q, cache, block_table, seq_lens, out, lse, part_o, part_lse, num_splits, qk_scale_log2);
   MLA_CHECK(!p.cache_fp8, "the mma.sync decode reads bfloat16 / float16 caches (an FP8 cache: decode_wgmma)");
@@ -190,10 +190,10 @@ void decode_wgmma(const at::Tensor& q, const at::Tensor& cache, const at::Tensor
   p.keys_m = keys_m;
   p.ring4 = ring4;
   MLA_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode needs bf16 or fp16 q and cache (or an FP8 "
-              "cache), K and V unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype,
-              ", cache_fp8 ", p.cache_fp8, ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, "); keys_m needs a bf16 / "
-              "fp16 cache, K, V and P unquantized and at most 16 heads (got heads ", p.heads, ", keys_m ", p.keys_m,
-              "); ring4 a bf16 / fp16 cache, K, V and P unquantized, not keys_m (ring4 ", p.ring4, ")");
+            "cache), K and V unquantized or FP8 with one scale and no exact division (got dtype ", p.dtype,
+            ", cache_fp8 ", p.cache_fp8, ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, "); keys_m needs a bf16 / "
+            "fp16 cache, K, V and P unquantized and at most 16 heads (got heads ", p.heads, ", keys_m ", p.keys_m,
+            "); ring4 a bf16 / fp16 cache, K, V and P unquantized, not keys_m (ring4 ", p.ring4, ")");
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_decode_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda decode (wgmma) launch failed: ", cudaGetErrorString(err));
@@ -209,32 +209,32 @@ void sparse_decode_wgmma(const at::Tensor& query, const at::Tensor& cache, const
                          int64_t num_splits, double scale_log2, double bmm2_scale) {
   const auto fp8 = at::kFloat8_e4m3fn;
   MLA_CHECK(query.is_cuda() && cache.is_cuda() && indices.is_cuda() && valid_lens.is_cuda() && out.is_cuda() &&
-                  lse.is_cuda(), "mla_core cuda sparse decode: tensors must be on CUDA");
+                lse.is_cuda(), "mla_core cuda sparse decode: tensors must be on CUDA");
   MLA_CHECK(cache.dim() == 2 && (cache.size(1) == 576 || cache.size(1) == 656) && cache.is_contiguous(),
-              "cache must be contiguous [rows, 576] or [rows, 656]");
+            "cache must be contiguous [rows, 576] or [rows, 656]");
   const bool ds_mla = cache.size(1) == 656;
   if (ds_mla) {
     MLA_CHECK(query.scalar_type() == at::kBFloat16 &&
-                    (cache.scalar_type() == at::kByte || cache.scalar_type() == fp8),
-                "656-byte rows need a bf16 query and a uint8 / float8_e4m3fn cache");
+                  (cache.scalar_type() == at::kByte || cache.scalar_type() == fp8),
+              "656-byte rows need a bf16 query and a uint8 / float8_e4m3fn cache");
   } else {
     MLA_CHECK(query.scalar_type() == fp8 && cache.scalar_type() == fp8, "query and cache must be float8_e4m3fn");
   }
   MLA_CHECK(query.dim() == 4 && query.size(3) == 576 && query.is_contiguous(),
-              "query must be contiguous [batch, q_len, heads, 576]");
+            "query must be contiguous [batch, q_len, heads, 576]");
   MLA_CHECK(reinterpret_cast<uintptr_t>(query.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0, "query and cache must be 16-byte aligned");
+                reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0, "query and cache must be 16-byte aligned");
   const int64_t batch = query.size(0), q_len = query.size(1), heads = query.size(2);
   MLA_CHECK(indices.scalar_type() == at::kInt && indices.is_contiguous() && indices.dim() == 3 &&
-                  indices.size(0) == batch && indices.size(1) == q_len,
-              "indices must be contiguous int32 [batch, q_len, top_k]");
+                indices.size(0) == batch && indices.size(1) == q_len,
+            "indices must be contiguous int32 [batch, q_len, top_k]");
   MLA_CHECK(valid_lens.scalar_type() == at::kInt && valid_lens.is_contiguous() && valid_lens.numel() == batch,
-              "valid_lens must be contiguous int32 [batch]");
+            "valid_lens must be contiguous int32 [batch]");
   MLA_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() &&
-                  out.numel() == batch * q_len * heads * 512 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
-              "out must be contiguous, 4-byte aligned bf16 [batch, q_len, heads, 512]");
+                out.numel() == batch * q_len * heads * 512 && reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
+            "out must be contiguous, 4-byte aligned bf16 [batch, q_len, heads, 512]");
   MLA_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == batch * q_len * heads,
-              "lse must be contiguous float32 with batch * q_len * heads elements");
+            "lse must be contiguous float32 with batch * q_len * heads elements");
   mla_core_cuda::SparseDecodeParams p{};
   p.query = static_cast<const uint8_t*>(query.data_ptr());
   p.cache = static_cast<const uint8_t*>(cache.data_ptr());
@@ -252,14 +252,14 @@ void sparse_decode_wgmma(const at::Tensor& query, const at::Tensor& cache, const
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.lse = lse.data_ptr<float>();
   MLA_CHECK(mla_core_cuda::sparse_decode_wgmma_supported(p),
-              "the WGMMA sparse decode needs heads a multiple of 64, top_k a multiple of 64 and 1..32 splits (got heads ",
-              heads, ", top_k ", p.top_k, ", splits ", num_splits, ")");
+            "the WGMMA sparse decode needs heads a multiple of 64, top_k a multiple of 64 and 1..32 splits (got heads ",
+            heads, ", top_k ", p.top_k, ", splits ", num_splits, ")");
   if (num_splits > 1) {
     MLA_CHECK(part_o.has_value() && part_lse.has_value() && part_o->scalar_type() == at::kFloat &&
-                    part_lse->scalar_type() == at::kFloat && part_o->is_contiguous() && part_lse->is_contiguous(),
-                "part_o and part_lse (contiguous float32) are needed with num_splits > 1");
+                  part_lse->scalar_type() == at::kFloat && part_o->is_contiguous() && part_lse->is_contiguous(),
+              "part_o and part_lse (contiguous float32) are needed with num_splits > 1");
     MLA_CHECK(part_o->numel() >= batch * q_len * heads * num_splits * 512 &&
-                    part_lse->numel() >= batch * q_len * heads * num_splits, "part_o / part_lse too small");
+                  part_lse->numel() >= batch * q_len * heads * num_splits, "part_o / part_lse too small");
     p.part_o = part_o->data_ptr<float>();
     p.part_lse = part_lse->data_ptr<float>();
   }
@@ -281,18 +281,18 @@ void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    int64_t q_fmt, double q_scale, double q_rscale, std::optional<at::Tensor> work_counter) {
   const auto bf16 = at::kBFloat16;
   MLA_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
-              "mla_core cuda prefill: tensors must be on CUDA");
+            "mla_core cuda prefill: tensors must be on CUDA");
   MLA_CHECK(q.scalar_type() == bf16 && k.scalar_type() == bf16 && v.scalar_type() == bf16 &&
-                  out.scalar_type() == bf16, "q, k, v and out must be bfloat16");
+                out.scalar_type() == bf16, "q, k, v and out must be bfloat16");
   MLA_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1, "q must be [total_q, heads, 192], last dim contiguous");
   MLA_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1, "k must be [total_k, kv_heads, 192], last dim contiguous");
   MLA_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
-              "v must be [total_k, kv_heads, 128], last dim contiguous");
+            "v must be [total_k, kv_heads, 128], last dim contiguous");
   MLA_CHECK(cu_q.scalar_type() == at::kInt && cu_k.scalar_type() == at::kInt && cu_q.is_contiguous() &&
-                  cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
-              "cu_q and cu_k must be contiguous int32 [batch + 1]");
+                cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
+            "cu_q and cu_k must be contiguous int32 [batch + 1]");
   MLA_CHECK(out.is_contiguous() && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 128,
-              "out must be contiguous [total_q, heads, 128]");
+            "out must be contiguous [total_q, heads, 128]");
   mla_core_cuda::PrefillParams p{};
   p.q = static_cast<const uint16_t*>(q.data_ptr());
   p.k = static_cast<const uint16_t*>(k.data_ptr());
@@ -324,19 +324,19 @@ void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   p.lse = nullptr;
   if (lse.has_value()) {
     MLA_CHECK(lse->is_cuda() && lse->scalar_type() == at::kFloat && lse->is_contiguous() &&
-                    lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
+                  lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
     p.lse = lse->data_ptr<float>();
   }
   p.work_counter = nullptr;
   if (work_counter.has_value()) {
     MLA_CHECK(work_counter->is_cuda() && work_counter->scalar_type() == at::kLong && work_counter->numel() == 1 &&
-                    work_counter->device() == q.device() && p_fmt == 0 && q_fmt == 0,
-                "work_counter (the persistent kernel, P and Q unquantized) must be one int64 on q's device");
+                  work_counter->device() == q.device() && p_fmt == 0 && q_fmt == 0,
+              "work_counter (the persistent kernel, P and Q unquantized) must be one int64 on q's device");
     p.work_counter = reinterpret_cast<unsigned long long*>(work_counter->data_ptr<int64_t>());
   }
   MLA_CHECK(mla_core_cuda::prefill_wgmma_supported(p),
-              "the WGMMA prefill needs heads a multiple of kv_heads, non-empty q and k, and data and token / head "
-              "strides 16-byte aligned (TMA); got strides q ", q.strides(), ", k ", k.strides(), ", v ", v.strides());
+            "the WGMMA prefill needs heads a multiple of kv_heads, non-empty q and k, and data and token / head "
+            "strides 16-byte aligned (TMA); got strides q ", q.strides(), ", k ", k.strides(), ", v ", v.strides());
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_prefill_wgmma(p, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda prefill launch failed: ", cudaGetErrorString(err));
@@ -348,15 +348,15 @@ void prefill_wgmma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 void fp8_codes_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs,
                     const std::vector<double>& scales, const std::vector<double>& rscales, bool exact_div) {
   MLA_CHECK(!xs.empty() && xs.size() <= 3 && outs.size() == xs.size() && scales.size() == xs.size() &&
-                  rscales.size() == xs.size(), "1 to 3 operands, one out, scale and rscale each");
+                rscales.size() == xs.size(), "1 to 3 operands, one out, scale and rscale each");
   mla_core_cuda::FP8CodesJobs jobs{};
   for (size_t j = 0; j < xs.size(); ++j) {
     const at::Tensor& x = xs[j];
     const at::Tensor& out = outs[j];
     MLA_CHECK(x.is_cuda() && out.is_cuda() && x.device() == xs[0].device() && out.device() == x.device() &&
-                    x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
-                    x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel() && x.numel() % 8 == 0,
-                "x and out must be contiguous bf16 CUDA tensors of one size, a multiple of 8, on one device");
+                  x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
+                  x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel() && x.numel() % 8 == 0,
+              "x and out must be contiguous bf16 CUDA tensors of one size, a multiple of 8, on one device");
     jobs.x[j] = static_cast<const uint16_t*>(x.data_ptr());
     jobs.out[j] = reinterpret_cast<uint16_t*>(out.data_ptr());
     jobs.n8[j] = x.numel() / 8;
@@ -366,7 +366,7 @@ void fp8_codes_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Ten
   const c10::cuda::CUDAGuard guard(xs[0].device());
   const cudaError_t err = mla_core_cuda::launch_fp8_codes_bf16(jobs, exact_div, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda fp8 codes launch failed (16-byte aligned operands needed): ",
-              cudaGetErrorString(err));
+            cudaGetErrorString(err));
 }
 
 // The nvfp4 recipe's pre-pass along features (mla_prefill_nvfp4.cu), one launch: outs[j] = bf16(e2m1(x / (c·g))·c)
@@ -376,16 +376,16 @@ void fp8_codes_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Ten
 void nvfp4_rows_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs,
                      const std::vector<double>& gs, bool exact_div) {
   MLA_CHECK(!xs.empty() && xs.size() <= 3 && outs.size() == xs.size() && gs.size() == xs.size(),
-              "1 to 3 operands, one out and g each");
+            "1 to 3 operands, one out and g each");
   mla_core_cuda::Nvfp4RowsJobs jobs{};
   for (size_t j = 0; j < xs.size(); ++j) {
     const at::Tensor& x = xs[j];
     const at::Tensor& out = outs[j];
     MLA_CHECK(x.is_cuda() && out.is_cuda() && x.device() == xs[0].device() && out.device() == x.device() &&
-                    x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 && x.dim() == 3 &&
-                    x.size(2) == 192 && x.stride(2) == 1 && out.is_contiguous() && out.sizes() == x.sizes(),
-                "x must be bf16 [rows, heads, 192] (last dim contiguous) and out contiguous bf16 of its shape, on one "
-                "CUDA device");
+                  x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 && x.dim() == 3 &&
+                  x.size(2) == 192 && x.stride(2) == 1 && out.is_contiguous() && out.sizes() == x.sizes(),
+              "x must be bf16 [rows, heads, 192] (last dim contiguous) and out contiguous bf16 of its shape, on one "
+              "CUDA device");
     jobs.x[j] = static_cast<const uint16_t*>(x.data_ptr());
     jobs.out[j] = reinterpret_cast<uint16_t*>(out.data_ptr());
     jobs.rows[j] = x.size(0);
@@ -398,7 +398,7 @@ void nvfp4_rows_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Te
   const cudaError_t err =
       mla_core_cuda::launch_nvfp4_rows_bf16(jobs, exact_div, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda nvfp4 rows launch failed (16-byte aligned data and strides needed): ",
-              cudaGetErrorString(err));
+            cudaGetErrorString(err));
 }
 
 // The nvfp4 recipe's pre-pass along keys (V): out = bf16(e2m1(v / (c·g))·c) per block of 16 keys from each sequence's
@@ -407,10 +407,10 @@ void nvfp4_rows_bf16(const std::vector<at::Tensor>& xs, const std::vector<at::Te
 void nvfp4_keys_bf16(const at::Tensor& v, const at::Tensor& cu_k, at::Tensor out, double g, bool exact_div) {
   MLA_CHECK(v.is_cuda() && cu_k.is_cuda() && out.is_cuda() && v.device() == out.device(), "tensors must be on CUDA");
   MLA_CHECK(v.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 && v.dim() == 3 &&
-                  v.size(2) == 128 && v.stride(2) == 1 && out.is_contiguous() && out.sizes() == v.sizes(),
-              "v must be bf16 [total_k, kv_heads, 128] (last dim contiguous) and out contiguous bf16 of its shape");
+                v.size(2) == 128 && v.stride(2) == 1 && out.is_contiguous() && out.sizes() == v.sizes(),
+            "v must be bf16 [total_k, kv_heads, 128] (last dim contiguous) and out contiguous bf16 of its shape");
   MLA_CHECK(cu_k.scalar_type() == at::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
-              "cu_k must be contiguous int32 [batch + 1]");
+            "cu_k must be contiguous int32 [batch + 1]");
   mla_core_cuda::Nvfp4KeysParams p{};
   p.v = static_cast<const uint16_t*>(v.data_ptr());
   p.v_stride_t = v.stride(0);
@@ -424,7 +424,7 @@ void nvfp4_keys_bf16(const at::Tensor& v, const at::Tensor& cu_k, at::Tensor out
   const c10::cuda::CUDAGuard guard(v.device());
   const cudaError_t err = mla_core_cuda::launch_nvfp4_keys_bf16(p, exact_div, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda nvfp4 keys launch failed (16-byte aligned data and strides needed): ",
-              cudaGetErrorString(err));
+            cudaGetErrorString(err));
 }
 
 // The fp8 recipe on FP8 wgmma (mla_prefill_fp8.cu), its pre-pass: k [total_k, kv_heads, 192] and v [total_k, kv_heads,
@@ -437,16 +437,16 @@ void fp8_tile_images(const at::Tensor& k, const at::Tensor& v, const at::Tensor&
   MLA_CHECK(k.is_cuda() && v.is_cuda() && cu_k.is_cuda() && images.is_cuda(), "tensors must be on CUDA");
   MLA_CHECK(k.scalar_type() == bf16 && v.scalar_type() == bf16, "k and v must be bfloat16");
   MLA_CHECK(k.dim() == 3 && k.size(2) == 192 && k.stride(2) == 1,
-              "k must be [total_k, kv_heads, 192], last dim contiguous");
+            "k must be [total_k, kv_heads, 192], last dim contiguous");
   MLA_CHECK(v.dim() == 3 && v.size(2) == 128 && v.stride(2) == 1 && v.size(0) == k.size(0) && v.size(1) == k.size(1),
-              "v must be [total_k, kv_heads, 128], last dim contiguous");
+            "v must be [total_k, kv_heads, 128], last dim contiguous");
   MLA_CHECK(cu_k.scalar_type() == at::kInt && cu_k.is_contiguous() && cu_k.numel() >= 2,
-              "cu_k must be contiguous int32 [batch + 1]");
+            "cu_k must be contiguous int32 [batch + 1]");
   const int batch = static_cast<int>(cu_k.numel() - 1);
   MLA_CHECK(images.scalar_type() == at::kByte && images.is_contiguous() && images.dim() == 3 &&
-                  images.size(0) == mla_core_cuda::fp8_tile_image_slots(k.size(0), batch) &&
-                  images.size(1) == k.size(1) && images.size(2) == mla_core_cuda::kFp8TileImageBytes,
-              "images must be contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, 20480]");
+                images.size(0) == mla_core_cuda::fp8_tile_image_slots(k.size(0), batch) &&
+                images.size(1) == k.size(1) && images.size(2) == mla_core_cuda::kFp8TileImageBytes,
+            "images must be contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, 20480]");
   mla_core_cuda::Fp8TileImagesParams p{};
   p.k = static_cast<const uint16_t*>(k.data_ptr());
   p.v = static_cast<const uint16_t*>(v.data_ptr());
@@ -465,8 +465,8 @@ void fp8_tile_images(const at::Tensor& k, const at::Tensor& v, const at::Tensor&
   p.exact = exact ? 1 : 0;
   p.images = images.data_ptr<uint8_t>();
   MLA_CHECK(mla_core_cuda::fp8_tile_images_supported(p),
-              "the FP8 tile images need non-empty k, at most 65535 kv heads, and data and token / head strides 16-byte "
-              "aligned; got strides k ", k.strides(), ", v ", v.strides());
+            "the FP8 tile images need non-empty k, at most 65535 kv heads, and data and token / head strides 16-byte "
+            "aligned; got strides k ", k.strides(), ", v ", v.strides());
   const c10::cuda::CUDAGuard guard(k.device());
   const cudaError_t err = mla_core_cuda::launch_fp8_tile_images(p, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda fp8 tile images launch failed: ", cudaGetErrorString(err));
@@ -481,22 +481,22 @@ void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor
                  std::optional<at::Tensor> lse, bool causal, double scale_log2, double out_scale, double q_scale,
                  double q_rscale, double p_scale, double p_rscale, bool exact) {
   MLA_CHECK(q.is_cuda() && images.is_cuda() && cu_q.is_cuda() && cu_k.is_cuda() && out.is_cuda(),
-              "mla_core cuda prefill: tensors must be on CUDA");
+            "mla_core cuda prefill: tensors must be on CUDA");
   MLA_CHECK(q.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
-              "q and out must be bfloat16");
+            "q and out must be bfloat16");
   MLA_CHECK(q.dim() == 3 && q.size(2) == 192 && q.stride(2) == 1,
-              "q must be [total_q, heads, 192], last dim contiguous");
+            "q must be [total_q, heads, 192], last dim contiguous");
   MLA_CHECK(cu_q.scalar_type() == at::kInt && cu_k.scalar_type() == at::kInt && cu_q.is_contiguous() &&
-                  cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
-              "cu_q and cu_k must be contiguous int32 [batch + 1]");
+                cu_k.is_contiguous() && cu_q.numel() >= 2 && cu_k.numel() == cu_q.numel(),
+            "cu_q and cu_k must be contiguous int32 [batch + 1]");
   const int batch = static_cast<int>(cu_q.numel() - 1);
   MLA_CHECK(images.scalar_type() == at::kByte && images.is_contiguous() && images.dim() == 3 &&
-                  images.size(0) == mla_core_cuda::fp8_tile_image_slots(total_k, batch) &&
-                  images.size(2) == mla_core_cuda::kFp8TileImageBytes,
-              "images must be fp8_tile_images' contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, "
-              "20480]");
+                images.size(0) == mla_core_cuda::fp8_tile_image_slots(total_k, batch) &&
+                images.size(2) == mla_core_cuda::kFp8TileImageBytes,
+            "images must be fp8_tile_images' contiguous uint8 [fp8_tile_image_slots(total_k, batch), kv_heads, "
+            "20480]");
   MLA_CHECK(out.is_contiguous() && out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == 128,
-              "out must be contiguous [total_q, heads, 128]");
+            "out must be contiguous [total_q, heads, 128]");
   mla_core_cuda::PrefillFp8Params p{};
   p.q = static_cast<const uint16_t*>(q.data_ptr());
   p.q_stride_t = q.stride(0);
@@ -522,12 +522,12 @@ void prefill_fp8(const at::Tensor& q, const at::Tensor& images, const at::Tensor
   p.lse = nullptr;
   if (lse.has_value()) {
     MLA_CHECK(lse->is_cuda() && lse->scalar_type() == at::kFloat && lse->is_contiguous() &&
-                    lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
+                  lse->numel() == q.size(0) * q.size(1), "lse must be contiguous float32 [heads, total_q]");
     p.lse = lse->data_ptr<float>();
   }
   MLA_CHECK(mla_core_cuda::prefill_fp8_supported(p),
-              "the FP8 prefill needs heads a multiple of kv_heads, non-empty q and k, and q's data and token / head "
-              "strides 8-byte aligned; got strides q ", q.strides());
+            "the FP8 prefill needs heads a multiple of kv_heads, non-empty q and k, and q's data and token / head "
+            "strides 8-byte aligned; got strides q ", q.strides());
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err = mla_core_cuda::launch_prefill_fp8(p, c10::cuda::getCurrentCUDAStream().stream());
   MLA_CHECK(err == cudaSuccess, "mla_core cuda fp8 prefill launch failed: ", cudaGetErrorString(err));
@@ -559,47 +559,47 @@ void layer_decode(const at::Tensor& q_src, const at::Tensor& kv, const at::Tenso
   MLA_CHECK(!p.cache_fp8, "the layer's CUDA prep writes bfloat16 / float16 caches");
   if (kernel == 0) {
     MLA_CHECK(mla_core_cuda::decode_shape_supported(static_cast<int>(head_tiles), static_cast<int>(warps)),
-                "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
+              "(head_tiles, warps) must be (1, 4), (2, 4), (2, 8) or (4, 8)");
     p.head_tiles = static_cast<int>(head_tiles);
     p.warps = static_cast<int>(warps);
   } else {
     p.keys_m = kernel == 2;
     p.ring4 = kernel == 3;
     MLA_CHECK(mla_core_cuda::decode_wgmma_supported(p), "the WGMMA decode does not run this call (dtype ", p.dtype,
-                ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ", heads ", p.heads, ", keys_m ", p.keys_m, ", ring4 ",
-                p.ring4, ")");
+              ", k_fmt ", p.k_fmt, ", v_fmt ", p.v_fmt, ", heads ", p.heads, ", keys_m ", p.keys_m, ", ring4 ",
+              p.ring4, ")");
   }
   const int64_t tokens = q.size(0);
   const auto dt = cache.scalar_type();
   MLA_CHECK(cache.is_contiguous(), "latent_cache must be contiguous");
   MLA_CHECK(q_src.is_cuda() && kv.is_cuda() && offsets.is_cuda() && starts.is_cuda() && freqs.is_cuda() &&
-                  gamma.is_cuda(), "the prep's tensors must be on CUDA");
+                gamma.is_cuda(), "the prep's tensors must be on CUDA");
   MLA_CHECK(q_src.dim() == 3 && q_src.size(0) == tokens && q_src.size(1) == q.size(1) && q_src.size(2) > 64 &&
-                  q_src.stride(2) == 1 && q_src.scalar_type() == dt,
-              "q_src must be [tokens, heads, nope + 64] in the cache dtype, last dim contiguous");
+                q_src.stride(2) == 1 && q_src.scalar_type() == dt,
+            "q_src must be [tokens, heads, nope + 64] in the cache dtype, last dim contiguous");
   MLA_CHECK(kv.dim() == 2 && kv.size(0) == tokens && kv.size(1) == 576 && kv.stride(1) == 1 && kv.scalar_type() == dt,
-              "kv must be [tokens, 576] in the cache dtype, last dim contiguous");
+            "kv must be [tokens, 576] in the cache dtype, last dim contiguous");
   // the Triton prep's summation order (mla_layer_prep.cu) is its vectorized layout's: 16-byte aligned rows only
   MLA_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 && kv.stride(0) % 16 == 0,
-              "kv must start on 16 bytes with a row stride a multiple of 16 elements (the Triton prep's layout)");
+            "kv must start on 16 bytes with a row stride a multiple of 16 elements (the Triton prep's layout)");
   MLA_CHECK(reinterpret_cast<uintptr_t>(gamma.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0,
-              "kv_norm_gamma and latent_cache must start on 16 bytes (the Triton prep's layout)");
+                reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0,
+            "kv_norm_gamma and latent_cache must start on 16 bytes (the Triton prep's layout)");
   check_index(offsets, "input_row_offsets");
   check_index(starts, "cache_offsets");
   MLA_CHECK(offsets.dim() == 1 && offsets.size(0) == tokens + 1 && offsets.is_contiguous(),
-              "input_row_offsets must be contiguous [tokens + 1] (one token per request)");
+            "input_row_offsets must be contiguous [tokens + 1] (one token per request)");
   MLA_CHECK(starts.dim() == 1 && starts.size(0) == tokens && starts.is_contiguous(),
-              "cache_offsets must be contiguous [tokens] (one token per request)");
+            "cache_offsets must be contiguous [tokens] (one token per request)");
   MLA_CHECK(block_table.dim() == 2 && block_table.size(0) == tokens && block_table.stride(1) == 1,
-              "block_table must be [tokens, width] with contiguous rows");
+            "block_table must be [tokens, width] with contiguous rows");
   MLA_CHECK(freqs.dim() == 2 && freqs.size(0) >= 1 && freqs.size(1) == 64 && freqs.stride(1) == 1 &&
-                  freqs.scalar_type() == at::kFloat, "freqs_cis must be float32 [max_pos, 64], rows contiguous");
+                freqs.scalar_type() == at::kFloat, "freqs_cis must be float32 [max_pos, 64], rows contiguous");
   MLA_CHECK(gamma.dim() == 1 && gamma.size(0) == 512 && gamma.is_contiguous() &&
-                  (gamma.scalar_type() == at::kFloat || gamma.scalar_type() == at::kBFloat16 ||
-                   gamma.scalar_type() == at::kHalf), "kv_norm_gamma must be contiguous [512] float32 / bf16 / fp16");
+                (gamma.scalar_type() == at::kFloat || gamma.scalar_type() == at::kBFloat16 ||
+                 gamma.scalar_type() == at::kHalf), "kv_norm_gamma must be contiguous [512] float32 / bf16 / fp16");
   MLA_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.size(0) == tokens &&
-                  seq_lens.is_contiguous(), "seq_lens must be contiguous int32 [tokens] (the prep writes it)");
+                seq_lens.is_contiguous(), "seq_lens must be contiguous int32 [tokens] (the prep writes it)");
 
   mla_core_cuda::LayerPrepParams lp{};
   lp.q = q_src.data_ptr();
