@@ -30,13 +30,26 @@ def test_python_mutant_applied_then_restored_exactly(tmp_path, capsys):
     assert (root / "pkg" / "mod.py").read_text() == body
 
 
-def test_mutant_whose_tests_select_nothing_survives(tmp_path, capsys):
+def test_gpu_mutant_whose_tests_select_nothing_survives(tmp_path, capsys):
     body = "a = x * k * 2\n"
     root = _checkout(tmp_path, body)
-    mutant = dict(file="pkg/mod.py", old="x * k * 2", new="x * k * 3", why="a wrong constant")
+    mutant = dict(file="pkg/mod.py", old="x * k * 2", new="x * k * 3", why="a wrong constant", gpu=True)
     assert gpu_mutants.run([mutant], lambda m: ["-p", "no:cacheprovider", "test_mod.py", "-k", "nothing"],
                            root=root, work=tmp_path / "work") == 1
     assert "SURVIVED" in capsys.readouterr().out
+    assert (root / "pkg" / "mod.py").read_text() == body
+
+
+def test_cpu_mutant_without_gpu_tests_is_left_to_the_cpu_runner(tmp_path, capsys):
+    body = "a = x * k * 2\n"
+    root = _checkout(tmp_path, body)
+    cpu = dict(file="pkg/mod.py", old="x * k * 2", new="x * k * 3", why="a wrong constant")
+    gpu = dict(file="pkg/mod.py", old="x * k * 2", new="x * 2", why="drops the factor k", gpu=True)
+    selections = {"a wrong constant": ["-k", "nothing"], "drops the factor k": []}
+    assert gpu_mutants.run([cpu, gpu], lambda m: ["-p", "no:cacheprovider", "test_mod.py", *selections[m["why"]]],
+                           root=root, work=tmp_path / "work") == 0
+    out = capsys.readouterr().out
+    assert "mutant 0 (a wrong constant...): not judged here" in out and "1/1 killed (1 not judged here)" in out
     assert (root / "pkg" / "mod.py").read_text() == body
 
 

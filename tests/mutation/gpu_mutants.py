@@ -3,7 +3,8 @@
 Every csrc mutant is a copy of csrc/ with one edit, built through ``MLA_CORE_CUDA_SRC`` into a private cache, in
 parallel; a Python mutant is applied in place and the original file written back after its run. Then each
 mutant's test selection runs once (``pytest -m gpu -q -x``): killed when it fails, SURVIVED when it passes or
-selects nothing (exit status 5). A mutant that fails to build is killed at compile time (reported as such); one
+selects nothing (exit status 5; but a mutant not marked ``gpu=True`` whose selection holds no GPU test is reported
+"not judged here": tests/mutation/run.py judges it on the CPU). A mutant that fails to build is killed at compile time (reported as such); one
 whose tests run past ``MUTANT_TIMEOUT`` seconds (default 300: a dropped barrier can hang a kernel) is killed by the
 timeout (reported as such). ``MUTANT_INDICES=5,6,7`` judges only those mutants of the list.
 """
@@ -54,7 +55,7 @@ def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Pa
         envs = list(pool.map(lambda im: prepare(*im), mutants))
     if prepare_only:
         return 0
-    survived = 0
+    survived = skipped = 0
     for (i, m), env in zip(mutants, envs):
         path = root / m["file"]
         original = path.read_text()
@@ -66,11 +67,18 @@ def run(mutants: list[dict], selection: Callable[[dict], list[str]], *, work: Pa
                                    *selection(m)], env=env, cwd=root, capture_output=True, text=True,
                                   timeout=timeout_s)
             killed, last = done.returncode not in (0, 5), (done.stdout.strip().splitlines() or [""])[-1]
+            unjudged = done.returncode == 5 and not m.get("gpu")  # a CPU mutant's tests: tests/mutation/run.py
         except subprocess.TimeoutExpired:
-            killed, last = True, f"timed out after {timeout_s:g} s: the tests hung"
+            killed, unjudged, last = True, False, f"timed out after {timeout_s:g} s: the tests hung"
         finally:
             path.write_text(original)  # not a reverse replace: the mutant's text may occur unmutated elsewhere
+        if unjudged:
+            skipped += 1
+            print(f"mutant {i} ({m['why'][:60]}...): not judged here, no GPU test selected (tests/mutation/run.py "
+                  f"judges it on the CPU)", flush=True)
+            continue
         survived += not killed
         print(f"mutant {i} ({m['why'][:60]}...): {'killed' if killed else 'SURVIVED'} [{last}]", flush=True)
-    print(f"{len(mutants) - survived}/{len(mutants)} killed")
+    judged = len(mutants) - skipped
+    print(f"{judged - survived}/{judged} killed" + (f" ({skipped} not judged here)" if skipped else ""))
     return 1 if survived else 0

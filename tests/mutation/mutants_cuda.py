@@ -1,11 +1,12 @@
 """Mutants of the CUDA decode (csrc/mla_decode.cu, backends/cuda): each is one plausible bug the GPU tests
 must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
-On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with the quick test selection
-``KILL_SELECTION`` (the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``, ``tma``) judges with ``QDQ_SELECTION`` (``WGMMA_SELECTION``,
-``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``, ``RING4_SELECTION``, ``TMA_SELECTION``; ``layerprep``:
-``LAYER_PREP_SELECTION``), ``MUTANT_INDICES=16,17`` only those mutants.
+On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with its own ``tests`` (as
+tests/mutation/run.py does; the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
+(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``, ``tma``, ``layerprep``, ``quick``) judges every chosen mutant
+with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``,
+``RING4_SELECTION``, ``TMA_SELECTION``, ``LAYER_PREP_SELECTION``, ``KILL_SELECTION``) instead; ``MUTANT_INDICES=16,17``
+only those mutants.
 """
 from __future__ import annotations
 
@@ -428,11 +429,10 @@ if __name__ == "__main__":
     import shlex
 
     import gpu_mutants
-    # MUTANT_SELECTION=wgmma / qdq / fp8cache / q1 / keysm / layerprep / ring4 / tma: judge with WGMMA_SELECTION /
-    # QDQ_SELECTION / FP8_CACHE_SELECTION / Q1_SELECTION / KEYS_M_SELECTION / LAYER_PREP_SELECTION / RING4_SELECTION /
-    # TMA_SELECTION
+    # MUTANT_SELECTION names one selection for every chosen mutant (module docstring); unset: each mutant's own tests
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION, "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION,
-              "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION,
-              "ring4": RING4_SELECTION, "tma": TMA_SELECTION}.get(os.environ.get("MUTANT_SELECTION", ""))
-    selection = shlex.split(chosen) if chosen else list(KILL_SELECTION)
-    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: selection))
+              "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION, "ring4": RING4_SELECTION,
+              "tma": TMA_SELECTION, "quick": shlex.join(KILL_SELECTION)}.get(os.environ.get("MUTANT_SELECTION", ""))
+    if chosen:
+        raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: shlex.split(chosen)))
+    raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: [a for t in m["tests"] for a in shlex.split(t)]))
