@@ -319,6 +319,30 @@ def test_tma_boxes_pages_and_padded_pages(heads, page_size, kernels):
     assert kernels == ["wgmma"] * 2
 
 
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("recipe", ["fp8", "fp8_p_nvfp4"])
+def test_fp8_recipe_tma_boxes_and_fallback(monkeypatch, recipe, heads, page_size, kernels):
+    """K = V FP8 on the producer's TMA boxes (round s): a warp whose 16 rows are all present loads them by TMA, waits
+    on its own landed barrier and converts them in place; lengths ending inside a warp's rows, a page outside the cache
+    in mid-request (page 16: one warp of one step falls back, and its later steps' landed waits must still find
+    their phase) and a cache whose rows are not 16-byte aligned (no TMA at all) keep the cp.async / element path. The
+    conversion is elementwise: both paths give the same bits. Page 33 (no power of two): the cp.async path."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    k, v, p = RECIPES[recipe]
+    kw = dict(k_qdq=k, v_qdq=v, p_qdq=p)
+    q, cache, table, lens = _inputs((1000, 3, 0, 301, 64, 129, 2048), heads, page_size)
+    table = table.clone()
+    table[0, 80 // page_size] = 10 ** 9  # request 0's keys 80-95 (page 64: its whole second page) absent
+    out, lse = check((q, cache, table, lens), quantized=True, num_kv_splits=3, **kw)
+    wide = torch.full((*cache.shape[:2], 577), float("nan"), dtype=cache.dtype, device="cuda")
+    wide[..., 1:] = cache
+    out_u, lse_u = check((q, wide[..., 1:], table, lens), quantized=True, num_kv_splits=3, **kw)
+    assert torch.equal(out_u, out) and torch.equal(lse_u, lse)
+    check(_inputs((1000, 3, 0, 301, 64, 129), heads, 33), quantized=True, num_kv_splits=3, **kw)
+    assert kernels == ["wgmma"] * 3
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_unchecked_metadata_is_masked_and_clamped(monkeypatch, heads, kernels):
     """With content checks off, a length past the table's capacity is clamped to it, and table entries within
