@@ -343,6 +343,26 @@ def test_fp8_recipe_tma_boxes_and_fallback(monkeypatch, recipe, heads, page_size
     assert kernels == ["wgmma"] * 3
 
 
+def test_fp8_recipe_tma_landed_phase_after_fallback_from_dram(monkeypatch, kernels):
+    """A warp's landed barrier completes one phase per TMA step only: after a step whose rows fall back to cp.async
+    (every request's second page is outside the cache: step 1, stage 1), each later wait on stage 1 must still find
+    its own boxes' phase. The pages lie scattered over a ~600 MB cache (beyond the L2), so the boxes come from DRAM
+    while the next step's table lookups hit the L2: a wait that passed at once would convert rows before they land
+    (31 such steps in each of the 32 CTAs)."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    k, v, p = RECIPES["fp8"]
+    q, cache, table, lens = _inputs((4096,) * 32, 16, 64)
+    spread_pages = 8192
+    where = torch.randperm(spread_pages, generator=torch.Generator().manual_seed(1))[:cache.shape[0]].to("cuda")
+    spread = torch.full((spread_pages, *cache.shape[1:]), float("nan"), dtype=cache.dtype, device="cuda")
+    spread[where] = cache
+    table = table.clone()
+    table[:, :64] = where[table[:, :64].long()].to(table.dtype)
+    table[:, 1] = 10 ** 9
+    check((q, spread, table, lens), quantized=True, num_kv_splits=1, k_qdq=k, v_qdq=v, p_qdq=p)
+    assert kernels == ["wgmma"]
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_unchecked_metadata_is_masked_and_clamped(monkeypatch, heads, kernels):
     """With content checks off, a length past the table's capacity is clamped to it, and table entries within

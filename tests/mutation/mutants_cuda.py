@@ -35,11 +35,13 @@ another kernel (the fixture's record)."""
 TMA_SELECTION = "tests/test_cuda_decode.py -k 'tma_boxes or (odd_page_sizes and 48) or (deepseek and bf16-128-64-auto)'"
 """The producer's TMA boxes (round r): pages 16 / 32 / 64 / 256 and pages padded apart, lengths ending inside a warp's
 16 rows, page 48 (no power of two: no TMA), 64 and 128 heads."""
-KFP8_TMA_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_recipe_tma_boxes or (deepseek and fp8-16-16) or "
+KFP8_TMA_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_recipe_tma_boxes or fp8_recipe_tma_landed_phase or "
+                      "(deepseek and fp8-16-16) or "
                       "(deepseek and fp8_p_nvfp4-128-64)'")
 """K = V FP8 on the producer's TMA boxes (round s, mutants 76-79): the TMA path bit-equal to the unaligned cache's
 element path at pages 16 / 64 (a page outside the cache in mid-request: one warp of one step falls back), page 33,
-64 and 128 heads; the DeepSeek edges at page 16 (16 heads) and page 64 (128 heads, NVFP4 P)."""
+64 and 128 heads; every request's second page absent over a cache beyond the L2 (later TMA steps on the fallback's
+stage must wait for their own boxes); the DeepSeek edges at page 16 (16 heads) and page 64 (128 heads, NVFP4 P)."""
 KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
