@@ -11,7 +11,8 @@ time out of the timed call: benchmarks/run_decode_ab.sh does). Cases, per shape 
 
 * ``bf16``: the unquantized decode over the bf16 (or ``--q-dtype fp16``: fp16) cache;
 * ``fp8_cache``: the FP8 KV cache of the same values (float8_e4m3fn codes, ``kv_scale = amax / 448``);
-* ``fp8`` / ``nvfp4``: the recipe (K, V and P fake-quantized, numerics.recipe_quant) over the 16-bit cache.
+* ``fp8`` / ``nvfp4``: the recipe (K, V and P fake-quantized, numerics.recipe_quant) over the 16-bit cache;
+* ``fp8_p_nvfp4``: K and V FP8 (one scale: the WGMMA kernel's shared codes), P NVFP4, over the 16-bit cache.
 
 Each case runs config A (``--config-a CASE=JSON``, else the first of the backend's configs: what dispatch runs
 untuned) on build A and config B (``--config-b``, else the same default) on build B. µs are CUDA-graph replays with
@@ -43,13 +44,14 @@ from mla_core.accuracy import rel_l2  # noqa: E402
 from mla_core.specs import validate_decode  # noqa: E402
 
 RANK, ROPE = 512, 64
-CASES = ("bf16", "fp8_cache", "fp8", "nvfp4")
+CASES = ("bf16", "fp8_cache", "fp8", "nvfp4", "fp8_p_nvfp4")
 ORDER = ("A", "B", "B", "A", "A", "B")
 
 
 def case_call(case, q, cache, codes, kv_scale, table, lens):
     """(problem, call) of one case: unquantized over the 16-bit cache, over the FP8 cache, or a quant recipe."""
-    quant = numerics.recipe_quant(case if case in ("fp8", "nvfp4") else "bf16", "decode")
+    quant = (dict(k_qdq="fp8", v_qdq="fp8", p_qdq="nvfp4") if case == "fp8_p_nvfp4" else
+             numerics.recipe_quant(case if case in ("fp8", "nvfp4") else "bf16", "decode"))
     fp8 = case == "fp8_cache"
     return validate_decode(q, codes if fp8 else cache, table, lens, softmax_scale=(RANK + ROPE) ** -0.5,
                            kv_lora_rank=RANK, qk_rope_head_dim=ROPE, page_size=None, num_kv_splits="auto",

@@ -25,8 +25,10 @@
 //     validity bits, written before the stage is published). The next step's block-table entries are read while
 //     a step's copies are in flight (off the critical path). Each producer thread arrives on full[s] after its
 //     copies landed (cp.async.wait_group 0), the FP8 conversion where K = V FP8, and fence.proxy.async; over a
-//     16-bit cache without K fake quantization a warp whose 16 rows are all present loads them as 9 TMA boxes
-//     instead and arrives at once with their bytes expected (produce_rows_tma; the launcher's kv_tensor_map);
+//     16-bit cache (power-of-two pages >= 16, 16-byte aligned) a warp whose 16 rows are all present loads them
+//     as 9 TMA boxes instead (produce_rows_tma; the launcher's kv_tensor_map): without K fake quantization it
+//     arrives at once with their bytes expected on full[s]; where K = V FP8 the boxes complete the warp's own
+//     landed[s] barrier, the warp waits on it, converts its rows in place and arrives on full[s] as above;
 //   - consumer warpgroup w computes S for keys 32w..32w+31 (36 x wgmma m64n32k16 from shared memory; the
 //     unquantized problem runs schedule Q1 instead, decode_wgmma_kernel's comment), masked by the validity bits;
 //     P0 = T(2^(S0 - m1)), P1 = T(2^(S1 - m2)) (T = the cache dtype; FP8 / NVFP4 P rounded first, p_qdq), row
@@ -69,8 +71,11 @@ constexpr int kSmemBytes = 3 * kTileBytes          // Q, two K stages
                            + 4 * kHeads * 4        // maxima of half 0, of half 1, [2 warpgroups] final row sums
                            + 2 * 4 * 4             // [2 stages][4 producer warps] validity bits of 16 keys
                            + 4 * 8                 // mbarriers full[2], empty[2]
-                           + 1024;                 // alignment slack: slabs start 1024-aligned
-constexpr int kSmemBytesRing = kSmemBytes + 4 * 8; // ring4: mbarriers full[4], empty[4] (231,520 B)
+                           + 2 * 4 * 8             // mbarriers landed[2 stages][4 producer warps] (K = V FP8's TMA)
+                           + 1024;                 // alignment slack: slabs start 1024-aligned (231,552 B)
+// ring4: mbarriers full[4], empty[4], no landed ones (231,520 B, as before the landed barriers)
+constexpr int kSmemBytesRing = kSmemBytes - 2 * 4 * 8 + 4 * 8;
+static_assert(kSmemBytes <= 232448 && kSmemBytesRing <= 232448, "shared memory per CTA (sm_90 opt-in maximum)");
 constexpr int kMaxDevices = 64;                    // devices whose shared-memory attribute is remembered
 constexpr int kCodes = 3;                          // KF of an FP8 cache (E4M3 codes; QuantFormat's values are 0-2)
 
@@ -167,19 +172,22 @@ __device__ __forceinline__ void produce_rows(const DecodeParams& p, int64_t my_o
 // Producer warp w's share of a step by TMA (kv_map: the cache as (576 columns, page_size rows, pages), boxes of 64
 // columns x 16 rows, 128-byte swizzle: the slab layout), when all 16 rows are present: then they are one page's run
 // (the launcher maps only a power-of-two page_size >= 16, and a split starts at a multiple of 32), rows in_page ..
-// in_page + 15 of page `page` (lane 0's). Lane 0 writes the validity word, arrives on `full` with the 9 boxes' bytes
-// expected and issues them; the other lanes arrive; nobody waits (the copies complete `full`). Returns false, having
-// done nothing, when a row is absent (the caller's produce_rows zero-fills it).
+// in_page + 15 of page `page` (lane 0's). Lane 0 writes the validity word, arrives on `bar` with the 9 boxes' bytes
+// expected and issues them; the other lanes arrive; nobody waits here (the copies complete `bar`). `bar`: full[s]
+// without K fake quantization (32 of its 128 arrivals; the stage is published when the bytes landed), or the warp's
+// own landed barrier (count 32) where K = V FP8: the warp then waits on it, converts its rows in place and arrives on
+// full[s] as after cp.async (decode_wgmma_body). Returns false, having done nothing, when a row is absent (the
+// caller's produce_rows zero-fills it).
 __device__ __forceinline__ bool produce_rows_tma(const CUtensorMap* kv_map, int64_t my_off, int page, int in_page,
-                                                 uint8_t* sk, uint32_t* valid, uint64_t* full, int w, int lane) {
+                                                 uint8_t* sk, uint32_t* valid, uint64_t* bar, int w, int lane) {
   if (!__all_sync(0xffffffffu, lane >= 16 || my_off >= 0)) return false;
   if (lane == 0) {
     *valid = 0xffffu;
-    mbar_arrive_expect_tx(full, kChunks / 8 * 16 * 128);
+    mbar_arrive_expect_tx(bar, kChunks / 8 * 16 * 128);
 #pragma unroll
-    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, full);
+    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, bar);
   } else {
-    mbar_arrive(full);
+    mbar_arrive(bar);
   }
   return true;
 }
@@ -510,6 +518,7 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const C
   uint32_t* s_valid = reinterpret_cast<uint32_t*>(sl + 2 * kHeads);  // [2 stages][4 producer warps]
   uint64_t* full = reinterpret_cast<uint64_t*>(s_valid + 8);          // [2 stages] (kRing: [4 slots])
   uint64_t* empty = full + (kRing ? 4 : 2);                           // [2 stages] (kRing: [4 slots])
+  uint64_t* landed = empty + 2;  // KF = kFP8: [2 stages][4 producer warps], the warp's TMA boxes of the stage
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform for the compiler
   const int head_groups = (p.heads + kHeads - 1) / kHeads;
@@ -530,6 +539,10 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const C
       }
     } else {
       init_ring(full, empty);
+      if constexpr (KF == kFP8) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mbar_init(&landed[i], 32);  // the warp's 32 lanes (lane 0: + the boxes' bytes)
+      }
     }
   }
   __syncthreads();
@@ -541,9 +554,14 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const C
                          (p.cache_stride_page % kPerChunk == 0) && (p.cache_stride_tok % kPerChunk == 0);
     // Lane l < 16 looks up row 16 (warp - 8) + l of the next step while this step's copies are in flight.
     const int64_t row = 16 * (warp - 8) + (lane & 15);
-    // kv_tma (KF = kNoQuant): a warp whose 16 rows are all present loads them by TMA (produce_rows_tma) and goes
-    // on without waiting; lane 0 keeps its row's page for the boxes' coordinate.
-    const bool tma = KF == kNoQuant && kv_tma;
+    // kv_tma (KF = kNoQuant or kFP8): a warp whose 16 rows are all present loads them by TMA (produce_rows_tma);
+    // lane 0 keeps its row's page for the boxes' coordinate. kNoQuant: the boxes complete full[s], the warp goes on
+    // without waiting. kFP8: they complete the warp's landed[s]; after the next step's lookups the warp waits on it
+    // (parity: bit s of landed_par, flipped at each use, as a warp whose rows are not all present skips it for a
+    // step), converts its rows (k_codes_fp8: no cp.async group pending, its waits pass) and arrives on full[s] as
+    // after cp.async.
+    const bool tma = (KF == kNoQuant || KF == kFP8) && kv_tma;
+    uint32_t landed_par = 0;
     int next_page = 0;
     int64_t next_off = steps > 0 && lane < 16 ? row_offset(p, b, lo + row, hi, next_page) : -1;
     const float k_inv = KF == kFP8 ? __frcp_rn(p.k_scale) : 1.f;
@@ -559,8 +577,8 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const C
         const int in_page = static_cast<int>((lo + static_cast<int64_t>(i) * kKeys + 16 * (warp - 8)) &
                                              (p.page_size - 1));
         by_tma = tma && produce_rows_tma(&kv_map, next_off, __shfl_sync(0xffffffffu, next_page, 0), in_page,
-                                         sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), &full[slot],
-                                         warp - 8, lane);
+                                         sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8),
+                                         KF == kFP8 ? &landed[4 * s + (warp - 8)] : &full[slot], warp - 8, lane);
         if (!by_tma) {
           produce_rows<KF == kFP8>(p, next_off, sk0 + s * kTileBytes, s_valid + 4 * s + (warp - 8), warp - 8, lane,
                                    aligned);
@@ -569,8 +587,12 @@ __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const C
       if (KF == kNoQuant && !by_tma) cp_async_commit();
       const int64_t next_tok = lo + static_cast<int64_t>(i + 1) * kKeys + row;
       next_off = i + 1 < steps && lane < 16 ? row_offset(p, b, next_tok, hi, next_page) : -1;
-      if (by_tma) continue;
+      if (KF == kNoQuant && by_tma) continue;
       if constexpr (KF == kFP8) {
+        if (by_tma) {
+          mbar_wait(&landed[4 * s + (warp - 8)], (landed_par >> s) & 1);
+          landed_par ^= 1u << s;
+        }
         k_codes_fp8<T>(p.k_scale, k_inv, smem_u32(sk0 + s * kTileBytes), warp - 8, lane);
       } else if constexpr (KF == kCodes) {
         codes_to_values<T>(smem_u32(sk0 + s * kTileBytes), warp - 8, lane);
@@ -1584,7 +1606,7 @@ cudaError_t launch_km(const DecodeParams& p, cudaStream_t stream) {
 
 // The cache as produce_rows_tma's map (16-bit elements as (576 columns, page_size rows, num_pages pages), boxes of
 // 64 x 16 x 1, 128-byte swizzle), or false, the map zeroed, and the producer copies every row with cp.async: not
-// `wanted` (a producer that converts in place), a cache of codes, a page size not a power of two >= 16, a base or
+// `wanted` (the launchers want it for 16-bit rows: KF kNoQuant or kFP8, not an FP8 cache's codes), a cache of codes, a page size not a power of two >= 16, a base or
 // stride not 16-byte aligned, no encoder, or its refusal.
 inline bool kv_tensor_map(const DecodeParams& p, bool wanted, CUtensorMap* map) {
   std::memset(map, 0, sizeof(*map));
@@ -1616,7 +1638,7 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   }
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_splits * ((p.heads + kHeads - 1) / kHeads);
   CUtensorMap kv_map;
-  const bool kv_tma = kv_tensor_map(p, KF == kNoQuant, &kv_map);
+  const bool kv_tma = kv_tensor_map(p, KF == kNoQuant || KF == kFP8, &kv_map);
   decode_wgmma_kernel<T, KF, PF><<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, stream>>>(p, kv_map, kv_tma);
   return cudaGetLastError();
 }

@@ -319,6 +319,50 @@ def test_tma_boxes_pages_and_padded_pages(heads, page_size, kernels):
     assert kernels == ["wgmma"] * 2
 
 
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("recipe", ["fp8", "fp8_p_nvfp4"])
+def test_fp8_recipe_tma_boxes_and_fallback(monkeypatch, recipe, heads, page_size, kernels):
+    """K = V FP8 on the producer's TMA boxes (round s): a warp whose 16 rows are all present loads them by TMA, waits
+    on its own landed barrier and converts them in place; lengths ending inside a warp's rows, a page outside the cache
+    in mid-request (page 16: one warp of one step falls back, and its later steps' landed waits must still find
+    their phase) and a cache whose rows are not 16-byte aligned (no TMA at all) keep the cp.async / element path. The
+    conversion is elementwise: both paths give the same bits. Page 33 (no power of two): the cp.async path."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    k, v, p = RECIPES[recipe]
+    kw = dict(k_qdq=k, v_qdq=v, p_qdq=p)
+    q, cache, table, lens = _inputs((1000, 3, 0, 301, 64, 129, 2048), heads, page_size)
+    table = table.clone()
+    table[0, 80 // page_size] = 10 ** 9  # request 0's keys 80-95 (page 64: its whole second page) absent
+    out, lse = check((q, cache, table, lens), quantized=True, num_kv_splits=3, **kw)
+    wide = torch.full((*cache.shape[:2], 577), float("nan"), dtype=cache.dtype, device="cuda")
+    wide[..., 1:] = cache
+    out_u, lse_u = check((q, wide[..., 1:], table, lens), quantized=True, num_kv_splits=3, **kw)
+    assert torch.equal(out_u, out) and torch.equal(lse_u, lse)
+    check(_inputs((1000, 3, 0, 301, 64, 129), heads, 33), quantized=True, num_kv_splits=3, **kw)
+    assert kernels == ["wgmma"] * 3
+
+
+def test_fp8_recipe_tma_landed_phase_after_fallback_from_dram(monkeypatch, kernels):
+    """A warp's landed barrier completes one phase per TMA step only: after a step whose rows fall back to cp.async
+    (every request's second page is outside the cache: step 1, stage 1), each later wait on stage 1 must still find
+    its own boxes' phase. The pages lie scattered over a ~600 MB cache (beyond the L2), so the boxes come from DRAM
+    while the next step's table lookups hit the L2: a wait that passed at once would convert rows before they land
+    (31 such steps in each of the 32 CTAs)."""
+    monkeypatch.setenv("MLA_CORE_CHECKS", "metadata")
+    k, v, p = RECIPES["fp8"]
+    q, cache, table, lens = _inputs((4096,) * 32, 16, 64)
+    spread_pages = 8192
+    where = torch.randperm(spread_pages, generator=torch.Generator().manual_seed(1))[:cache.shape[0]].to("cuda")
+    spread = torch.full((spread_pages, *cache.shape[1:]), float("nan"), dtype=cache.dtype, device="cuda")
+    spread[where] = cache
+    table = table.clone()
+    table[:, :64] = where[table[:, :64].long()].to(table.dtype)
+    table[:, 1] = 10 ** 9
+    check((q, spread, table, lens), quantized=True, num_kv_splits=1, k_qdq=k, v_qdq=v, p_qdq=p)
+    assert kernels == ["wgmma"]
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_unchecked_metadata_is_masked_and_clamped(monkeypatch, heads, kernels):
     """With content checks off, a length past the table's capacity is clamped to it, and table entries within

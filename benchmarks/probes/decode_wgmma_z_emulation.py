@@ -8,7 +8,12 @@
    maximum array overwritten before its reader finished, a read of the wrong tile's value), no named barrier
    completed by one side alone. A warpgroup is one actor: each of its generations needs all its 4 warps (the
    chain argument in the source's protocol comment), so per-warp drift cannot mix generations. Five broken
-   variants of the protocol must be caught (a check that a mistake would show).
+   variants of the protocol must be caught (a check that a mistake would show). Also the library's K = V FP8
+   producer on TMA boxes (round s, programs_k): two producer warps and their TMA units as actors (a warp arrives on
+   its landed barrier and issues; its unit lands the rows and completes it; the warp waits at the parity of its own
+   count of uses, converts in place, arrives on full), with a warp falling back to cp.async at the last step and
+   one at step 2, every interleaving for 1..6 steps; five broken forms must be caught (the conversion before the
+   landed wait, the wait skipped, full arrived at the issue, the wait at the step's or the flipped parity).
 2. Numerics: Z's per-warpgroup program (WG0: m1 from its own maxima, a2 from WG1's; WG1: m1 from WG0's
    maxima; own P half, row sums, O = (O·a1 + P0·V0)·a2 + P1·V1, each multiply skipped per 16-row warp when its
    factors are all 1) emulated in float32 torch against variant Y's order (both warpgroups compute m1, m2, a1, a2
@@ -37,7 +42,8 @@ import torch
 # ("read_end", buf, i), ("stage_use", i).
 
 
-GROUPS = [1]  # full barriers per stage: 1 (variant Z) or 3 (Z3: one per slab group); 0: variant F (FP8 cache)
+GROUPS = [1]  # full barriers per stage: 1 (variant Z) or 3 (Z3: one per slab group); 0: variant F (FP8 cache);
+# -1: the library's K = V FP8 producer on TMA boxes (programs_k)
 
 
 def programs(T):
@@ -45,6 +51,14 @@ def programs(T):
     G = GROUPS[0]
     if G == 0:
         return programs_f(T)
+    if G == -1:
+        return programs_k(T)
+    return programs_z(T)
+
+
+def programs_z(T):
+    """Variant Z (or Z3 by GROUPS): the producer as one actor, the two consumer warpgroups."""
+    G = max(GROUPS[0], 1)
     prod, w0, w1 = [], [], []
     for i in range(T):
         s = i & 1
@@ -107,7 +121,51 @@ def programs_f(T):
     return [prod, w0, w1]
 
 
+def k_tma(w, i, T):
+    """programs_k's pattern: whether producer warp w loads step i by TMA. Warp 0: every step but the last (a length
+    ending inside its rows); warp 1: every step but step 2 (a page outside the cache), so its later uses of stage 0's
+    landed barrier are one phase behind the step count."""
+    return i != T - 1 if w == 0 else i != 2
+
+
+K_LANDED_PARITY = ["count"]  # "count": the kernel's landed_par; "step": (i >> 1) & 1 (broken); "flipped" (broken)
+
+
+def programs_k(T, convert_first=False, skip_wait=False, full_at_issue=False):
+    """K = V FP8 on TMA (decode_wgmma_body, KF = kFP8): two producer warps (rows 0-15, 16-31; the other two alike),
+    each with its TMA unit as an actor, and Z's two consumer warpgroups. Warp w, step i, stage s = i % 2: the empty
+    wait (i >= 2); by TMA (k_tma): its arrival on landed{s}_w (lane 0's expect_tx and the 31 others: one arrival
+    here, the unit's complete_tx the second), the issue, then the wait on landed{s}_w at the parity of its own count
+    of uses (the kernel's landed_par), the in-place conversion and its arrival on full{s}; else its copies land
+    (cp.async.wait_group), the conversion, the arrival. The unit lands the rows once issued, then arrives. Broken
+    forms: convert_first (the conversion before the landed wait), skip_wait, full_at_issue (kNoQuant's protocol:
+    full arrived at the issue), K_LANDED_PARITY "step" / "flipped"."""
+    prods, units = [[], []], [[], []]
+    for w in (0, 1):
+        uses = [0, 0]
+        for i in range(T):
+            s = i & 1
+            if i >= 2:
+                prods[w].append(("mwait", f"empty{s}", ((i - 2) >> 1) & 1))
+            if not k_tma(w, i, T):
+                prods[w] += [("land", w, i), ("convert", w, i), ("marrive", f"full{s}_0")]
+                continue
+            par = {"count": uses[s] & 1, "step": (i >> 1) & 1, "flipped": 1 - (uses[s] & 1)}[K_LANDED_PARITY[0]]
+            uses[s] += 1
+            wait = [] if skip_wait else [("mwait", f"landed{s}_{w}", par)]
+            conv = [("convert", w, i)]
+            prods[w] += [("marrive", f"landed{s}_{w}"), ("issue", w, i)]
+            if full_at_issue:
+                prods[w] += [("marrive", f"full{s}_0")] + wait + conv
+            else:
+                prods[w] += (conv + wait if convert_first else wait + conv) + [("marrive", f"full{s}_0")]
+            units[w] += [("await_issue", w, i), ("land", w, i), ("marrive", f"landed{s}_{w}")]
+    _, w0, w1 = programs_z(T)
+    return [prods[0], prods[1], units[0], units[1], w0, w1]
+
+
 MB_COUNT = {"empty0": 2, "empty1": 2}  # in actors (2 x 4 warps); every full barrier: 1 (128 producer threads)
+MB_COUNT_K = {"full0_0": 2, "full1_0": 2, **{f"landed{s}_{w}": 2 for s in (0, 1) for w in (0, 1)}}
 
 
 class Hazard(Exception):
@@ -174,7 +232,7 @@ def check_protocol(T):
             elif kind == "marrive":
                 pending, phase = mbar2.get(op[1], (0, 0))
                 pending += 1
-                if pending == MB_COUNT.get(op[1], 1):
+                if pending == (MB_COUNT_K if GROUPS[0] == -1 else {}).get(op[1], MB_COUNT.get(op[1], 1)):
                     pending, phase = 0, phase + 1
                 mbar2[op[1]] = (pending, phase)
             elif kind in ("arrive", "sync"):  # one actor = one warpgroup = half of a generation
@@ -213,6 +271,37 @@ def check_protocol(T):
                 tile, rel = stage2[("slot", slot)]
                 assert tile == i
                 stage2[("slot", slot)] = (tile, rel | {w})
+            elif kind == "await_issue":  # a TMA unit: its warp issued the boxes of step op[2]
+                if bufs2.get(("issued", op[1]), -1) < op[2]:
+                    continue
+            elif kind == "issue":
+                bufs2[("issued", op[1])] = op[2]
+            elif kind == "land":  # K mode: warp w's rows of step i written into stage i % 2 (TMA unit or cp.async)
+                _, w, i = op
+                tile, rel, _ = stage2.get(("rows", i & 1, w), (None, frozenset(), False))
+                if tile is not None and rel != frozenset({0, 1}):
+                    raise Hazard(f"T={T}: warp {w}'s rows of stage {i & 1} refilled with step {i} before step {tile} "
+                                 "was released")
+                stage2[("rows", i & 1, w)] = (i, frozenset(), False)
+            elif kind == "convert":  # K mode: warp w converts its rows of step i in place
+                _, w, i = op
+                tile, rel, done = stage2.get(("rows", i & 1, w), (None, frozenset(), False))
+                if tile != i or done:
+                    raise Hazard(f"T={T}: warp {w} converts its rows of step {i} while stage {i & 1} holds step "
+                                 f"{tile}{' (converted)' if done else ''}: the boxes had not landed")
+                stage2[("rows", i & 1, w)] = (i, rel, True)
+            elif kind == "stage_use" and GROUPS[0] == -1:
+                for w in (0, 1):
+                    tile, rel, done = stage2.get(("rows", op[1] & 1, w), (None, frozenset(), False))
+                    if tile != op[1] or not done:
+                        raise Hazard(f"T={T}: actor {a} used warp {w}'s rows of stage {op[1] & 1} holding step "
+                                     f"{tile}{'' if done else ' unconverted'}, wanted {op[1]}")
+            elif kind == "release" and GROUPS[0] == -1:
+                w, i = op[1]
+                for pw in (0, 1):
+                    tile, rel, done = stage2[("rows", i & 1, pw)]
+                    assert tile == i
+                    stage2[("rows", i & 1, pw)] = (tile, rel | {w}, done)
             elif kind == "stage_use":
                 tile, _ = stage2.get(op[1] & 1, (None, None))
                 if tile != op[1]:
@@ -365,6 +454,36 @@ def check_protocol_mutants():
         print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
         caught += bool(found)
     return caught
+
+
+def check_protocol_mutants_k():
+    """The K = V FP8 TMA producer's mistakes the checker must catch (programs_k's broken forms)."""
+    global programs_k
+    orig = programs_k
+    caught = 0
+    cases = [("conversion before the landed wait", dict(convert_first=True), "count"),
+             ("landed wait skipped", dict(skip_wait=True), "count"),
+             ("full arrived at the issue (kNoQuant's protocol)", dict(full_at_issue=True), "count"),
+             ("landed wait at the step's parity (i >> 1) & 1", {}, "step"),
+             ("landed wait at the flipped parity", {}, "flipped")]
+    for name, kw, parity in cases:
+        programs_k = lambda T, kw=kw: orig(T, **kw)  # noqa: E731
+        K_LANDED_PARITY[0] = parity
+        found = None
+        for T in range(1, 7):
+            try:
+                _, _, dl = check_protocol(T)
+                if dl:
+                    found = f"deadlock at T={T}"
+            except (Hazard, AssertionError) as e:
+                found = str(e)
+            if found:
+                break
+        programs_k = orig
+        K_LANDED_PARITY[0] = "count"
+        print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
+        caught += bool(found)
+    return caught, len(cases)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -556,10 +675,11 @@ def check_fs():
 
 def main() -> int:
     bad = 0
-    for G in (1, 3, 0):
+    for G in (1, 3, 0, -1):
         GROUPS[0] = G
-        print(f"protocol, {f'{G} full barrier(s) per stage' if G else 'variant F (FP8 cache)'} (every interleaving "
-              "of producer / WG0 / WG1):")
+        what = {0: "variant F (FP8 cache)", -1: "K = V FP8 on TMA, landed barriers (two producer warps, their TMA "
+                "units, WG0, WG1)"}.get(G, f"{G} full barrier(s) per stage")
+        print(f"protocol, {what} (every interleaving):")
         for T in range(1, 7):
             try:
                 n, finals, dl = check_protocol(T)
@@ -576,6 +696,10 @@ def main() -> int:
     GROUPS[0] = 0
     print("variant F protocol mutants (must all be caught):")
     bad += check_protocol_mutants_f() != 2
+    GROUPS[0] = -1
+    print("K = V FP8 TMA producer's protocol mutants (must all be caught):")
+    caught, total = check_protocol_mutants_k()
+    bad += caught != total
     GROUPS[0] = 1
     print("numerics (Z's per-warpgroup order vs Y's, float32, 40 random requests):")
     diff = check_numerics()

@@ -3,9 +3,9 @@ must notice. ``old`` occurs exactly once in ``file``; ``new`` replaces it.
 
 On a GPU machine, ``python3 tests/mutation/mutants_cuda.py`` judges every mutant with its own ``tests`` (as
 tests/mutation/run.py does; the runner: gpu_mutants.py), printing killed / SURVIVED per mutant; ``MUTANT_SELECTION=qdq``
-(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``, ``tma``, ``layerprep``, ``quick``) judges every chosen mutant
+(or ``wgmma``, ``fp8cache``, ``q1``, ``keysm``, ``ring4``, ``tma``, ``kfp8tma``, ``layerprep``, ``quick``) judges every chosen mutant
 with ``QDQ_SELECTION`` (``WGMMA_SELECTION``, ``FP8_CACHE_SELECTION``, ``Q1_SELECTION``, ``KEYS_M_SELECTION``,
-``RING4_SELECTION``, ``TMA_SELECTION``, ``LAYER_PREP_SELECTION``, ``KILL_SELECTION``) instead; ``MUTANT_INDICES=16,17``
+``RING4_SELECTION``, ``TMA_SELECTION``, ``KFP8_TMA_SELECTION``, ``LAYER_PREP_SELECTION``, ``KILL_SELECTION``) instead; ``MUTANT_INDICES=16,17``
 only those mutants.
 """
 from __future__ import annotations
@@ -35,6 +35,13 @@ another kernel (the fixture's record)."""
 TMA_SELECTION = "tests/test_cuda_decode.py -k 'tma_boxes or (odd_page_sizes and 48) or (deepseek and bf16-128-64-auto)'"
 """The producer's TMA boxes (round r): pages 16 / 32 / 64 / 256 and pages padded apart, lengths ending inside a warp's
 16 rows, page 48 (no power of two: no TMA), 64 and 128 heads."""
+KFP8_TMA_SELECTION = ("tests/test_cuda_decode.py -k 'fp8_recipe_tma_boxes or fp8_recipe_tma_landed_phase or "
+                      "(deepseek and fp8-16-16) or "
+                      "(deepseek and fp8_p_nvfp4-128-64)'")
+"""K = V FP8 on the producer's TMA boxes (round s, mutants 76-79): the TMA path bit-equal to the unaligned cache's
+element path at pages 16 / 64 (a page outside the cache in mid-request: one warp of one step falls back), page 33,
+64 and 128 heads; every request's second page absent over a cache beyond the L2 (later TMA steps on the fallback's
+stage must wait for their own boxes); the DeepSeek edges at page 16 (16 heads) and page 64 (128 heads, NVFP4 P)."""
 KEYS_M_SELECTION = "tests/test_cuda_decode.py -k 'keys_m_fp16 or keys_m_metadata'"
 """The keys-as-M kernel over a bf16 / fp16 cache ({"kernel": "keys_m"}): fp16 and bf16, odd and even step counts, one
 step, an empty split, pages of 48 at 1 and 16 heads, 1-32 splits; absent keys, unaligned rows, a CUDA graph."""
@@ -409,11 +416,11 @@ MUTANTS += [
 TMA = "csrc/mla_decode_wgmma.cuh"
 # MUTANT_INDICES 72-75 (run.py ids cuda#73-76): the producer's TMA boxes (round r), killed by wrong numbers or NaN
 MUTANTS += [
-    dict(file=TMA, old="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, full);",
-         new="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page + 1, page, full);",
+    dict(file=TMA, old="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, bar);",
+         new="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page + 1, page, bar);",
          tests=[TMA_SELECTION], gpu=True, why="TMA: the warp's rows one row late (the last one past its page: zeros)"),
-    dict(file=TMA, old="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, full);",
-         new="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 64, kv_map, 64 * c, in_page, page, full);",
+    dict(file=TMA, old="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 128, kv_map, 64 * c, in_page, page, bar);",
+         new="    for (int c = 0; c < kChunks / 8; ++c) tma_slab(sk + c * kSlab + 16 * w * 64, kv_map, 64 * c, in_page, page, bar);",
          tests=[TMA_SELECTION], gpu=True, why="TMA: warp w's rows land at row 8w (warps overwrite each other's rows)"),
     dict(file=TMA, old="  if (!__all_sync(0xffffffffu, lane >= 16 || my_off >= 0)) return false;",
          new="  if (!__all_sync(0xffffffffu, lane >= 1 || my_off >= 0)) return false;",
@@ -422,6 +429,27 @@ MUTANTS += [
     dict(file=TMA, old="  if (!wanted || p.cache_fp8 || p.page_shift < 0 || p.page_size < 16",
          new="  if (!wanted || p.cache_fp8 || p.page_size < 16", tests=[TMA_SELECTION], gpu=True,
          why="TMA maps a page size that is no power of two (48: the in-page row by a mask is wrong)"),
+]
+# MUTANT_INDICES 76-79 (run.py ids cuda#77-80): K = V FP8 on the TMA boxes (round s), killed by wrong numbers (the
+# TMA path against the element path, bit for bit) or a launch error
+KFP8_WAIT = "          mbar_wait(&landed[4 * s + (warp - 8)], (landed_par >> s) & 1);\n"
+MUTANTS += [
+    dict(file=TMA, old=KFP8_WAIT, new=KFP8_WAIT.replace("(landed_par >> s) & 1", "(i >> 1) & 1"),
+         tests=[KFP8_TMA_SELECTION], gpu=True,
+         why="K FP8 TMA: the landed wait at the step's parity; after a warp's fallback step (a page outside the cache) "
+             "its later waits pass at once and convert rows before their boxes land"),
+    dict(file=TMA, old=KFP8_WAIT, new="", tests=[KFP8_TMA_SELECTION], gpu=True,
+         why="K FP8 TMA: no landed wait (the rows converted while the boxes land; unconverted values reach the MMA)"),
+    dict(file=TMA, old="        k_codes_fp8<T>(p.k_scale, k_inv, smem_u32(sk0 + s * kTileBytes), warp - 8, lane);",
+         new="        k_codes_fp8<T>(p.k_scale, k_inv, smem_u32(sk0 + s * kTileBytes), (warp - 7) & 3, lane);",
+         tests=[KFP8_TMA_SELECTION], gpu=True,
+         why="K FP8: each warp converts the next warp's rows (its own stay unconverted, the next one's converted twice "
+             "or before they land)"),
+    dict(file=TMA, old="  const bool kv_tma = kv_tensor_map(p, KF == kNoQuant || KF == kFP8, &kv_map);",
+         new="  const bool kv_tma = kv_tensor_map(p, KF == kNoQuant, &kv_map) || KF == kFP8;",
+         tests=[KFP8_TMA_SELECTION], gpu=True,
+         why="K FP8 launcher: the kernel told to load by TMA without a map (a zeroed descriptor: a launch error; not "
+             "asking for the map at all would be a no-op for the results)"),
 ]
 
 if __name__ == "__main__":
@@ -432,7 +460,7 @@ if __name__ == "__main__":
     # MUTANT_SELECTION names one selection for every chosen mutant (module docstring); unset: each mutant's own tests
     chosen = {"wgmma": WGMMA_SELECTION, "qdq": QDQ_SELECTION, "fp8cache": FP8_CACHE_SELECTION, "q1": Q1_SELECTION,
               "keysm": KEYS_M_SELECTION, "layerprep": LAYER_PREP_SELECTION, "ring4": RING4_SELECTION,
-              "tma": TMA_SELECTION, "quick": shlex.join(KILL_SELECTION)}.get(os.environ.get("MUTANT_SELECTION", ""))
+              "tma": TMA_SELECTION, "kfp8tma": KFP8_TMA_SELECTION, "quick": shlex.join(KILL_SELECTION)}.get(os.environ.get("MUTANT_SELECTION", ""))
     if chosen:
         raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: shlex.split(chosen)))
     raise SystemExit(gpu_mutants.run(MUTANTS, lambda m: [a for t in m["tests"] for a in shlex.split(t)]))

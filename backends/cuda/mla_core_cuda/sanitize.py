@@ -206,6 +206,7 @@ def _decode_main() -> bool:
     ok &= _case(20, 1, [0, 1, 33, 70], 3, "fp8", "wgmma", unaligned=True)
     ok &= _case(128, 48, [1, 300, 0, 97], 1, "fp8_p_nvfp4", "wgmma")
     ok &= _case(16, 64, [129, 64, 1, 300], 2, "fp8_p_nvfp4", "wgmma", unaligned=True)
+    ok &= _case(64, 256, [1000, 3, 0, 301], 3, "fp8", "wgmma")  # K = V FP8 on the TMA boxes (landed barriers)
     ok &= _case(128, 33, [1, 300, 0, 97], 3, "fp8cache", "wgmma")
     ok &= _case(16, 64, [129, 64, 1, 300], 32, "fp8cache", "wgmma", unaligned=True)
     ok &= _case(20, 1, [0, 1, 33, 70], 1, "fp8cache", "wgmma")
