@@ -277,6 +277,32 @@ __device__ __forceinline__ uint2 ld_shared8(uint32_t a) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
   return v;
 }
+// Schedule Q1's P publication (q1_step) through 32-bit shared-window addresses: the generic pointers made the
+// compiler emit generic ST.E with 64-bit address arithmetic (two integer instructions a store) on WG0's chain.
+// stmatrix x4: four 8x8 b16 matrices, one register of each per thread in the mma fragment layout (thread i: row
+// i / 4, columns 2 (i % 4) and + 1, the lower column in the low half), lane l giving the address of matrix l / 8's
+// row l % 8.
+__device__ __forceinline__ void stsm_x4(uint32_t a, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void st_shared4f(uint32_t a, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+// The 4 validity words of a stage (q1_step: 16 keys a word).
+__device__ __forceinline__ uint4 ld_shared16_valid(const uint32_t* valid4) { return ld_shared16(smem_u32(valid4)); }
+// store_p's bytes by stmatrix: this warp's 16 rows x 32 keys (key0 .. key0 + 31) of the P slab at shared address
+// `sp` (1024-aligned), a[ks] = keys key0 + 16 ks .. + 15 as matrices (rows lo, keys 0-7), (hi, 0-7), (lo, 8-15),
+// (hi, 8-15). Lane l's row: 16 w + l % 8 + 8 ((l / 8) % 2); its 16-byte chunk: key0 / 8 + 2 ks + l / 16, stored at
+// chunk ^ (row % 8) = ((l / 16) ^ (l % 8)) ^ (key0 / 8 + 2 ks) (the chunk's bits 1-2 do not overlap l / 16).
+__device__ __forceinline__ void store_p_stsm(uint32_t sp, const uint32_t (&a)[2][4], int key0, int t) {
+  const int lane = t & 31;
+  const uint32_t row = 16u * (t >> 5) + (lane & 7) + 8u * ((lane >> 3) & 1);
+  const uint32_t x = ((lane >> 4) ^ (lane & 7));
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) stsm_x4(sp + row * 128u + ((x ^ (key0 / 8 + 2 * ks)) << 4), a[ks]);
+}
 // Waits until at most n of this thread's most recent cp.async groups are pending (0 <= n <= 3).
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
   if (n == 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
@@ -429,24 +455,43 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     if constexpr (kRing) mbar_wait(&full[h1], (it >> 1) & 1);
     wg_fence();
     q1_s<T>(s0, s1, sq, sk);
+    // The stage's validity words, read while S runs (the producer wrote them before its full arrival).
+    const uint4 vw = ld_shared16_valid(valid4);
     wg_wait<0>();
     reg_fence(s0);
     reg_fence(s1);
-    const uint32_t v0 = valid4[0] | (valid4[1] << 16), v1 = valid4[2] | (valid4[3] << 16);
+    const uint32_t v0 = vw.x | (vw.y << 16), v1 = vw.z | (vw.w << 16);
     float mx0_lo = -INFINITY, mx0_hi = -INFINITY, mx1_lo = -INFINITY, mx1_hi = -INFINITY;
+    // All 64 keys valid (every step but a split's or sequence's ragged last one; one value for the CTA): the same
+    // products without the 32 bit tests and selects (x ? y : -inf with x true is y), off WG0's chain.
+    if ((v0 & v1) == 0xffffffffu) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int key = 8 * (j >> 2) + 2 * (t & 3) + (j & 1);
-      const float x0 = (v0 >> key) & 1u ? s0[j] * p.qk_scale_log2 : -INFINITY;
-      const float x1 = (v1 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;
-      s0[j] = x0;
-      s1[j] = x1;
-      if (j & 2) {
-        mx0_hi = fmaxf(mx0_hi, x0);
-        mx1_hi = fmaxf(mx1_hi, x1);
-      } else {
-        mx0_lo = fmaxf(mx0_lo, x0);
-        mx1_lo = fmaxf(mx1_lo, x1);
+      for (int j = 0; j < 16; ++j) {
+        s0[j] = s0[j] * p.qk_scale_log2;
+        s1[j] = s1[j] * p.qk_scale_log2;
+        if (j & 2) {
+          mx0_hi = fmaxf(mx0_hi, s0[j]);
+          mx1_hi = fmaxf(mx1_hi, s1[j]);
+        } else {
+          mx0_lo = fmaxf(mx0_lo, s0[j]);
+          mx1_lo = fmaxf(mx1_lo, s1[j]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int key = 8 * (j >> 2) + 2 * (t & 3) + (j & 1);
+        const float x0 = (v0 >> key) & 1u ? s0[j] * p.qk_scale_log2 : -INFINITY;
+        const float x1 = (v1 >> key) & 1u ? s1[j] * p.qk_scale_log2 : -INFINITY;
+        s0[j] = x0;
+        s1[j] = x1;
+        if (j & 2) {
+          mx0_hi = fmaxf(mx0_hi, x0);
+          mx1_hi = fmaxf(mx1_hi, x1);
+        } else {
+          mx0_lo = fmaxf(mx0_lo, x0);
+          mx1_lo = fmaxf(mx1_lo, x1);
+        }
       }
     }
     quad_max(mx0_lo, mx0_hi);
@@ -468,10 +513,14 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     m_hi = m2_hi;
     p_fragments<T>(s1, a1);
     if (it > 0) nb_sync<kConsumerThreads>(kBarP0Empty);  // WG1 read the previous step's P slab and factors
-    store_p(sp, a0, row_lo, 0, t);
-    store_p(sp, a1, row_lo, kPTile, t);
-    store_row_pair(sa1, row_lo, t, a1_lo, a1_hi);
-    store_row_pair(sa2, row_lo, t, a2_lo, a2_hi);
+    store_p_stsm(smem_u32(sp), a0, 0, t);  // store_p's bytes, 4 stmatrix instead of 16 generic stores
+    store_p_stsm(smem_u32(sp), a1, kPTile, t);
+    if ((t & 3) == 0) {  // store_row_pair's, through shared-window addresses
+      st_shared4f(smem_u32(sa1 + row_lo), a1_lo);
+      st_shared4f(smem_u32(sa1 + row_lo + 8), a1_hi);
+      st_shared4f(smem_u32(sa2 + row_lo), a2_lo);
+      st_shared4f(smem_u32(sa2 + row_lo + 8), a2_hi);
+    }
     fence_proxy_async();
     nb_arrive<kConsumerThreads>(kBarP0Full);
     rescale_pv_regs<T>(o, a1_lo, a1_hi, a0, sv, 0);

@@ -452,6 +452,23 @@ MUTANTS += [
              "asking for the map at all would be a no-op for the results)"),
 ]
 
+WG0 = "csrc/mla_decode_wgmma.cuh"
+# MUTANT_INDICES 76-78 (run.py ids cuda#77-79; 80-82 if benchmarks/pending/decode-kfp8-tma.patch lands first): WG0's
+# cheaper Q1 chain (round t, benchmarks/NOTES_wg0.md): P by stmatrix, the all-valid fast path, the factors by
+# st.shared; each killed by wrong numbers in Q1_SELECTION (bf16 at 16 / 64 / 128 heads, ragged lengths, pages)
+MUTANTS += [
+    dict(file=WG0, old="  const uint32_t row = 16u * (t >> 5) + (lane & 7) + 8u * ((lane >> 3) & 1);",
+         new="  const uint32_t row = 16u * (t >> 5) + (lane & 7) + 8u * ((lane >> 4) & 1);", tests=[Q1_SELECTION],
+         gpu=True, why="stmatrix: matrices 1 / 2 addressed as each other (rows hi, keys 0-7 <-> rows lo, keys 8-15): "
+                       "WG1 multiplies a scrambled P (every case)"),
+    dict(file=WG0, old="    if ((v0 & v1) == 0xffffffffu) {", new="    if (v0 == 0xffffffffu) {", tests=[Q1_SELECTION],
+         gpu=True, why="the all-valid fast path tested on keys 0-31 only: a ragged last step with 32-63 valid keys "
+                       "scores its absent keys 32-63 unmasked (the tests' NaN / garbage rows, or zeros, leak in)"),
+    dict(file=WG0, old="      st_shared4f(smem_u32(sa1 + row_lo + 8), a1_hi);",
+         new="      st_shared4f(smem_u32(sa1 + row_lo + 8), a1_lo);", tests=[Q1_SELECTION], gpu=True,
+         why="WG1's factor a1 of rows hi published as row lo's (wrong whenever the two rows' maxima move apart)"),
+]
+
 if __name__ == "__main__":
     import os
     import shlex
