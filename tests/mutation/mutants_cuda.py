@@ -453,7 +453,7 @@ MUTANTS += [
 ]
 
 WG0 = "csrc/mla_decode_wgmma.cuh"
-# MUTANT_INDICES 76-78 (run.py ids cuda#77-79; 80-82 if benchmarks/pending/decode-kfp8-tma.patch lands first): WG0's
+# MUTANT_INDICES 80-82 (run.py ids cuda#81-83): WG0's
 # cheaper Q1 chain (round t, benchmarks/NOTES_wg0.md): P by stmatrix, the all-valid fast path, the factors by
 # st.shared; each killed by wrong numbers in Q1_SELECTION (bf16 at 16 / 64 / 128 heads, ragged lengths, pages)
 MUTANTS += [
