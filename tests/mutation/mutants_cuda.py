@@ -453,9 +453,9 @@ MUTANTS += [
 ]
 
 WG0 = "csrc/mla_decode_wgmma.cuh"
-# MUTANT_INDICES 80-82 (run.py ids cuda#81-83): WG0's
-# cheaper Q1 chain (round t, benchmarks/NOTES_wg0.md): P by stmatrix, the all-valid fast path, the factors by
-# st.shared; each killed by wrong numbers in Q1_SELECTION (bf16 at 16 / 64 / 128 heads, ragged lengths, pages)
+# MUTANT_INDICES 80-82 (run.py ids cuda#81-83): WG0's cheaper Q1 chain (round t, benchmarks/NOTES.md "WG0's Q1
+# chain made cheaper"): P by stmatrix, the all-valid fast path, the factors by st.shared; each killed by wrong
+# numbers in Q1_SELECTION (bf16 at 16 / 64 / 128 heads, ragged lengths, pages)
 MUTANTS += [
     dict(file=WG0, old="  const uint32_t row = 16u * (t >> 5) + (lane & 7) + 8u * ((lane >> 3) & 1);",
          new="  const uint32_t row = 16u * (t >> 5) + (lane & 7) + 8u * ((lane >> 4) & 1);", tests=[Q1_SELECTION],
