@@ -345,6 +345,18 @@ def check_protocol(T):
     return len(seen), finals, deadlocks
 
 
+def first_failure(max_steps):
+    """The first failure of check_protocol over 1..max_steps steps (a hazard, an assertion or a deadlock), or None."""
+    for T in range(1, max_steps + 1):
+        try:
+            _, _, dl = check_protocol(T)
+            if dl:
+                return f"deadlock at T={T}"
+        except (Hazard, AssertionError) as e:
+            return str(e)
+    return None
+
+
 def check_protocol_mutants_f():
     """F's mistakes the checker must catch: no barrier before the conversion (a warpgroup overwrites the bf16
     stage while the other still reads the previous tile), no barrier after it (S reads a half-converted tile)."""
@@ -373,16 +385,7 @@ def check_protocol_mutants_f():
     for name, fn in [("no barrier before the conversion", no_first_sync),
                      ("no barrier after the conversion", no_second_sync)]:
         programs_f = fn
-        found = None
-        for T in range(1, 5):
-            try:
-                _, _, dl = check_protocol(T)
-                if dl:
-                    found = f"deadlock at T={T}"
-            except (Hazard, AssertionError) as e:
-                found = str(e)
-            if found:
-                break
+        found = first_failure(4)
         programs_f = orig
         print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
         caught += bool(found)
@@ -440,16 +443,7 @@ def check_protocol_mutants():
                      ("full waited with parity i & 1", bad_parity), ("no P0-empty barrier", no_p0_empty),
                      ("P0E arrived at on the last tile", p0e_last)]:
         programs = mut(fn)
-        found = None
-        for T in range(1, 6):
-            try:
-                _, _, dl = check_protocol(T)
-                if dl:
-                    found = f"deadlock at T={T}"
-            except (Hazard, AssertionError) as e:
-                found = str(e)
-            if found:
-                break
+        found = first_failure(5)
         programs = orig
         print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
         caught += bool(found)
@@ -469,16 +463,7 @@ def check_protocol_mutants_k():
     for name, kw, parity in cases:
         programs_k = lambda T, kw=kw: orig(T, **kw)  # noqa: E731
         K_LANDED_PARITY[0] = parity
-        found = None
-        for T in range(1, 7):
-            try:
-                _, _, dl = check_protocol(T)
-                if dl:
-                    found = f"deadlock at T={T}"
-            except (Hazard, AssertionError) as e:
-                found = str(e)
-            if found:
-                break
+        found = first_failure(6)
         programs_k = orig
         K_LANDED_PARITY[0] = "count"
         print(f"  mutant '{name}': {'caught: ' + found if found else 'NOT caught'}")
