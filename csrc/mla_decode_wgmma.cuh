@@ -1655,8 +1655,8 @@ cudaError_t launch_km(const DecodeParams& p, cudaStream_t stream) {
 
 // The cache as produce_rows_tma's map (16-bit elements as (576 columns, page_size rows, num_pages pages), boxes of
 // 64 x 16 x 1, 128-byte swizzle), or false, the map zeroed, and the producer copies every row with cp.async: not
-// `wanted` (the launchers want it for 16-bit rows: KF kNoQuant or kFP8, not an FP8 cache's codes), a cache of codes, a page size not a power of two >= 16, a base or
-// stride not 16-byte aligned, no encoder, or its refusal.
+// `wanted` (the launchers want it for 16-bit rows: KF kNoQuant or kFP8, not an FP8 cache's codes), a cache of
+// codes, a page size not a power of two >= 16, a base or stride not 16-byte aligned, no encoder, or its refusal.
 inline bool kv_tensor_map(const DecodeParams& p, bool wanted, CUtensorMap* map) {
   std::memset(map, 0, sizeof(*map));
   if (!wanted || p.cache_fp8 || p.page_shift < 0 || p.page_size < 16 || p.num_pages < 1 || p.num_pages > INT32_MAX ||
