@@ -52,8 +52,9 @@ class Wrong(_Fake):
     name, version, priority = "tt_wrong", "1", 1
 
     def merge(self, call, config):
-        out, lse = merge_math(call)
-        return call.prefix_output.clone(), lse  # fastest, and wrong
+        # wrong, and the fastest by far: no math at all, so CPU contention cannot push it past tt_fast's 1 ms sleep
+        # (with the merge's math it once timed slower on a loaded CI machine, went unchecked and became runner-up)
+        return call.prefix_output.clone(), call.prefix_lse.clone(memory_format=torch.contiguous_format)
 
 
 class Exact(_Fake):
