@@ -46,6 +46,17 @@ def rel_l2(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def _unaligned_rows(cache):
+    """``cache``'s values as a column slice of a tensor one column wider: rows not 16-byte aligned (the producer's
+    element / byte path instead of TMA or cp.async), the extra column NaN (0x7F codes for an FP8 cache)."""
+    fp8 = cache.dtype == torch.float8_e4m3fn
+    raw = cache.view(torch.uint8) if fp8 else cache
+    wide = torch.full((*raw.shape[:2], RANK + ROPE + 1), 0x7F if fp8 else float("nan"), dtype=raw.dtype,
+                      device=raw.device)
+    wide[..., 1:] = raw
+    return wide[..., 1:].view(torch.float8_e4m3fn) if fp8 else wide[..., 1:]
+
+
 def _poison_allocator():
     """Fill recently freed allocator memory with NaN, so buffers the next call allocates start as NaN."""
     junk = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MB
@@ -274,9 +285,7 @@ def test_index_dtypes_and_strides(heads, kernels):
     """int64 table and lengths, a cache whose rows are not 16-byte aligned (a column slice of a wider
     tensor), q a head slice of a larger tensor (and one whose rows are not 16-byte aligned)."""
     q, cache, table, lens = _inputs((300, 17, 0), heads, 16)
-    wide = torch.full((cache.shape[0], cache.shape[1], 577), float("nan"), dtype=cache.dtype, device="cuda")
-    wide[..., 1:] = cache
-    sliced = wide[..., 1:]
+    sliced = _unaligned_rows(cache)
     g = torch.Generator().manual_seed(1)
     q_big = torch.randn(q.shape[0], 2 * heads, q.shape[2], generator=g).to("cuda", q.dtype)
     q_big[:, heads // 2:heads // 2 + heads] = q
@@ -335,9 +344,7 @@ def test_fp8_recipe_tma_boxes_and_fallback(monkeypatch, recipe, heads, page_size
     table = table.clone()
     table[0, 80 // page_size] = 10 ** 9  # request 0's keys 80-95 (page 64: its whole second page) absent
     out, lse = check((q, cache, table, lens), quantized=True, num_kv_splits=3, **kw)
-    wide = torch.full((*cache.shape[:2], 577), float("nan"), dtype=cache.dtype, device="cuda")
-    wide[..., 1:] = cache
-    out_u, lse_u = check((q, wide[..., 1:], table, lens), quantized=True, num_kv_splits=3, **kw)
+    out_u, lse_u = check((q, _unaligned_rows(cache), table, lens), quantized=True, num_kv_splits=3, **kw)
     assert torch.equal(out_u, out) and torch.equal(lse_u, lse)
     check(_inputs((1000, 3, 0, 301, 64, 129), heads, 33), quantized=True, num_kv_splits=3, **kw)
     assert kernels == ["wgmma"] * 3
@@ -523,9 +530,7 @@ def test_fp8_cache_unaligned_rows_and_graph(heads, kernels):
     the aligned cache's numbers bit for bit; int64 metadata; captured in a CUDA graph and replayed (16 heads: the
     keys-as-M kernel, 128: the 64-head one)."""
     q, cache, table, lens = _fp8_inputs((300, 17, 0, 64), heads, 16)
-    wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), 0x7F, dtype=torch.uint8, device="cuda")
-    wide[..., 1:] = cache.view(torch.uint8)
-    sliced = wide[..., 1:].view(FP8)
+    sliced = _unaligned_rows(cache)
     aligned, aligned_lse = check((q, cache, table, lens), kv_scale=KV_SCALE, num_kv_splits=2)
     out, lse = check((q, sliced, table.long(), lens.long()), kv_scale=KV_SCALE, num_kv_splits=2)
     assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
@@ -668,11 +673,8 @@ def _metadata_unaligned_and_graph(monkeypatch, heads, last_len):
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert rel_l2(out, ref) < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-3
     q, cache, table, lens = _inputs((300, 17, 0, last_len), heads, 16)
-    wide = torch.full((cache.shape[0], cache.shape[1], RANK + ROPE + 1), float("nan"), dtype=cache.dtype,
-                      device="cuda")
-    wide[..., 1:] = cache
     aligned, aligned_lse = check((q, cache, table, lens), num_kv_splits=2)
-    out, lse = check((q, wide[..., 1:], table.long(), lens.long()), num_kv_splits=2)
+    out, lse = check((q, _unaligned_rows(cache), table.long(), lens.long()), num_kv_splits=2)
     assert torch.equal(out, aligned) and torch.equal(lse, aligned_lse)
     kw = dict(softmax_scale=0.04, kv_lora_rank=RANK, qk_rope_head_dim=ROPE, num_kv_splits=4, backend="cuda")
     _check_graph_replay(q, cache, table, lens, kw)
