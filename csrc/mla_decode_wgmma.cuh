@@ -290,8 +290,6 @@ __device__ __forceinline__ void stsm_x4(uint32_t a, const uint32_t (&r)[4]) {
 __device__ __forceinline__ void st_shared4f(uint32_t a, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
 }
-// The 4 validity words of a stage (q1_step: 16 keys a word).
-__device__ __forceinline__ uint4 ld_shared16_valid(const uint32_t* valid4) { return ld_shared16(smem_u32(valid4)); }
 // store_p's bytes by stmatrix: this warp's 16 rows x 32 keys (key0 .. key0 + 31) of the P slab at shared address
 // `sp` (1024-aligned), a[ks] = keys key0 + 16 ks .. + 15 as matrices (rows lo, keys 0-7), (hi, 0-7), (lo, 8-15),
 // (hi, 8-15). Lane l's row: 16 w + l % 8 + 8 ((l / 8) % 2); its 16-byte chunk: key0 / 8 + 2 ks + l / 16, stored at
@@ -456,7 +454,7 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
     wg_fence();
     q1_s<T>(s0, s1, sq, sk);
     // The stage's validity words, read while S runs (the producer wrote them before its full arrival).
-    const uint4 vw = ld_shared16_valid(valid4);
+    const uint4 vw = ld_shared16(smem_u32(valid4));  // 4 words, 16 keys each
     wg_wait<0>();
     reg_fence(s0);
     reg_fence(s1);
