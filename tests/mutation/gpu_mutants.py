@@ -4,9 +4,10 @@ Every csrc mutant is a copy of csrc/ with one edit, built through ``MLA_CORE_CUD
 parallel; a Python mutant is applied in place and the original file written back after its run. Then each
 mutant's test selection runs once (``pytest -m gpu -q -x``): killed when it fails, SURVIVED when it passes or
 selects nothing (exit status 5; but a mutant not marked ``gpu=True`` whose selection holds no GPU test is reported
-"not judged here": tests/mutation/run.py judges it on the CPU). A mutant that fails to build is killed at compile time (reported as such); one
-whose tests run past ``MUTANT_TIMEOUT`` seconds (default 300: a dropped barrier can hang a kernel) is killed by the
-timeout (reported as such). ``MUTANT_INDICES=5,6,7`` judges only those mutants of the list.
+"not judged here": tests/mutation/run.py judges it on the CPU). A mutant that fails to build is killed at compile
+time (reported as such); one whose tests run past ``MUTANT_TIMEOUT`` seconds (default 300: a dropped barrier can
+hang a kernel) is killed by the timeout (reported as such). ``MUTANT_INDICES=5,6,7`` judges only those mutants of
+the list.
 """
 from __future__ import annotations
 
