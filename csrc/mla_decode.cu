@@ -8,25 +8,55 @@
 namespace mla_core_cuda {
 namespace {
 
-// One CTA of 128 threads per (request, head): o = sum_i exp(lse_i - lse) o_i, lse = logsumexp(lse_i).
-__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
+// One CTA of kCombineThreads per (request, head): o = sum_i w_i o_i / sum_i w_i with w_i = exp(lse_i - max_i lse_i),
+// lse = max + log(sum_i w_i), summed in split order; an empty split (lse -inf, w 0) is skipped (its partial, read
+// with the others so that the loads need no weight first, is never used). Thread t loads split t's LSE and writes its weight to shared memory once; then each thread reads its 4 columns
+// of kCombineBatch partial rows with their loads issued together, so that a batch of splits costs one L2 round trip
+// rather than one per split (at batch 1 these few CTAs are the decode's tail). Launched with programmatic stream
+// serialization (launch_combine): griddepcontrol.wait holds it until the split kernel's partials are visible.
+// __launch_bounds__' 4 CTAs an SM lets ptxas keep the batch's 16 loads in flight (at its default target of 16 CTAs
+// it keeps 3, for 32 registers).
+constexpr int kCombineBatch = 16;
+__global__ void __launch_bounds__(kCombineThreads, 4) decode_combine_kernel(const DecodeParams p) {
+  __shared__ float weights[kCombineThreads];
+  __shared__ float warp_max[kCombineThreads / 32];
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t row = blockIdx.x;
-  const float* lses = p.part_lse + row * p.num_splits;
-  float lse_max = -INFINITY;
-  for (int i = 0; i < p.num_splits; ++i) lse_max = fmaxf(lse_max, lses[i]);
+  const int splits = p.num_splits;  // <= kCombineThreads (launch_combine)
+  const int t = threadIdx.x;
+  const float lse_t = t < splits ? p.part_lse[row * splits + t] : -INFINITY;
+  float lse_max = lse_t;
+  for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1)
+    lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, lane_mask));
+  if (t % 32 == 0) warp_max[t / 32] = lse_max;
+  __syncthreads();
+  lse_max = warp_max[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) lse_max = fmaxf(lse_max, warp_max[w]);
   const float safe_max = lse_max == -INFINITY ? 0.f : lse_max;
+  if (t < splits) weights[t] = expf(lse_t - safe_max);  // an empty split: exp(-inf) = 0
+  __syncthreads();
+  const int col = t * 4;
+  const float4* part = reinterpret_cast<const float4*>(p.part_o + row * splits * kNope + col);  // split 0's columns
   float total = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int col = threadIdx.x * 4;
-  for (int i = 0; i < p.num_splits; ++i) {
-    const float w = expf(lses[i] - safe_max);  // an empty split: exp(-inf) = 0
-    if (w == 0.f) continue;                    // its partial is 0 anyway; skip the read
-    const float4 o = *reinterpret_cast<const float4*>(p.part_o + (row * p.num_splits + i) * kNope + col);
-    acc.x += w * o.x;
-    acc.y += w * o.y;
-    acc.z += w * o.z;
-    acc.w += w * o.w;
-    total += w;
+  for (int first = 0; first < splits; first += kCombineBatch) {
+    float w[kCombineBatch];
+    float4 o[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const bool present = first + j < splits;
+      w[j] = present ? weights[first + j] : 0.f;
+      o[j] = present ? part[(first + j) * (kNope / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (w[j] == 0.f) continue;
+      acc.x += w[j] * o[j].x;
+      acc.y += w[j] * o[j].y;
+      acc.z += w[j] * o[j].z;
+      acc.w += w[j] * o[j].w;
+      total += w[j];
+    }
   }
   const float inv = total == 0.f ? 0.f : 1.f / total;
   const float o[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
@@ -41,7 +71,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
     dst[0] = __floats2half2_rn(o[0], o[1]);
     dst[1] = __floats2half2_rn(o[2], o[3]);
   }
-  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = total == 0.f ? -INFINITY : safe_max + logf(total);
+  if (t == 0 && p.lse != nullptr) p.lse[row] = total == 0.f ? -INFINITY : safe_max + logf(total);
 }
 
 }  // namespace
@@ -61,9 +91,19 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
-  decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads), kCombineThreads, 0,
-                          stream>>>(p);
-  return cudaGetLastError();
+  if (p.num_splits > kCombineThreads) return cudaErrorInvalidValue;
+  // Programmatic dependent launch: the combine's CTAs may be scheduled before the split kernel has finished (they
+  // wait in griddepcontrol.wait), which hides the gap between the two launches.
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.heads));
+  config.blockDim = dim3(kCombineThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
 }
 
 }  // namespace mla_core_cuda
