@@ -245,6 +245,7 @@ __device__ void quantize_v(const DecodeParams& p, T* v) {
 // (w / 4) * kMPerWarp .. + kMPerWarp - 1; P V: warp w takes output columns w * 512 / WARPS .. .
 template <typename T, int HT, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) decode_split_kernel(const DecodeParams p) {
+  allow_combine_launch();
   constexpr int kThreads = WARPS * 32;
   constexpr int kRows = 16 * HT;                 // heads per CTA
   constexpr int kMPerWarp = HT * 4 / WARPS;      // m-tiles per warp in the score product

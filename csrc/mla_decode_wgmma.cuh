@@ -555,6 +555,7 @@ __device__ __forceinline__ void q1_step(const DecodeParams& p, float (&o)[128], 
 template <typename T, int KF, int PF, bool kRing>
 __device__ __forceinline__ void decode_wgmma_body(const DecodeParams& p, const CUtensorMap& kv_map, bool kv_tma) {
   static_assert(!kRing || (KF == kNoQuant && PF == kNoQuant), "ring4 runs schedule Q1 (unquantized) only");
+  allow_combine_launch();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sq = align1024(smem_raw);
   uint8_t* sk0 = sq + kTileBytes;
@@ -1205,6 +1206,7 @@ __device__ __forceinline__ void km_rescale(float (&o)[64], const float (&a)[4]) 
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_t_kernel(const DecodeParams p) {
+  allow_combine_launch();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sqt = align1024(smem_raw);                 // Q^T: 9 slabs [16 heads x 128 B]
   uint8_t* spt = sqt + 9 * kSlabT;                    // P^T: [2 warpgroups] one slab [16 heads x 64 keys]
@@ -1465,6 +1467,7 @@ __device__ __forceinline__ void km_store(OutT* dst, const float (&o)[64], int e,
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) decode_km_kernel(const DecodeParams p) {
+  allow_combine_launch();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sqt = align1024(smem_raw);                 // Q^T: 9 slabs [16 heads x 128 B]
   uint8_t* spt = sqt + 9 * kSlabT;                    // P^T: [2 warpgroups] one slab [16 heads x 64 keys]
