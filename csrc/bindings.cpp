@@ -87,7 +87,7 @@ mla_core_cuda::DecodeParams common_params(const at::Tensor& q, const at::Tensor&
                       : q.scalar_type() == cache.scalar_type(),
             "q and latent_cache must share a dtype (an FP8 cache: q bfloat16 or float16)");
   MLA_CHECK(out.is_contiguous() && out.dim() == 3 && out.size(2) == 512, "out must be contiguous [batch, heads, 512]");
-  MLA_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..32");
+  MLA_CHECK(num_splits >= 1 && num_splits <= 128, "num_splits must be 1..128");  // numerics.MAX_KV_SPLITS
   check_index(block_table, "block_table");
   check_index(seq_lens, "seq_lens");
 

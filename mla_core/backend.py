@@ -129,8 +129,8 @@ class Backend:
 
         Default: the config must equal one of :meth:`configs` (values compared with their JSON types, so
         ``True`` is not ``1``), except that for a decode with ``num_kv_splits="auto"`` it may also carry a
-        ``num_kv_splits`` (an int in 1..32: the tuner adds it). A backend that accepts more configs than it
-        lists overrides this and checks every field's type and range itself.
+        ``num_kv_splits`` (an int in 1..128, :data:`numerics.MAX_KV_SPLITS`: the tuner adds it). A backend that
+        accepts more configs than it lists overrides this and checks every field's type and range itself.
         """
         if not isinstance(config, Mapping):
             return [f"config is a {type(config).__name__}, not an object"]

@@ -32,8 +32,12 @@ DECODE_P_TILE = 32
 """Keys per P tile in decode: the running max is updated once per 32-key tile at absolute positions."""
 DEFAULT_PREFILL_BLOCK_N = 64
 """Default prefill key tile (``block_n``), which is also prefill's P tile."""
-MAX_KV_SPLITS = 32
-"""Largest decode split count (``num_kv_splits`` is 1..32)."""
+MAX_KV_SPLITS = 128
+"""Largest decode split count (``num_kv_splits`` is 1..128). 128, not 32 (before issue 9): at batch 1 the cuda
+WGMMA decode runs one CTA per SM per (64-head group, split), so 32 splits kept 32 of a 132-SM GPU's SMs busy at 16
+heads and 64 at 128 heads on a memory-bound problem; ``"auto"`` (:func:`specs.decode_num_splits`) wants
+``sm_count // (batch * head_groups)`` (132 / 66 there). The split schedule is unchanged (tile-aligned, ceil of the
+32-key tiles over the splits); only the cap moved. The sparse decode keeps its own cap (32)."""
 FP8_MMA_LSE_RTOL = 1e-3
 """LSE tolerance, relative to the largest reference |LSE|, of a kernel that computes the scores with FP8 MMA (the cuda
 prefill's ``{"mma": "fp8"}``): ``|LSE - LSE_ref| <= 1e-4 + FP8_MMA_LSE_RTOL * max|LSE_ref|`` (the out tolerance is

@@ -51,7 +51,7 @@ def mla_attention_decode(q, latent_cache, block_table, b_seq_len, *, softmax_sca
         softmax_scale: scale of ``q·k`` before the softmax (required).
         kv_lora_rank, qk_rope_head_dim: latent (V / output) width and RoPE width.
         page_size: tokens per page (default and only accepted value: ``latent_cache.shape[1]``).
-        num_kv_splits: 1..32 (default 32), or ``"auto"`` to let the tuner / GPU size choose. With
+        num_kv_splits: 1..128 (default 32), or ``"auto"`` to let the tuner / GPU size choose. With
             ``p_qdq`` set, the split count changes results. Each split writes a float32 partial row per head
             (batch * heads * splits * 513 * 4 bytes, ~1.1 GB at batch 128, 128 heads, 32 splits), so at large
             batch and short lengths a fixed 32 costs more than the attention itself: prefer ``"auto"`` there.

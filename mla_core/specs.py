@@ -268,6 +268,26 @@ def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 
     return max(1, min(numerics.MAX_KV_SPLITS, want, max_tiles))
 
 
+AUTO_SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
+"""Decode split counts a backend lists for ``num_kv_splits="auto"`` at any shape (see :func:`auto_split_choices`)."""
+WIDE_SPLIT_CHOICES = (64, 128)
+"""Split counts above 32 (up to :data:`numerics.MAX_KV_SPLITS`), listed only where they can fill the GPU."""
+
+
+def auto_split_choices(problem: Any, head_tile: int = 64, sm_count: int = DEFAULT_SM_COUNT) -> tuple[int, ...]:
+    """Split counts to tune for a decode key with ``num_kv_splits="auto"``: :data:`AUTO_SPLIT_CHOICES`, plus each of
+    :data:`WIDE_SPLIT_CHOICES` where ``batch * ceil(heads / head_tile) * splits <= 2 * sm_count`` (the key's batch
+    bucket: small-batch keys, where 32 splits leave most SMs idle; large-batch keys gain no configs, so their
+    warm-up does not grow) and each split keeps at least 4 tiles of 32 keys (two 64-key steps) of the key's
+    ``max_len`` (the rule of :func:`decode_num_splits` for one CTA per SM)."""
+    batch, heads = int(problem.get("batch", 1)), int(problem.get("heads", 1))
+    tiles = -(-int(problem.get("max_len", 1)) // numerics.DECODE_P_TILE)
+    groups = max(1, -(-heads // head_tile))
+    wide = tuple(s for s in WIDE_SPLIT_CHOICES
+                 if s <= numerics.MAX_KV_SPLITS and batch * groups * s <= 2 * sm_count and 4 * s <= tiles)
+    return AUTO_SPLIT_CHOICES + wide
+
+
 def _check_kv_scale(kv_scale: Any, cache_dtype: torch.dtype) -> float | None:
     """``kv_scale`` is a host float with an FP8 cache (required) and None with a float cache.
 

@@ -70,8 +70,8 @@ def test_decode_auto_splits_are_pinned_to_the_full_calls_count():
     assert call.num_kv_splits is None
     sample = tuner.head_sample(problem, call)
     from mla_core import specs
-    assert sample.call.num_kv_splits == specs.decode_num_splits(call, {}) == 17  # 8 x 2 head groups; sampled: 32
-    assert specs.decode_num_splits(dataclasses.replace(sample.call, num_kv_splits=None), {}) == 32
+    assert sample.call.num_kv_splits == specs.decode_num_splits(call, {}) == 17  # 8 x 2 head groups; sampled: 33
+    assert specs.decode_num_splits(dataclasses.replace(sample.call, num_kv_splits=None), {}) == 33  # 8 x 1: 264 / 8
 
 
 def test_ops_without_independent_heads_or_with_few_are_checked_whole():

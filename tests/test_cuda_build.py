@@ -407,11 +407,13 @@ def test_mla_core_build_command(fake_compilers, capsys):
     assert '"status": "FAILED"' in out and "planted compiler failure" in out
 
 
-@pytest.mark.parametrize("batch, heads, pages, want", [(32, 128, 128, 2), (128, 128, 128, 1), (32, 64, 128, 4),
-                                                       (1, 128, 128, 32), (1, 64, 2, 1), (1, 16, 4, 2), (3, 20, 128, 32)])
+@pytest.mark.parametrize("batch, heads, pages, want", [
+    (32, 128, 128, 2), (128, 128, 128, 1), (32, 64, 128, 4), (1, 128, 128, 64), (1, 64, 2, 1), (1, 16, 4, 2),
+    (3, 20, 128, 44), (1, 16, 128, 64), (1, 16, 512, 128), (1, 128, 512, 66), (2, 16, 512, 66), (1, 16, 16, 8)])
 def test_auto_splits_for_one_cta_per_sm(batch, heads, pages, want):
     """The WGMMA kernel's "auto" split count (one CTA per SM, 132 SMs): the grid stays one wave (rounded down),
-    at least two 64-key steps per split, at most 32 splits; pages of 64 tokens."""
+    at least two 64-key steps per split, at most 128 splits (numerics.MAX_KV_SPLITS; 32 before issue 9: batch 1 at
+    8k / 32k keys now runs 64 / 128 CTAs at 16 heads, 64 / 132 at 128 heads); pages of 64 tokens."""
     from types import SimpleNamespace
     from mla_core.specs import decode_num_splits
     call = SimpleNamespace(num_kv_splits=None, q=torch.empty(batch, heads, 576, device="meta"),
@@ -441,3 +443,21 @@ def test_priority_above_triton_where_wgmma_was_faster(kw, wgmma_first, monkeypat
     triton_priority = mla_core.get_backend("triton").priority
     assert (backend.priority_for(_problem(**kw)) > triton_priority) == wgmma_first
     assert backend.priority < triton_priority
+
+
+@pytest.mark.parametrize("batch, heads, max_len, wide", [
+    (1, 16, 32768, (64, 128)), (1, 128, 32768, (64, 128)), (1, 16, 8192, (64,)), (1, 16, 16384, (64, 128)),
+    (2, 16, 32768, (64, 128)), (2, 128, 32768, (64,)), (4, 16, 32768, (64,)), (8, 16, 32768, ()),
+    (1, 16, 4096, ()), (32, 128, 32768, ()), (128, 16, 32768, ())])
+def test_auto_lists_wide_splits_only_where_they_fill_the_gpu(batch, heads, max_len, wide):
+    """"auto" lists 64 / 128 splits (past the old cap of 32) only where batch x 64-head groups x splits <= 2 x 132
+    and each split keeps two 64-key steps of the key's length: small-batch long keys; large-batch keys gain none."""
+    from mla_core.specs import auto_split_choices
+    problem = _problem(heads=heads, batch=batch, max_len=max_len, num_kv_splits="auto")
+    assert auto_split_choices(problem) == (1, 2, 4, 8, 16, 32) + wide
+    listed = [c["num_kv_splits"] for c in cuda_decode.configs(problem) if c.get("kernel") == "wgmma"
+              and "num_kv_splits" in c]
+    assert listed == [1, 2, 4, 8, 16, 32, *wide]
+    backend = mla_core.get_backend("cuda")
+    assert backend.validate_config(problem, {"kernel": "wgmma", "num_kv_splits": 128}) == []
+    assert backend.validate_config(problem, {"kernel": "wgmma", "num_kv_splits": 129})

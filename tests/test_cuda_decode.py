@@ -759,3 +759,61 @@ def test_ring4_metadata_unaligned_and_graph(monkeypatch, ring4):
     path) give the aligned cache's numbers bit for bit, int64 metadata; captured in a CUDA graph and replayed."""
     _metadata_unaligned_and_graph(monkeypatch, 128, 65)
     assert ring4 == ["ring4"] * 7
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# past the old cap of 32 splits (numerics.MAX_KV_SPLITS = 128, issue 9: batch 1 fills a 132-SM GPU)
+
+MANY_SPLIT_LENGTHS = (0, 1, 33, 4096, 8191, 32768)
+"""Ragged lengths for 64 / 128 splits: empty, one key, fewer tiles than splits (empty splits), a 32-key tile per split
+at 128 (4096), one short of a tile edge, and 32768 (8 tiles per split at 128)."""
+
+
+@pytest.mark.parametrize("splits", [64, 128])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_many_splits(heads, splits, kernels):
+    """64 and 128 splits against the reference: batch 1 at 8192 and 32768 keys, page 64, then the ragged lengths,
+    unquantized and the fp8 recipe (P quantized: the split schedule shows) on the WGMMA kernel, then the nvfp4
+    recipe on the mma.sync kernel (its grid and the shared combine at the same count)."""
+    for length in (8192, 32768):
+        check(_inputs((length,), heads, 64), num_kv_splits=splits)
+    ragged = _inputs(MANY_SPLIT_LENGTHS, heads, 64)
+    check(ragged, num_kv_splits=splits)
+    check(ragged, quantized=True, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8", num_kv_splits=splits)
+    assert kernels == ["wgmma"] * 4
+    check(ragged, quantized=True, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4", num_kv_splits=splits)
+    assert kernels[-1] == "mma.sync"
+
+
+@pytest.mark.parametrize("splits", [64, 128])
+def test_keys_m_many_splits(splits, keys_m):
+    """The keys-as-M kernel (16 heads) at 64 / 128 splits: batch 1 at 32768 keys and the ragged lengths."""
+    check(_inputs((32768,), 16, 64), num_kv_splits=splits)
+    check(_inputs(MANY_SPLIT_LENGTHS, 16, 64), num_kv_splits=splits)
+    assert keys_m == ["keys_m"] * 2
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_fp8_cache_many_splits(heads, kernels):
+    """An FP8 cache (the keys-as-M kernel at 16 heads, the 64-head WGMMA one at 128) at 128 splits."""
+    inputs = _fp8_inputs(MANY_SPLIT_LENGTHS, heads, 64)
+    check(inputs, tol=1e-3, kv_scale=KV_SCALE, num_kv_splits=128, out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_auto_fills_the_gpu_at_batch_1(heads, kernels):
+    """"auto" at batch 1 over 32768 keys, no tuned entry: the WGMMA kernel runs one CTA per SM per 64-head group and
+    split, now up to 128 splits (32 before): sm_count // head groups (H200: 128 at 16 heads, 66 at 128); against the
+    reference."""
+    from mla_core.specs import sm_count, validate_decode
+    from mla_core_cuda import decode as launcher
+    inputs = _inputs((32768,), heads, 64)
+    _, call = validate_decode(*inputs, softmax_scale=(RANK + ROPE) ** -0.5, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                              page_size=None, num_kv_splits="auto", k_qdq=None, k_qdq_amax=None, v_qdq=None,
+                              v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
+    groups = -(-heads // 64)
+    tiles = -(-inputs[2].shape[1] * 64 // 32)
+    want = min(numerics.MAX_KV_SPLITS, sm_count(inputs[0].device) // groups, -(-tiles // 4))
+    assert launcher.num_splits(call, launcher.WGMMA) == want > 32
+    check(inputs, num_kv_splits="auto")
+    assert kernels == ["wgmma"]

@@ -252,7 +252,7 @@ def decode_kwargs(draw, triton=False):
                                               BAD_SCALARS + [None], bad)
     kwargs = dict(q=q, latent_cache=cache, block_table=table, b_seq_len=seq,
                   softmax_scale=sometimes(draw, GOOD_SCALES, BAD_SCALARS + [None], bad), kv_lora_rank=rank,
-                  qk_rope_head_dim=rope, num_kv_splits=sometimes(draw, [splits], [0, 33, 2.0, True, "2"], bad),
+                  qk_rope_head_dim=rope, num_kv_splits=sometimes(draw, [splits], [0, 129, 2.0, True, "2"], bad),
                   return_lse=sometimes(draw, [True, False], [1, None], bad),
                   out_dtype=sometimes(draw, [None, None, torch.float32, torch.bfloat16], [torch.int32, "float32"], bad),
                   **quant)

@@ -249,7 +249,7 @@ def expected_split_bounds(length: int, splits: int) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 1000])
 def test_decode_split_bounds_all_split_counts(length):
-    for splits in range(1, 33):
+    for splits in list(range(1, 33)) + [40, 64, 127, 128]:
         bounds = numerics.decode_split_bounds(length, splits)
         assert bounds == expected_split_bounds(length, splits), (length, splits)
         assert numerics.decode_tiles_per_split(length, splits) == math.ceil(math.ceil(length / 32) / splits)

@@ -65,7 +65,7 @@ def test_auto_splits_use_the_heuristic():
                                     k_qdq_amax=None, v_qdq="nvfp4", v_qdq_amax=None, p_qdq="nvfp4", p_qdq_amax=1.0,
                                     return_lse=True, out_dtype=None)
     splits = specs.decode_num_splits(call, {})
-    assert 1 < splits <= 32
+    assert 1 < splits <= 128
     ref_out, ref_lse = expect(q, cache, table, seq_lens, splits, **kw)
     assert rel_l2(out, ref_out) < FP32_TOL
     assert same_lse(lse, ref_lse, FP32_TOL)
@@ -227,3 +227,49 @@ def test_cuda_benchmark_size_is_fast():
     elapsed = time.perf_counter() - start
     assert not torch.isnan(out).any()
     assert elapsed < 1.0, f"{elapsed:.3f} s"
+
+
+@pytest.mark.parametrize("splits", [64, 128])
+@pytest.mark.parametrize("kw", [{}, dict(p_qdq="fp8")], ids=["plain", "p_fp8"])
+def test_many_splits_against_float64(splits, kw):
+    """Above the old cap of 32 (numerics.MAX_KV_SPLITS is 128): ragged lengths incl. 0 and 1, one request with a
+    tile per split (128 x 32 keys), one with more tiles than splits and one with empty trailing splits; with P
+    quantized the schedule is visible, so the result must also differ from 32 splits' (no silent clamp). (Quantized P
+    at thousands of keys: a float32 P on a rounding boundary may round the other way than the float64 math's in a
+    head or two at any split count, 32 included; these seeds stay inside the aggregate tolerance.)"""
+    lengths = [0, 1, 33, 4096, 5000, 8191]
+    q, cache, table, seq_lens = make_decode_inputs(lengths, 16, 64, seed=splits)
+    out, lse = run_decode(q, cache, table, seq_lens, num_kv_splits=splits, **kw)
+    ref_out, ref_lse = expect(q, cache, table, seq_lens, splits, **kw)
+    assert rel_l2(out, ref_out) < FP32_TOL
+    assert same_lse(lse, ref_lse, FP32_TOL)
+    assert torch.all(out[0] == 0) and torch.all(lse[0] == float("-inf"))
+    if kw:
+        at_32, _ = expect(q, cache, table, seq_lens, 32, **kw)
+        assert rel_l2(ref_out[3:], at_32[3:]) > 1e-3
+
+
+def test_auto_fills_past_the_old_cap():
+    """"auto" at batch 1 over 8192 keys: ceil(2 * 132 / 1) capped at MAX_KV_SPLITS = 128 (32 before), and one CTA
+    per SM (the cuda WGMMA kernel's rule): 132 // 1 capped by 2 steps of 64 keys per split of the table's keys."""
+    q, cache, table, seq_lens = make_decode_inputs([8192], 16, 64, seed=21)
+    _, call = specs.validate_decode(q, cache, table, seq_lens, softmax_scale=SCALE, kv_lora_rank=RANK,
+                                    qk_rope_head_dim=ROPE, page_size=None, num_kv_splits="auto", k_qdq=None,
+                                    k_qdq_amax=None, v_qdq=None, v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0,
+                                    return_lse=True, out_dtype=None)
+    assert specs.decode_num_splits(call, {}) == 128
+    table_keys = call.block_table.shape[1] * 64  # 8192 keys and the helper's spare page
+    assert specs.decode_num_splits(call, {}, resident_ctas=1) == table_keys // 128 == 65
+    wide = dataclasses_replace_table(call, 4)  # 4 x the table: 132 // 1 -> capped at 128
+    assert specs.decode_num_splits(wide, {}, resident_ctas=1) == 128
+    assert specs.decode_num_splits(dataclasses_replace_q(wide, 128), {}, resident_ctas=1) == 66
+
+
+def dataclasses_replace_table(call, factor):
+    import dataclasses
+    return dataclasses.replace(call, block_table=call.block_table.repeat(1, factor))
+
+
+def dataclasses_replace_q(call, heads):
+    import dataclasses
+    return dataclasses.replace(call, q=call.q[:, :1].expand(call.q.shape[0], heads, call.q.shape[2]))

@@ -393,3 +393,14 @@ def test_v_split_kv_prepass_gpu(recipe, heads, batch):
                       {"prefetch_pages": True}):
             out, lse = kernels.run(call, dict(base_cfg, **extra))
             assert torch.equal(out, base) and torch.equal(lse, base_lse), (base_cfg, extra)
+
+
+@cpu
+@pytest.mark.parametrize("splits", [40, 128])
+def test_many_splits_cpu(splits):
+    """Above the old cap of 32 (numerics.MAX_KV_SPLITS is 128): lengths 0, 1, one 32-key tile per split at 128
+    (4096 keys) and a ragged one; P quantized (the schedule shows) against the reference at the same count."""
+    assert splits <= numerics.MAX_KV_SPLITS
+    inputs = make_inputs([0, 1, 1000, 4096], heads=2, rank=32, rope=16, page_size=64, dtype=torch.float16,
+                         seed=splits)
+    check(inputs, 32, 16, 1e-5, quantized=True, p_qdq="nvfp4", num_kv_splits=splits, out_dtype=torch.float32)

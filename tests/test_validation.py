@@ -76,7 +76,7 @@ DECODE_CASES = [
     ("block_table", lambda a: dict(block_table=torch.tensor([[0, -1, 2], [3, 4, 0]], dtype=torch.int32))),
     ("page_size", lambda a: dict(page_size=8)),
     ("num_kv_splits", lambda a: dict(num_kv_splits=0)),
-    ("num_kv_splits", lambda a: dict(num_kv_splits=33)),
+    ("num_kv_splits", lambda a: dict(num_kv_splits=129)),  # numerics.MAX_KV_SPLITS + 1
     ("num_kv_splits", lambda a: dict(num_kv_splits="fast")),
     ("num_kv_splits", lambda a: dict(num_kv_splits=4.0)),
     ("softmax_scale", lambda a: dict(softmax_scale=0.0)),
@@ -134,6 +134,18 @@ def test_decode_accepts_garbage_past_the_length():
     assert not out.isnan().any() and (out[1] == 0).all() and (lse[1] == -math.inf).all()
     args["block_table"] = torch.tensor([[1, 10 ** 6, 0], [0, 0, 0]], dtype=torch.int32)  # page 2 of 5 tokens is used
     assert_bad(decode_spec, args, "block_table")
+
+
+def test_decode_split_cap_is_128():
+    """num_kv_splits 1..numerics.MAX_KV_SPLITS (128, 32 before issue 9): 128 accepted, 129 and 0 refused by name."""
+    from mla_core import numerics
+    assert numerics.MAX_KV_SPLITS == 128
+    args = decode_args()
+    _, call = decode_spec(**args, num_kv_splits=128)
+    assert call.num_kv_splits == 128
+    for bad in (129, 0):
+        with pytest.raises(MLAInputError, match=rf"^num_kv_splits: got {bad}, needs 1\.\.128$"):
+            decode_spec(**args, num_kv_splits=bad)
 
 
 def test_decode_auto_splits_and_fp32_q_are_accepted():

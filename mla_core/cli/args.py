@@ -31,7 +31,7 @@ def name_list(allowed: Iterable[str]) -> Callable[[str], tuple[str, ...]]:
 
 
 def split_list(text: str) -> tuple:
-    """``"1,32,auto"`` -> ``(1, 32, "auto")``: decode split counts, 1..32 or auto."""
+    """``"1,32,auto"`` -> ``(1, 32, "auto")``: decode split counts, 1..128 (MAX_KV_SPLITS) or auto."""
     out = []
     for v in text.split(","):
         v = v.strip()

@@ -26,7 +26,7 @@ SHAPE_OPTIONS.update({
         ("--heads", "heads", int_list, (16,), "query heads (DeepSeek-V3: 128 / TP)"),
         ("--length", "length", int_list, (8192,), "cached tokens per request"),
         ("--page-size", "page_size", int_list, (64,), "tokens per cache page"),
-        ("--splits", "num_kv_splits", split_list, (32,), "num_kv_splits: 1..32 or auto"),
+        ("--splits", "num_kv_splits", split_list, (32,), "num_kv_splits: 1..128 or auto"),
         _RECIPE, _DTYPE]),
     "prefill": ("varlen prefill (un-absorbed, qk 192 / v 128)", [
         ("--batch", "batch", int_list, (1,), "sequences"),

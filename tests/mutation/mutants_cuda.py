@@ -469,6 +469,24 @@ MUTANTS += [
          why="WG1's factor a1 of rows hi published as row lo's (wrong whenever the two rows' maxima move apart)"),
 ]
 
+MANY_SPLITS_SELECTION = "tests/test_cuda_decode.py -k 'many_splits or auto_fills_the_gpu'"
+"""64 / 128 splits (numerics.MAX_KV_SPLITS, issue 9): WGMMA, keys-as-M, mma.sync, an FP8 cache, "auto" at batch 1."""
+# MUTANT_INDICES 83-84 (run.py ids cuda#84-85): the split cap raised from 32 to 128 (docs/decisions.md "Decode splits
+# up to 128"); each shows only above 32 splits
+MUTANTS += [
+    dict(file="csrc/mla_decode.cu",
+         old="  for (int i = 0; i < p.num_splits; ++i) {\n    const float w = expf(lses[i] - safe_max);",
+         new="  for (int i = 0; i < p.num_splits && i < 32; ++i) {\n    const float w = expf(lses[i] - safe_max);",
+         tests=[MANY_SPLITS_SELECTION], gpu=True,
+         why="the combine merges only the first 32 splits (a leftover fixed bound of the old cap): above 32 splits the "
+             "later keys drop out of out and LSE (every kernel's combine; invisible at 1-32 splits)"),
+    dict(file="csrc/bindings.cpp",
+         old='MLA_CHECK(num_splits >= 1 && num_splits <= 128, "num_splits must be 1..128");',
+         new='MLA_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..128");',
+         tests=[MANY_SPLITS_SELECTION], gpu=True,
+         why="the binding refuses what validation accepts (33-128 splits: a RuntimeError from the extension)"),
+]
+
 if __name__ == "__main__":
     import os
     import shlex

@@ -10,7 +10,7 @@ SPARSE = ["tests/test_validation.py -k 'sparse_decode or sparse_accepts'"]
 
 MUTANTS = [
     dict(file=SPECS, old="    if v < lo or (hi is not None and v > hi):", new="    if v < lo or (hi is not None and v > hi + 1):",
-         tests=DECODE, why="an int one past its upper bound (num_kv_splits = 33) must be refused"),
+         tests=DECODE, why="an int one past its upper bound (num_kv_splits = 129) must be refused"),
     dict(file=SPECS, old="        if lo < 0 or hi > capacity:", new="        if lo < 0 or hi > capacity + 1:", tests=DECODE,
          why="a decode length one past the block table's capacity must be refused"),
     dict(file=SPECS, old="        reached = cols[None, :] < used[:, None]", new="        reached = cols[None, :] <= used[:, None]",

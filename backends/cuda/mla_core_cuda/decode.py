@@ -24,7 +24,7 @@ import math
 import torch
 
 from mla_core import numerics
-from mla_core.specs import DecodeCall, LayerDecodePrep, decode_num_splits, sm_count
+from mla_core.specs import DecodeCall, LayerDecodePrep, auto_split_choices, decode_num_splits, sm_count
 
 from .launch_args import EXACT_DIV_FREE_RANGE, f32
 
@@ -112,7 +112,8 @@ def configs(problem) -> list[dict]:
     covers it, its four-slot ring variant where it covers it (no split variants of its own: it runs the default's
     split count), then (over a bf16 / fp16 cache) the mma.sync kernel's CTA shapes (16-head m-tiles
     ``head_tiles``, ``warps``), fewest padded heads first among the wide ones; for "auto" also the split counts of
-    the first (and of the keys-as-M variant)."""
+    the first (and of the keys-as-M variant): 1..32, and 64 / 128 at small batch and long keys
+    (:func:`mla_core.specs.auto_split_choices`: one CTA per SM per 64-head group and split)."""
     heads = problem["heads"]
     if heads <= 16:
         shapes = [(1, 4)]
@@ -127,7 +128,7 @@ def configs(problem) -> list[dict]:
     if problem["dtype"] != FP8_CACHE:
         out += [{"head_tiles": ht, "warps": w} for ht, w in shapes]
     if problem.get("num_kv_splits") == "auto":
-        out += [dict(c, num_kv_splits=s) for c in [out[0]] + keys_m for s in (1, 2, 4, 8, 16, 32)]
+        out += [dict(c, num_kv_splits=s) for c in [out[0]] + keys_m for s in auto_split_choices(problem)]
     return out
 
 

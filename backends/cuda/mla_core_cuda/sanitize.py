@@ -8,7 +8,7 @@ with FP8 K/V + NVFP4 P: its in-place K conversion and P quantization; over an FP
 keys-as-M variant, ``shape="keys_m"``, bf16 at <= 16 heads; its four-slot ring, ``shape="ring4"``, bf16) on
 paged caches whose unreached rows hold NaN, with block-table entries past
 each length and within a length (content checks off) pointing outside the cache, lengths past the table's
-capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 splits. Prints one line per case
+capacity, page sizes 1 / 16 / 48 / 64, unaligned cache rows, and 1 / 3 / 32 / 128 splits. Prints one line per case
 and exits 1 if any output holds NaN (the sanitizer reports memory errors itself; ``decode`` alone: only these).
 Then the FP8 sparse decode
 (``sparse`` alone: only it), 576- and 656-byte rows, on a cache of NaN bytes except the rows valid slots name, with
@@ -211,6 +211,11 @@ def _decode_main() -> bool:
     ok &= _case(16, 64, [129, 64, 1, 300], 32, "fp8cache", "wgmma", unaligned=True)
     ok &= _case(20, 1, [0, 1, 33, 70], 1, "fp8cache", "wgmma")
     ok &= _case(8, 33, [1, 700, 0, 129], 1, "fp8cache", "wgmma")  # keys-as-M kernel: padded heads, odd steps
+    # 128 splits (numerics.MAX_KV_SPLITS): a tile per split (4096 keys), empty splits, the last request clamped
+    ok &= _case(16, 64, [4096, 1, 0, 4100], 128, "bf16", "wgmma")
+    ok &= _case(128, 64, [4096, 1, 0, 4100], 128, "fp8", "wgmma")
+    ok &= _case(16, 64, [4096, 1, 0, 4100], 128, "bf16", "keys_m")
+    ok &= _case(128, 64, [4096, 1, 0, 4100], 128, "nvfp4", (4, 8))
     return ok
 
 

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from mla_core import numerics
-from mla_core.specs import DEFAULT_SM_COUNT, DecodeCall, decode_num_splits, sm_count
+from mla_core.specs import DEFAULT_SM_COUNT, DecodeCall, auto_split_choices, decode_num_splits, sm_count
 
 from .quant import fp8_unscaled, nvfp4_unscaled, round_bf16_rne, split3_bf16
 
@@ -423,7 +423,7 @@ def configs(problem) -> list[dict]:
         lead.insert(0, dict((lead or out)[0], prefetch_pages=True))
     out = lead + out
     if problem.get("num_kv_splits") == "auto":
-        out += [dict(out[0], num_kv_splits=s) for s in (1, 2, 4, 8, 16, 32)]
+        out += [dict(out[0], num_kv_splits=s) for s in auto_split_choices(problem)]
     return out
 
 
