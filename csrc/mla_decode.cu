@@ -11,13 +11,14 @@ namespace {
 // One CTA of kCombineThreads per (request, head): o = sum_i w_i o_i / sum_i w_i with w_i = exp(lse_i - max_i lse_i),
 // lse = max + log(sum_i w_i), summed in split order; an empty split (lse -inf, w 0) is skipped (its partial, read
 // with the others so that the loads need no weight first, is never used). Thread t loads split t's LSE and writes its weight to shared memory once; then each thread reads its 4 columns
-// of kCombineBatch partial rows with their loads issued together, so that a batch of splits costs one L2 round trip
+// of kBatch partial rows with their loads issued together, so that a batch of splits costs one L2 round trip
 // rather than one per split (at batch 1 these few CTAs are the decode's tail). Launched with programmatic stream
 // serialization (launch_combine): griddepcontrol.wait holds it until the split kernel's partials are visible.
-// __launch_bounds__' 4 CTAs an SM lets ptxas keep the batch's 16 loads in flight (at its default target of 16 CTAs
-// it keeps 3, for 32 registers).
-constexpr int kCombineBatch = 16;
-__global__ void __launch_bounds__(kCombineThreads, 4) decode_combine_kernel(const DecodeParams p) {
+// Two instances (launch_combine): kBatch 4 for <= 4 splits (large batches: many CTAs, each SM's occupancy keeps the
+// loads in flight) and kBatch 16 above (few CTAs at small batch: each thread keeps 16 loads in flight; its
+// __launch_bounds__ target of 4 CTAs an SM gives ptxas the registers, at its default of 16 it keeps 3 loads).
+template <int kBatch>
+__global__ void __launch_bounds__(kCombineThreads, kBatch == 4 ? 16 : 4) decode_combine_kernel(const DecodeParams p) {
   __shared__ float weights[kCombineThreads];
   __shared__ float warp_max[kCombineThreads / 32];
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -39,17 +40,17 @@ __global__ void __launch_bounds__(kCombineThreads, 4) decode_combine_kernel(cons
   const float4* part = reinterpret_cast<const float4*>(p.part_o + row * splits * kNope + col);  // split 0's columns
   float total = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int first = 0; first < splits; first += kCombineBatch) {
-    float w[kCombineBatch];
-    float4 o[kCombineBatch];
+  for (int first = 0; first < splits; first += kBatch) {
+    float w[kBatch];
+    float4 o[kBatch];
 #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       const bool present = first + j < splits;
       w[j] = present ? weights[first + j] : 0.f;
       o[j] = present ? part[(first + j) * (kNope / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       if (w[j] == 0.f) continue;
       acc.x += w[j] * o[j].x;
       acc.y += w[j] * o[j].y;
@@ -103,7 +104,8 @@ cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
+  return p.num_splits <= 4 ? cudaLaunchKernelEx(&config, decode_combine_kernel<4>, p)
+                           : cudaLaunchKernelEx(&config, decode_combine_kernel<16>, p);
 }
 
 }  // namespace mla_core_cuda
