@@ -246,12 +246,14 @@ def sm_count(device: torch.device) -> int:
 
 
 def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = DEFAULT_SM_COUNT,
-                      resident_ctas: int = 2) -> int:
+                      resident_ctas: int = 2, max_fill: int = numerics.MAX_KV_SPLITS) -> int:
     """Split count for one decode call: the caller's int; for "auto" the config's, else enough to fill the GPU.
 
     The fill: ``batch * ceil(heads / 64) * splits`` CTAs against ``resident_ctas`` per SM (rounded up for
-    kernels that keep two CTAs on an SM; for one, rounded down so the grid stays one wave, at least 2 steps of
-    64 keys per split), at most :data:`numerics.MAX_KV_SPLITS` and the 32-key tiles the block table can hold.
+    kernels that keep two CTAs on an SM; for one, rounded down so the grid stays one wave, with at least 2 steps of
+    64 keys per split and 64-head group: the partials each split writes and the combine reads grow with the head
+    count, docs/decisions.md), at most ``max_fill`` (:data:`numerics.MAX_KV_SPLITS`, lower for a kernel whose
+    measured best stops short of it) and the 32-key tiles the block table can hold.
     """
     if call.num_kv_splits is not None:
         return call.num_kv_splits
@@ -262,10 +264,10 @@ def decode_num_splits(call: DecodeCall, config: dict[str, Any], sm_count: int = 
     max_tiles = max(1, -(-(call.block_table.shape[1] * call.page_size) // numerics.DECODE_P_TILE))
     if resident_ctas == 1:
         want = max(1, sm_count // max(1, batch * head_groups))
-        max_tiles = max(1, -(-max_tiles // 4))
+        max_tiles = max(1, -(-max_tiles // (4 * head_groups)))
     else:
         want = max(1, -(-resident_ctas * sm_count // max(1, batch * head_groups)))
-    return max(1, min(numerics.MAX_KV_SPLITS, want, max_tiles))
+    return max(1, min(max_fill, numerics.MAX_KV_SPLITS, want, max_tiles))
 
 
 AUTO_SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)

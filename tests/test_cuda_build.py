@@ -408,12 +408,13 @@ def test_mla_core_build_command(fake_compilers, capsys):
 
 
 @pytest.mark.parametrize("batch, heads, pages, want", [
-    (32, 128, 128, 2), (128, 128, 128, 1), (32, 64, 128, 4), (1, 128, 128, 64), (1, 64, 2, 1), (1, 16, 4, 2),
+    (32, 128, 128, 2), (128, 128, 128, 1), (32, 64, 128, 4), (1, 128, 128, 32), (1, 64, 2, 1), (1, 16, 4, 2),
     (3, 20, 128, 44), (1, 16, 128, 64), (1, 16, 512, 128), (1, 128, 512, 66), (2, 16, 512, 66), (1, 16, 16, 8)])
 def test_auto_splits_for_one_cta_per_sm(batch, heads, pages, want):
     """The WGMMA kernel's "auto" split count (one CTA per SM, 132 SMs): the grid stays one wave (rounded down),
-    at least two 64-key steps per split, at most 128 splits (numerics.MAX_KV_SPLITS; 32 before issue 9: batch 1 at
-    8k / 32k keys now runs 64 / 128 CTAs at 16 heads, 64 / 132 at 128 heads); pages of 64 tokens."""
+    at least two 64-key steps per split and 64-head group, at most 128 splits (numerics.MAX_KV_SPLITS; 32 before
+    issue 9: batch 1 at 8k / 32k keys now runs 64 / 128 CTAs at 16 heads, 64 / 132 at 128 heads: 32 / 66 splits);
+    pages of 64 tokens."""
     from types import SimpleNamespace
     from mla_core.specs import decode_num_splits
     call = SimpleNamespace(num_kv_splits=None, q=torch.empty(batch, heads, 576, device="meta"),

@@ -813,7 +813,7 @@ def test_auto_fills_the_gpu_at_batch_1(heads, kernels):
                               v_qdq_amax=None, p_qdq=None, p_qdq_amax=1.0, return_lse=True, out_dtype=None)
     groups = -(-heads // 64)
     tiles = -(-inputs[2].shape[1] * 64 // 32)
-    want = min(numerics.MAX_KV_SPLITS, sm_count(inputs[0].device) // groups, -(-tiles // 4))
+    want = min(numerics.MAX_KV_SPLITS, sm_count(inputs[0].device) // groups, -(-tiles // (4 * groups)))
     assert launcher.num_splits(call, launcher.WGMMA) == want > 32
     check(inputs, num_kv_splits="auto")
     assert kernels == ["wgmma"]

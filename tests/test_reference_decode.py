@@ -251,7 +251,8 @@ def test_many_splits_against_float64(splits, kw):
 
 def test_auto_fills_past_the_old_cap():
     """"auto" at batch 1 over 8192 keys: ceil(2 * 132 / 1) capped at MAX_KV_SPLITS = 128 (32 before), and one CTA
-    per SM (the cuda WGMMA kernel's rule): 132 // 1 capped by 2 steps of 64 keys per split of the table's keys."""
+    per SM (the cuda WGMMA kernel's rule): 132 // 1 capped by 2 steps of 64 keys per split (and 64-head group) of
+    the table's keys; triton's fill stops at 64."""
     q, cache, table, seq_lens = make_decode_inputs([8192], 16, 64, seed=21)
     _, call = specs.validate_decode(q, cache, table, seq_lens, softmax_scale=SCALE, kv_lora_rank=RANK,
                                     qk_rope_head_dim=ROPE, page_size=None, num_kv_splits="auto", k_qdq=None,
@@ -263,6 +264,9 @@ def test_auto_fills_past_the_old_cap():
     wide = dataclasses_replace_table(call, 4)  # 4 x the table: 132 // 1 -> capped at 128
     assert specs.decode_num_splits(wide, {}, resident_ctas=1) == 128
     assert specs.decode_num_splits(dataclasses_replace_q(wide, 128), {}, resident_ctas=1) == 66
+    assert specs.decode_num_splits(dataclasses_replace_q(call, 128), {}, resident_ctas=1) == -(-table_keys // 256) == 33
+    assert specs.decode_num_splits(call, {}, max_fill=64) == 64
+    assert specs.decode_num_splits(call, {"num_kv_splits": 100}, max_fill=64) == 100  # a tuned or given count
 
 
 def dataclasses_replace_table(call, factor):

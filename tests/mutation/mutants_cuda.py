@@ -87,8 +87,8 @@ MUTANTS = [
          tests=["tests/test_cuda_decode.py"],
          why="wrong E2M1 saturation (4 instead of 6): NVFP4 K/V/P values at the top of a block clip"),
     dict(file="csrc/mla_decode.cu",
-         old="    total += w;",
-         new="    total += 1.f;",
+         old="      total += w[j];",
+         new="      total += 1.f;",
          tests=["tests/test_cuda_decode.py"],
          why="wrong combine weight: splits merged with a plain count instead of their log-sum-exp weights"),
     dict(file="csrc/mla_decode_mma.cuh",
@@ -475,8 +475,8 @@ MANY_SPLITS_SELECTION = "tests/test_cuda_decode.py -k 'many_splits or auto_fills
 # up to 128"); each shows only above 32 splits
 MUTANTS += [
     dict(file="csrc/mla_decode.cu",
-         old="  for (int i = 0; i < p.num_splits; ++i) {\n    const float w = expf(lses[i] - safe_max);",
-         new="  for (int i = 0; i < p.num_splits && i < 32; ++i) {\n    const float w = expf(lses[i] - safe_max);",
+         old="  const float lse_t = t < splits ? p.part_lse[row * splits + t] : -INFINITY;",
+         new="  const float lse_t = t < splits && t < 32 ? p.part_lse[row * splits + t] : -INFINITY;",
          tests=[MANY_SPLITS_SELECTION], gpu=True,
          why="the combine merges only the first 32 splits (a leftover fixed bound of the old cap): above 32 splits the "
              "later keys drop out of out and LSE (every kernel's combine; invisible at 1-32 splits)"),
@@ -485,6 +485,16 @@ MUTANTS += [
          new='MLA_CHECK(num_splits >= 1 && num_splits <= 32, "num_splits must be 1..128");',
          tests=[MANY_SPLITS_SELECTION], gpu=True,
          why="the binding refuses what validation accepts (33-128 splits: a RuntimeError from the extension)"),
+]
+
+# MUTANT_INDICES 85 (run.py id cuda#86): the combine launched with programmatic stream serialization (round u)
+MUTANTS += [
+    dict(file="csrc/mla_decode.cu",
+         old='  asm volatile("griddepcontrol.wait;" ::: "memory");\n',
+         new="",
+         tests=[MANY_SPLITS_SELECTION], gpu=True,
+         why="the combine reads the partials without waiting for the split grid: its CTAs start as soon as every "
+             "split CTA has run griddepcontrol.launch_dependents, long before their partials are written"),
 ]
 
 if __name__ == "__main__":

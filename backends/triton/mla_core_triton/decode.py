@@ -43,6 +43,10 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 _TILE = numerics.DECODE_P_TILE
 _SMS = DEFAULT_SM_COUNT  # the machine configs() ranks for
+TRITON_MAX_FILL = 64
+"""The most splits "auto" fills to (two programs an SM): at batch 1 on the H200 64 splits ran 26.8 / 48.3 / 40.3 /
+86.8 us (16 heads 8k / 32k, 128 heads 8k / 32k keys) against 33.7 / 44.0 / 64.9 / 112.2 at 128 (benchmarks/NOTES.md,
+round u); a caller's or a tuned count may still be up to numerics.MAX_KV_SPLITS."""
 
 
 @triton.jit
@@ -459,7 +463,7 @@ def _plan(call: DecodeCall, config: dict, on_gpu: bool) -> dict:
         return plan
     batch, heads, _ = q.shape
     nope, rope = call.kv_lora_rank, call.rope_dim
-    splits = decode_num_splits(call, config, sms)
+    splits = decode_num_splits(call, config, sms, max_fill=TRITON_MAX_FILL)
     block_h = min(int(config.get("block_h", 16)), _pow2(heads))
     sub_tiles = int(config.get("sub_tiles", 1))
 
