@@ -10,10 +10,11 @@ namespace {
 
 // One CTA of kCombineThreads per (request, head): o = sum_i w_i o_i / sum_i w_i with w_i = exp(lse_i - max_i lse_i),
 // lse = max + log(sum_i w_i), summed in split order; an empty split (lse -inf, w 0) is skipped (its partial, read
-// with the others so that the loads need no weight first, is never used). Thread t loads split t's LSE and writes its weight to shared memory once; then each thread reads its 4 columns
-// of kBatch partial rows with their loads issued together, so that a batch of splits costs one L2 round trip
-// rather than one per split (at batch 1 these few CTAs are the decode's tail). Launched with programmatic stream
-// serialization (launch_combine): griddepcontrol.wait holds it until the split kernel's partials are visible.
+// with the others so that the loads need no weight first, is never used). Thread t loads split t's LSE and writes
+// its weight to shared memory once; then each thread reads its 4 columns of kBatch partial rows with their loads
+// issued together, so that a batch of splits costs one L2 round trip rather than one per split (at batch 1 these
+// few CTAs are the decode's tail). Launched with programmatic stream serialization (launch_combine):
+// griddepcontrol.wait holds it until the split kernel's partials are visible.
 // Two instances (launch_combine): kBatch 4 for <= 4 splits (large batches: many CTAs, each SM's occupancy keeps the
 // loads in flight) and kBatch 16 above (few CTAs at small batch: each thread keeps 16 loads in flight; its
 // __launch_bounds__ target of 4 CTAs an SM gives ptxas the registers, at its default of 16 it keeps 3 loads).

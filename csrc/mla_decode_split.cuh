@@ -33,6 +33,8 @@ __device__ __forceinline__ SplitKeys split_keys(const DecodeParams& p, int b, in
 // Every split kernel calls this first: the combine kernel (launched with programmatic stream serialization) may be
 // scheduled once every CTA of the split grid has run it; it still waits for the whole grid's writes
 // (griddepcontrol.wait) before it reads a partial. A no-op without such a dependent.
-__device__ __forceinline__ void allow_combine_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void allow_combine_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 }  // namespace mla_core_cuda
