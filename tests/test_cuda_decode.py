@@ -785,6 +785,21 @@ def test_many_splits(heads, splits, kernels):
     assert kernels[-1] == "mma.sync"
 
 
+@pytest.mark.parametrize("splits", [4, 5, 16, 17])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_combine_row_batch_edges(heads, splits, kernels):
+    """The combine's two instances at their edges (csrc/mla_decode.cu: 4 partial rows a batch up to 4 splits, 16
+    above): 4 and 5 splits (the switch), 16 and 17 (one full batch, then a second with one row present), over ragged
+    lengths whose later splits are empty; unquantized and the fp8 recipe on the WGMMA kernel, the nvfp4 recipe on
+    mma.sync (the same combine)."""
+    ragged = _inputs((0, 1, 33, 700, 4096), heads, 64)
+    check(ragged, num_kv_splits=splits)
+    check(ragged, quantized=True, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8", num_kv_splits=splits)
+    assert kernels == ["wgmma"] * 2
+    check(ragged, quantized=True, k_qdq="nvfp4", v_qdq="nvfp4", p_qdq="nvfp4", num_kv_splits=splits)
+    assert kernels[-1] == "mma.sync"
+
+
 @pytest.mark.parametrize("splits", [64, 128])
 def test_keys_m_many_splits(splits, keys_m):
     """The keys-as-M kernel (16 heads) at 64 / 128 splits: batch 1 at 32768 keys and the ragged lengths."""
