@@ -280,13 +280,13 @@ def auto_split_choices(problem: Any, head_tile: int = 64, sm_count: int = DEFAUL
     """Split counts to tune for a decode key with ``num_kv_splits="auto"``: :data:`AUTO_SPLIT_CHOICES`, plus each of
     :data:`WIDE_SPLIT_CHOICES` where ``batch * ceil(heads / head_tile) * splits <= 2 * sm_count`` (the key's batch
     bucket: small-batch keys, where 32 splits leave most SMs idle; large-batch keys gain no configs, so their
-    warm-up does not grow) and each split keeps at least 4 tiles of 32 keys (two 64-key steps) of the key's
-    ``max_len`` (the rule of :func:`decode_num_splits` for one CTA per SM)."""
+    warm-up does not grow) and each split keeps at least 4 tiles of 32 keys (two 64-key steps) per 64-head group of
+    the key's ``max_len`` (the rule of :func:`decode_num_splits` for one CTA per SM)."""
     batch, heads = int(problem.get("batch", 1)), int(problem.get("heads", 1))
     tiles = -(-int(problem.get("max_len", 1)) // numerics.DECODE_P_TILE)
     groups = max(1, -(-heads // head_tile))
     wide = tuple(s for s in WIDE_SPLIT_CHOICES
-                 if s <= numerics.MAX_KV_SPLITS and batch * groups * s <= 2 * sm_count and 4 * s <= tiles)
+                 if s <= numerics.MAX_KV_SPLITS and batch * groups * s <= 2 * sm_count and 4 * groups * s <= tiles)
     return AUTO_SPLIT_CHOICES + wide
 
 

@@ -449,10 +449,11 @@ def test_priority_above_triton_where_wgmma_was_faster(kw, wgmma_first, monkeypat
 @pytest.mark.parametrize("batch, heads, max_len, wide", [
     (1, 16, 32768, (64, 128)), (1, 128, 32768, (64, 128)), (1, 16, 8192, (64,)), (1, 16, 16384, (64, 128)),
     (2, 16, 32768, (64, 128)), (2, 128, 32768, (64,)), (4, 16, 32768, (64,)), (8, 16, 32768, ()),
-    (1, 16, 4096, ()), (32, 128, 32768, ()), (128, 16, 32768, ())])
+    (1, 16, 4096, ()), (1, 128, 8192, ()), (32, 128, 32768, ()), (128, 16, 32768, ())])
 def test_auto_lists_wide_splits_only_where_they_fill_the_gpu(batch, heads, max_len, wide):
     """"auto" lists 64 / 128 splits (past the old cap of 32) only where batch x 64-head groups x splits <= 2 x 132
-    and each split keeps two 64-key steps of the key's length: small-batch long keys; large-batch keys gain none."""
+    and each split keeps two 64-key steps per 64-head group of the key's length (128 heads at 8k keys: none, as
+    the fill gives 32 there): small-batch long keys; large-batch keys gain none."""
     from mla_core.specs import auto_split_choices
     problem = _problem(heads=heads, batch=batch, max_len=max_len, num_kv_splits="auto")
     assert auto_split_choices(problem) == (1, 2, 4, 8, 16, 32) + wide

@@ -21,7 +21,7 @@ import torch
 
 import mla_core
 from mla_core import numerics
-from mla_core.testing.shapes import boundary_lengths
+from mla_core.testing.shapes import boundary_lengths, split_boundary_lengths
 from paged_inputs import paged_decode_inputs
 
 pytestmark = pytest.mark.gpu
@@ -789,10 +789,10 @@ def test_many_splits(heads, splits, kernels):
 @pytest.mark.parametrize("heads", [16, 128])
 def test_combine_row_batch_edges(heads, splits, kernels):
     """The combine's two instances at their edges (csrc/mla_decode.cu: 4 partial rows a batch up to 4 splits, 16
-    above): 4 and 5 splits (the switch), 16 and 17 (one full batch, then a second with one row present), over ragged
-    lengths whose later splits are empty; unquantized and the fp8 recipe on the WGMMA kernel, the nvfp4 recipe on
-    mma.sync (the same combine)."""
-    ragged = _inputs((0, 1, 33, 700, 4096), heads, 64)
+    above): 4 and 5 splits (the switch), 16 and 17 (one full batch, then a second with one row present), over the
+    split schedule's edge lengths for that count (mla_core.testing.shapes: splits full, one key past, one left
+    empty); unquantized and the fp8 recipe on the WGMMA kernel, the nvfp4 recipe on mma.sync (the same combine)."""
+    ragged = _inputs(tuple(split_boundary_lengths(splits)), heads, 64)
     check(ragged, num_kv_splits=splits)
     check(ragged, quantized=True, k_qdq="fp8", v_qdq="fp8", p_qdq="fp8", num_kv_splits=splits)
     assert kernels == ["wgmma"] * 2

@@ -212,7 +212,7 @@ def decode_kwargs(draw, triton=False):
     rank, rope = draw(st.sampled_from([16, 32])), draw(st.sampled_from([0, 16]))
     page = draw(st.sampled_from([4, 16] if triton else [1, 4, 16]))
     batch = draw(st.integers(0, 2 if triton else 3))
-    splits = draw(st.sampled_from([1, 2, 2, 3, 4] if triton else [1, 2, 3, 32, "auto"]))
+    splits = draw(st.sampled_from([1, 2, 2, 3, 4] if triton else [1, 2, 3, 32, 128, "auto"]))
     tile_limit = 40 if triton else 70
     if isinstance(splits, int) and splits <= 4 and batch:
         first = [draw(mst.split_lengths(splits, limit=70))]  # one request at a split-schedule edge
